@@ -1,0 +1,190 @@
+"""Configurations of the three Scratch families: decoder (causal LM), encoder (masked LM) and seq2seq.
+
+`ScratchConfigBase` holds the knobs shared by all three (SPEC section 3) and validates them; each family
+adds its own layer counts and options. Configs are `transformers` v5 dataclasses: typed fields, defaults
+resolved in `__post_init__`, and every impossible combination rejected there with a `ValueError` that
+names the field (the `@strict` validators would raise a different exception type).
+
+This file is copied next to saved models for `trust_remote_code`: it imports only `transformers`.
+"""
+
+from typing import ClassVar
+
+from transformers import PreTrainedConfig
+
+HIDDEN_ACTS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi")
+NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+INIT_SCHEMES = ("normal", "xavier")
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
+
+
+def _check_positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+
+
+def _check_probability(name: str, value) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be in [0, 1), got {value!r}.")
+
+
+class ScratchConfigBase(PreTrainedConfig):
+    """Knobs shared by every Scratch family. Not registered on its own: use one of the three subclasses."""
+
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+
+    vocab_size: int = 32000
+    hidden_size: int = 512
+    num_attention_heads: int = 8
+    # None = multi-head attention; stored resolved (as Llama does) because caches read it.
+    num_key_value_heads: int | None = None
+    # None = 4 * hidden_size, the paper's ratio.
+    intermediate_size: int | None = None
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    position_embedding_type: str = "learned"
+    # RoPE the native way: `rope_parameters` feeds transformers' ROPE_INIT_FUNCTIONS; `rope_theta=...` is
+    # accepted as a shorthand and folded into it by `PreTrainedConfig.__post_init__`.
+    rope_parameters: dict | None = None
+    norm_type: str = "layernorm"
+    norm_position: str = "pre"
+    layer_norm_eps: float = 1e-5
+    final_norm: bool = True
+    use_bias: bool = True
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    scale_embeddings: bool = False
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    init_scheme: str = "normal"
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        self._validate_common()
+        super().__post_init__(**kwargs)
+        if self.position_embedding_type == "rope" and self.rope_parameters.get("rope_type") is None:
+            raise ValueError("`rope_parameters` must name a `rope_type`.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def _validate_common(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "max_position_embeddings"):
+            _check_positive(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"`num_attention_heads` ({self.num_attention_heads}) must be divisible by `num_key_value_heads` "
+                f"({self.num_key_value_heads})."
+            )
+        _check_choice("hidden_act", self.hidden_act, HIDDEN_ACTS)
+        _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        _check_choice("norm_type", self.norm_type, NORM_TYPES)
+        _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
+        if self.position_embedding_type == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(f"`position_embedding_type='rope'` needs an even head size, got {self.head_dim}.")
+        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2 != 0:
+            raise ValueError(f"sinusoidal positions need an even `hidden_size`, got {self.hidden_size}.")
+        for name in ("dropout", "attention_dropout", "embedding_dropout"):
+            _check_probability(name, getattr(self, name))
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")
+        if self.initializer_range <= 0:
+            raise ValueError(f"`initializer_range` must be positive, got {self.initializer_range}.")
+
+
+class ScratchDecoderConfig(ScratchConfigBase):
+    """GPT-style decoder-only causal language model."""
+
+    model_type = "scratch_decoder"
+
+    num_hidden_layers: int = 6
+    # None = full causal attention; an int = each token sees itself and the previous `sliding_window - 1` tokens.
+    sliding_window: int | None = None
+
+    def __post_init__(self, **kwargs):
+        _check_positive("num_hidden_layers", self.num_hidden_layers)
+        if self.sliding_window is not None:
+            _check_positive("sliding_window", self.sliding_window)
+        super().__post_init__(**kwargs)
+
+
+class ScratchEncoderConfig(ScratchConfigBase):
+    """BERT-style bidirectional encoder for masked LM, sequence and token classification."""
+
+    model_type = "scratch_encoder"
+
+    num_hidden_layers: int = 6
+    # 0 = no token-type (segment) embeddings.
+    type_vocab_size: int = 0
+    # With `labels`, the MLM head projects only the labelled positions (same loss, less compute).
+    sparse_prediction: bool = False
+    # None = `dropout`.
+    classifier_dropout: float | None = None
+
+    def __post_init__(self, **kwargs):
+        _check_positive("num_hidden_layers", self.num_hidden_layers)
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise ValueError(f"`type_vocab_size` must be a non-negative integer, got {self.type_vocab_size!r}.")
+        if self.classifier_dropout is not None:
+            _check_probability("classifier_dropout", self.classifier_dropout)
+        super().__post_init__(**kwargs)
+
+
+class ScratchSeq2SeqConfig(ScratchConfigBase):
+    """Encoder-decoder Transformer of "Attention Is All You Need". `vocab_size` is the target vocabulary."""
+
+    model_type = "scratch_seq2seq"
+    attribute_map: ClassVar[dict[str, str]] = {"num_hidden_layers": "decoder_layers"}
+
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    # None = one vocabulary shared by source and target.
+    encoder_vocab_size: int | None = None
+    # Encoder and decoder token embeddings are one matrix (needs a shared vocabulary).
+    share_embeddings: bool = True
+    decoder_start_token_id: int | None = None
+    is_encoder_decoder: bool = True
+
+    def __post_init__(self, **kwargs):
+        _check_positive("encoder_layers", self.encoder_layers)
+        _check_positive("decoder_layers", self.decoder_layers)
+        if self.encoder_vocab_size is not None:
+            _check_positive("encoder_vocab_size", self.encoder_vocab_size)
+            if self.share_embeddings:
+                raise ValueError(
+                    "`share_embeddings=True` needs one shared vocabulary: set `encoder_vocab_size=None` "
+                    "or `share_embeddings=False`."
+                )
+        if self.share_embeddings and not self.tie_word_embeddings:
+            # transformers ties parameters only when `tie_word_embeddings` is set, so sharing depends on it.
+            raise ValueError("`share_embeddings=True` needs `tie_word_embeddings=True`.")
+        super().__post_init__(**kwargs)
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.vocab_size if self.encoder_vocab_size is None else self.encoder_vocab_size
+
+
+__all__ = ["ScratchConfigBase", "ScratchDecoderConfig", "ScratchEncoderConfig", "ScratchSeq2SeqConfig"]

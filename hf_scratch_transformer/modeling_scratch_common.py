@@ -1,0 +1,193 @@
+"""What the three Scratch families share: the `PreTrainedModel` base with weight initialisation, and
+`ScratchTransformer`, one stack of blocks (embeddings -> N x `ScratchBlock` -> final norm) that serves as the
+decoder-only model, the encoder-only model, and both halves of the encoder-decoder.
+
+A stack is causal or bidirectional, with or without cross-attention; it builds its masks and position tables once
+per forward and passes them to every layer.
+"""
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_scratch import ScratchConfigBase
+from .scratch_attention import ScratchAttention
+from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
+from .scratch_masks import build_cross_attention_mask, build_self_attention_mask
+from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
+
+
+def check_labels_shape(labels: torch.Tensor | None, expected: torch.Size, name: str = "labels") -> None:
+    if labels is not None and labels.shape != expected:
+        raise ValueError(f"`{name}` must have shape {tuple(expected)} to match the inputs, got {tuple(labels.shape)}.")
+
+
+class ScratchPreTrainedModel(PreTrainedModel):
+    """Initialisation and the transformers feature flags common to every Scratch model."""
+
+    config: ScratchConfigBase
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["ScratchBlock"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """All initialisation, in one place:
+
+        | module                      | `normal`                      | `xavier`                                    |
+        |-----------------------------|-------------------------------|---------------------------------------------|
+        | Linear weight               | N(0, initializer_range)       | Xavier-uniform per fused part (Q, K, V, ...)|
+        | Linear bias                 | 0                             | 0                                           |
+        | Embedding                   | N(0, initializer_range)       | N(0, hidden_size^-0.5) (Vaswani et al.)     |
+        | padding row of an Embedding | 0                             | 0                                           |
+        | norm weight / bias          | 1 / 0                         | 1 / 0                                       |
+        | computed tables (buffers)   | recomputed: sinusoids, RoPE frequencies, ALiBi slopes        |
+
+        Runs on the meta device after `from_pretrained` for whatever the checkpoint did not hold; the `init.*`
+        functions skip tensors that were loaded.
+        """
+        config = self.config
+        xavier = config.init_scheme == "xavier"
+        if isinstance(module, nn.Linear):
+            if not xavier:
+                init.normal_(module.weight, mean=0.0, std=config.initializer_range)
+            elif not getattr(module.weight, "_is_hf_initialized", False):
+                # A fused projection is several matrices side by side: each gets its own fan-in/fan-out.
+                for part in module.weight.split(getattr(module, "fused_sizes", [module.out_features]), dim=0):
+                    nn.init.xavier_uniform_(part)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = config.hidden_size**-0.5 if xavier else config.initializer_range
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, (ScratchLayerNorm, ScratchRMSNorm)):
+            init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif hasattr(module, "reset_buffers"):
+            module.reset_buffers()
+
+
+class ScratchTransformer(ScratchPreTrainedModel):
+    """A stack of Transformer blocks with its embeddings: input ids (B, T) -> hidden states (B, T, hidden).
+
+    Not used on its own: the family models below construct it with their settings.
+    """
+
+    _can_record_outputs = {
+        "hidden_states": ScratchBlock,
+        "attentions": OutputRecorder(ScratchAttention, index=1, layer_name="self_attn"),
+    }
+
+    def __init__(
+        self,
+        config,
+        *,
+        num_layers: int,
+        vocab_size: int,
+        is_causal: bool,
+        has_cross_attention: bool = False,
+        type_vocab_size: int = 0,
+    ):
+        super().__init__(config)
+        self.is_causal = is_causal
+        self.has_cross_attention = has_cross_attention
+        self.embeddings = ScratchEmbeddings(config, vocab_size, type_vocab_size)
+        self.layers = nn.ModuleList(
+            [ScratchBlock(config, i, is_causal=is_causal, has_cross_attention=has_cross_attention)
+             for i in range(num_layers)]
+        )
+        self.final_norm = make_norm(config) if config.final_norm else nn.Identity()
+        self.rotary_emb = ScratchRotaryEmbedding(config) if config.position_embedding_type == "rope" else None
+        self.alibi = ScratchAlibiBias(config.num_attention_heads) if config.position_embedding_type == "alibi" else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.embed_tokens = value
+
+    def _new_cache(self) -> Cache:
+        if self.has_cross_attention:
+            return EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        return DynamicCache(config=self.config)
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+        if self.has_cross_attention and encoder_hidden_states is None:
+            raise ValueError("This decoder attends to an encoder: pass `encoder_hidden_states`.")
+        batch_size, seq_length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if not self.is_causal:
+            use_cache, past_key_values = False, None  # a bidirectional stack has nothing to cache
+        if use_cache and past_key_values is None:
+            past_key_values = self._new_cache()
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(seq_length, device=self.device).unsqueeze(0) + past_length  # (1, T)
+        check_labels_shape(token_type_ids, torch.Size((batch_size, seq_length)), "token_type_ids")
+
+        hidden_states = self.embeddings(input_ids, inputs_embeds, position_ids, token_type_ids)  # (B, T, hidden)
+        attention_mask = build_self_attention_mask(
+            self.config, hidden_states, attention_mask, past_key_values, position_ids, self.is_causal, self.alibi
+        )
+        if self.has_cross_attention:
+            encoder_attention_mask = build_cross_attention_mask(
+                self.config, hidden_states, encoder_hidden_states, encoder_attention_mask
+            )
+        position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
+
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                attention_mask=attention_mask,
+                position_embeddings=position_embeddings,
+                past_key_values=past_key_values,
+                encoder_hidden_states=encoder_hidden_states,
+                encoder_attention_mask=encoder_attention_mask,
+                **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=self.final_norm(hidden_states),
+            past_key_values=past_key_values if use_cache else None,
+        )
+
+
+class ScratchCrossAttentionTransformer(ScratchTransformer):
+    """The decoder half of the encoder-decoder: the same stack, also recording its cross-attention weights."""
+
+    _can_record_outputs = {
+        "hidden_states": ScratchBlock,
+        "attentions": OutputRecorder(ScratchAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(ScratchAttention, index=1, layer_name="cross_attn"),
+    }
+
+    def __init__(self, config, *, num_layers: int, vocab_size: int):
+        super().__init__(config, num_layers=num_layers, vocab_size=vocab_size, is_causal=True, has_cross_attention=True)

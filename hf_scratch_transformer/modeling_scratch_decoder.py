@@ -1,0 +1,143 @@
+"""Decoder-only family (GPT-style): `ScratchDecoderModel`, `ScratchDecoderForCausalLM`,
+`ScratchDecoderForSequenceClassification`. The stack itself is the shared `ScratchTransformer`, causal.
+
+References: Radford et al. (2019), GPT-2; transformers' `LlamaForCausalLM` for the v5 conventions (loss through
+`self.loss_function`, `logits_to_keep`, caches).
+"""
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
+from transformers.utils import can_return_tuple
+
+from .configuration_scratch import ScratchDecoderConfig
+from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+
+
+class ScratchDecoderPreTrainedModel(ScratchPreTrainedModel):
+    config: ScratchDecoderConfig
+
+
+class ScratchDecoderModel(ScratchTransformer):
+    """The bare causal stack: input ids (B, T) -> hidden states (B, T, hidden)."""
+
+    config: ScratchDecoderConfig
+
+    def __init__(self, config: ScratchDecoderConfig):
+        super().__init__(config, num_layers=config.num_hidden_layers, vocab_size=config.vocab_size, is_causal=True)
+
+
+class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
+    """Causal language model: logits (B, T, vocab) for the next token at every position."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
+
+    def __init__(self, config: ScratchDecoderConfig):
+        super().__init__(config)
+        self.model = ScratchDecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """`labels` (B, T) are the input ids themselves (-100 = ignore): the shift happens inside the loss.
+        `logits_to_keep` > 0 computes logits for the last that many positions only (generation needs one)."""
+        check_labels_shape(labels, (input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(outputs.last_hidden_state[:, kept, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
+    """Classifies a sequence from the hidden state of its last real (non-padding) token, as GPT-2 does."""
+
+    def __init__(self, config: ScratchDecoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ScratchDecoderModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast:
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
+        batch_size = logits.shape[0]
+        pooled_logits = logits[torch.arange(batch_size, device=logits.device), self._last_token_index(input_ids)]
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        return SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled_logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    def _last_token_index(self, input_ids: torch.LongTensor | None) -> torch.Tensor | int:
+        """Index of the rightmost non-padding token of each row (works for left and right padding)."""
+        pad_token_id = self.config.pad_token_id
+        if input_ids is None or pad_token_id is None:
+            if input_ids is not None and input_ids.shape[0] > 1:
+                raise ValueError("Sequence classification of a batch needs `config.pad_token_id` to find each end.")
+            return -1
+        positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        return (positions * (input_ids != pad_token_id)).argmax(-1)
+
+
+__all__ = [
+    "ScratchDecoderPreTrainedModel",
+    "ScratchDecoderModel",
+    "ScratchDecoderForCausalLM",
+    "ScratchDecoderForSequenceClassification",
+]

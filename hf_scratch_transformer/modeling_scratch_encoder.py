@@ -1,0 +1,164 @@
+"""Encoder-only family (BERT-style): `ScratchEncoderModel`, `ScratchEncoderForMaskedLM`,
+`ScratchEncoderForSequenceClassification`, `ScratchEncoderForTokenClassification`. The stack is the shared
+`ScratchTransformer`, bidirectional, with optional token-type embeddings.
+
+References: Devlin et al. (2019), BERT; Geiping & Goldstein (2023), Cramming (sparse MLM prediction);
+transformers' `BertForMaskedLM` and `ModernBertForMaskedLM` for the v5 conventions.
+"""
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
+from transformers.utils import can_return_tuple
+
+from .configuration_scratch import ScratchEncoderConfig
+from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+
+
+class ScratchEncoderPreTrainedModel(ScratchPreTrainedModel):
+    config: ScratchEncoderConfig
+
+
+class ScratchEncoderModel(ScratchTransformer):
+    """The bare bidirectional stack: input ids (B, T) -> hidden states (B, T, hidden)."""
+
+    config: ScratchEncoderConfig
+
+    def __init__(self, config: ScratchEncoderConfig):
+        super().__init__(
+            config,
+            num_layers=config.num_hidden_layers,
+            vocab_size=config.vocab_size,
+            is_causal=False,
+            type_vocab_size=config.type_vocab_size,
+        )
+
+
+class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
+    """Masked language model: logits (B, T, vocab) for every position; with `labels` and
+    `config.sparse_prediction`, logits (N, vocab) for the N labelled positions only, with the same loss."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}
+
+    def __init__(self, config: ScratchEncoderConfig):
+        super().__init__(config)
+        self.model = ScratchEncoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.use_bias)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput:
+        """`labels` (B, T): the original id at masked positions, -100 elsewhere."""
+        check_labels_shape(labels, (input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        if labels is not None and self.config.sparse_prediction:
+            # Project only the labelled positions: (B, T, hidden) -> (N, hidden). Boolean indexing keeps the
+            # loss identical to the dense one, since -100 positions contribute nothing there either.
+            labelled = labels.view(-1) != -100
+            hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])[labelled]
+            labels = labels.view(-1)[labelled]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
+    """Trunk + dropout + linear layer; subclasses choose what to classify (first token or every token)."""
+
+    def __init__(self, config: ScratchEncoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ScratchEncoderModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.dropout
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs):
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+
+
+class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
+    """Classifies a sequence from the hidden state of its first token ([CLS])."""
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits = self.classifier(self.dropout(outputs.last_hidden_state[:, 0]))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
+    """Labels every token (named entities, part of speech): logits (B, T, num_labels)."""
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        check_labels_shape(labels, (input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+__all__ = [
+    "ScratchEncoderPreTrainedModel",
+    "ScratchEncoderModel",
+    "ScratchEncoderForMaskedLM",
+    "ScratchEncoderForSequenceClassification",
+    "ScratchEncoderForTokenClassification",
+]

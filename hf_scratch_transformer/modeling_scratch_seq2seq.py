@@ -1,0 +1,195 @@
+"""Encoder-decoder family, the Transformer of Vaswani et al. (2017): `ScratchSeq2SeqModel` and
+`ScratchSeq2SeqForConditionalGeneration`. Both halves are the shared `ScratchTransformer`: the encoder
+bidirectional, the decoder causal with cross-attention over the encoder output.
+
+Embeddings: with `share_embeddings` the encoder and decoder token embeddings are one tied matrix (one shared
+vocabulary); with `tie_word_embeddings` the output projection is tied to the decoder's embeddings.
+References: transformers' `BartModel` / `MarianMTModel` for the v5 conventions (EncoderDecoderCache, tying).
+"""
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.utils import can_return_tuple
+
+from .configuration_scratch import ScratchSeq2SeqConfig
+from .modeling_scratch_common import (
+    ScratchCrossAttentionTransformer,
+    ScratchPreTrainedModel,
+    ScratchTransformer,
+    check_labels_shape,
+)
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
+    """Decoder inputs from labels (B, T): [start, y_1, ..., y_{T-1}], with -100 replaced by padding."""
+    if decoder_start_token_id is None:
+        raise ValueError("`config.decoder_start_token_id` must be set to build `decoder_input_ids` from `labels`.")
+    if pad_token_id is None:
+        raise ValueError("`config.pad_token_id` must be set to build `decoder_input_ids` from `labels`.")
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1].clone()
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class ScratchSeq2SeqPreTrainedModel(ScratchPreTrainedModel):
+    config: ScratchSeq2SeqConfig
+
+
+class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
+    """Encoder and decoder: source ids (B, S) and target ids (B, T) -> decoder hidden states (B, T, hidden)."""
+
+    def __init__(self, config: ScratchSeq2SeqConfig):
+        super().__init__(config)
+        if config.share_embeddings:
+            self._tied_weights_keys = {"encoder.embeddings.embed_tokens.weight": "decoder.embeddings.embed_tokens.weight"}
+        self.encoder = ScratchTransformer(
+            config, num_layers=config.encoder_layers, vocab_size=config.source_vocab_size, is_causal=False
+        )
+        self.decoder = ScratchCrossAttentionTransformer(
+            config, num_layers=config.decoder_layers, vocab_size=config.vocab_size
+        )
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        # With one shared matrix the decoder's is the one the others are tied to.
+        stack = self.decoder if self.config.share_embeddings else self.encoder
+        return stack.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        if not self.config.share_embeddings:
+            raise ValueError(
+                "This model has separate source and target vocabularies: set `model.encoder` or `model.decoder` "
+                "embeddings directly."
+            )
+        self.decoder.set_input_embeddings(value)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple, from `return_dict=False`
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            position_ids=decoder_position_ids,
+            inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, GenerationMixin):
+    """Sequence-to-sequence LM: logits (B, T, vocab) for each target position."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embeddings.embed_tokens.weight"}
+
+    def __init__(self, config: ScratchSeq2SeqConfig):
+        super().__init__(config)
+        # Labels are aligned with the logits already (decoder inputs are the shifted labels): the loss must not
+        # shift again, which the name-derived default for "...ForConditionalGeneration" would do.
+        self.loss_type = "ForMaskedLM"
+        self.model = ScratchSeq2SeqModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        """`labels` (B, T) are the target ids (-100 = ignore); without `decoder_input_ids` they are shifted right
+        behind `decoder_start_token_id` to make them."""
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if labels is not None:
+            target = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+            check_labels_shape(labels, target.shape[:2])
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            decoder_position_ids=decoder_position_ids,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(outputs.last_hidden_state[:, kept, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+__all__ = [
+    "ScratchSeq2SeqPreTrainedModel",
+    "ScratchSeq2SeqModel",
+    "ScratchSeq2SeqForConditionalGeneration",
+    "shift_tokens_right",
+]

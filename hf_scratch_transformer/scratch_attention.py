@@ -1,0 +1,174 @@
+"""Scaled dot-product attention (Vaswani et al., 2017, section 3.2) and the multi-head module around it.
+
+Shape legend: B batch, T query length, S key length, H query heads, K key/value heads (K divides H; K < H is
+grouped-query attention, K = 1 multi-query), D head size.
+
+Two hand-written back-ends with one signature, picked by `config._attn_implementation` (transformers'
+`attn_implementation`): `eager` spells the math out and can return the attention weights; `sdpa` calls
+`torch.nn.functional.scaled_dot_product_attention`. Any other name (flex, flash, kernels) is looked up in
+transformers' `ALL_ATTENTION_FUNCTIONS`. Masks arrive prepared (see `scratch_masks.py`): `None`, boolean
+(True = attend) or additive float, broadcastable to (B, H, T, S).
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .scratch_positions import apply_rotary
+
+
+def repeat_kv(hidden_states: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, K, S, D) -> (B, K * groups, S, D): each key/value head serves `groups` query heads."""
+    if groups == 1:
+        return hidden_states
+    batch, kv_heads, seq, head_dim = hidden_states.shape
+    hidden_states = hidden_states[:, :, None].expand(batch, kv_heads, groups, seq, head_dim)
+    return hidden_states.reshape(batch, kv_heads * groups, seq, head_dim)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T * scaling + mask) V. query (B, H, T, D), key/value (B, K, S, D) -> (B, T, H, D), (B, H, T, S)."""
+    key = repeat_kv(key, module.num_key_value_groups)
+    value = repeat_kv(value, module.num_key_value_groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, T, S)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value)  # (B, H, T, D)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def sdpa_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Same contract as `eager_attention_forward`, through PyTorch's fused kernel; returns no weights."""
+    key = repeat_kv(key, module.num_key_value_groups)
+    value = repeat_kv(value, module.num_key_value_groups)
+    # A `None` mask on a causal layer means "plain causal": let the kernel build it. With one query token
+    # (decoding) there is nothing to hide.
+    is_causal = module.is_causal and attention_mask is None and query.shape[2] > 1
+    output = nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+SCRATCH_ATTENTION_FUNCTIONS: dict[str, Callable] = {
+    "eager": eager_attention_forward,
+    "sdpa": sdpa_attention_forward,
+}
+
+
+class ScratchAttention(nn.Module):
+    """Multi-head attention with fused projections: one matmul makes Q, K and V for self-attention; for
+    cross-attention one makes Q from the decoder and one makes K and V from the encoder output."""
+
+    def __init__(self, config, layer_idx: int, is_causal: bool, is_cross_attention: bool = False):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal  # read by the sdpa back-ends
+        self.is_cross_attention = is_cross_attention
+        self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        self.q_size, self.kv_size = q_size, kv_size
+        if is_cross_attention:
+            self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.use_bias)
+            self.kv_proj = nn.Linear(config.hidden_size, 2 * kv_size, bias=config.use_bias)
+            self.kv_proj.fused_sizes = (kv_size, kv_size)  # read by the Xavier initialisation
+        else:
+            self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.use_bias)
+            self.qkv_proj.fused_sizes = (q_size, kv_size, kv_size)  # read by the Xavier initialisation
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.use_bias)
+
+    def _split_heads(self, projected: torch.Tensor) -> torch.Tensor:
+        """(B, T, heads * D) -> (B, heads, T, D)."""
+        return projected.view(*projected.shape[:-1], -1, self.head_dim).transpose(1, 2)
+
+    def _self_attention_states(self, hidden_states, position_embeddings, past_key_values):
+        query, key, value = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        query, key, value = self._split_heads(query), self._split_heads(key), self._split_heads(value)
+        if position_embeddings is not None:  # rotary
+            cos, sin = position_embeddings
+            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        if past_key_values is not None:
+            cache = (
+                past_key_values.self_attention_cache
+                if isinstance(past_key_values, EncoderDecoderCache)
+                else past_key_values
+            )
+            key, value = cache.update(key, value, self.layer_idx)  # now (B, K, past + T, D)
+        return query, key, value
+
+    def _cross_attention_states(self, hidden_states, encoder_hidden_states, past_key_values):
+        query = self._split_heads(self.q_proj(hidden_states))
+        cache = past_key_values.cross_attention_cache if past_key_values is not None else None
+        if cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            # The encoder output does not change while decoding: its keys and values are computed once.
+            return query, cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        key, value = self.kv_proj(encoder_hidden_states).split([self.kv_size, self.kv_size], dim=-1)
+        key, value = self._split_heads(key), self._split_heads(value)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+            past_key_values.is_updated[self.layer_idx] = True
+        return query, key, value
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values: Cache | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, T, hidden) -> (B, T, hidden), and the weights (B, H, T, S) under eager."""
+        if self.is_cross_attention:
+            query, key, value = self._cross_attention_states(hidden_states, encoder_hidden_states, past_key_values)
+        else:
+            query, key, value = self._self_attention_states(hidden_states, position_embeddings, past_key_values)
+
+        implementation = self.config._attn_implementation
+        attention_interface = SCRATCH_ATTENTION_FUNCTIONS.get(implementation) or (
+            ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        )
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D)
+        return self.o_proj(output), weights

@@ -1,0 +1,200 @@
+"""The building blocks every Scratch family is made of: norms, feed-forward, the Transformer block, embeddings.
+
+- Norms: LayerNorm (Ba et al., 2016) and RMSNorm (Zhang & Sennrich, 2019); the class names keep the words
+  "LayerNorm" / "RMSNorm", which transformers' loaders look for.
+- Feed-forward: `relu`, `gelu`, `gelu_tanh`, `silu` (two matrices, Vaswani et al. section 3.3) or the gated
+  `swiglu` / `geglu` (Shazeer, 2020), whose gate and up projections are one fused matrix.
+- `ScratchBlock`: self-attention, optional cross-attention, feed-forward, each a residual sub-layer with dropout,
+  in pre-norm (x + f(norm(x))) or post-norm (norm(x + f(x)), the paper's layout).
+- `ScratchEmbeddings`: token embeddings (optionally x sqrt(hidden)), token types, absolute positions, dropout.
+
+Strings from the config are turned into modules here, once, so `forward` compares no strings.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from .scratch_attention import ScratchAttention
+from .scratch_positions import ScratchLearnedPositionalEmbedding, ScratchSinusoidalPositionalEmbedding
+
+
+class ScratchLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm, named so that transformers recognises it as a norm."""
+
+
+class ScratchRMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 for stability."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.float()
+        hidden_states = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * hidden_states.to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def make_norm(config) -> nn.Module:
+    if config.norm_type == "rmsnorm":
+        return ScratchRMSNorm(config.hidden_size, config.layer_norm_eps)
+    return ScratchLayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.use_bias)
+
+
+# hidden_act -> (element-wise activation in transformers' ACT2FN, gated?)
+ACTIVATIONS = {
+    "relu": ("relu", False),
+    "gelu": ("gelu", False),
+    "gelu_tanh": ("gelu_pytorch_tanh", False),
+    "silu": ("silu", False),
+    "swiglu": ("silu", True),
+    "geglu": ("gelu", True),
+}
+
+
+class ScratchFeedForward(nn.Module):
+    """Position-wise feed-forward: (B, T, hidden) -> (B, T, intermediate) -> (B, T, hidden)."""
+
+    def __init__(self, config):
+        super().__init__()
+        activation, self.gated = ACTIVATIONS[config.hidden_act]
+        self.act_fn = ACT2FN[activation]
+        # Gated variants compute gate and up projections with one matmul: (B, T, 2 * intermediate).
+        up_size = 2 * config.intermediate_size if self.gated else config.intermediate_size
+        self.up_proj = nn.Linear(config.hidden_size, up_size, bias=config.use_bias)
+        if self.gated:
+            self.up_proj.fused_sizes = (config.intermediate_size, config.intermediate_size)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.up_proj(hidden_states)
+        if self.gated:
+            gate, up = hidden_states.chunk(2, dim=-1)
+            hidden_states = self.act_fn(gate) * up
+        else:
+            hidden_states = self.act_fn(hidden_states)
+        return self.down_proj(self.dropout(hidden_states))
+
+
+class ScratchBlock(GradientCheckpointingLayer):
+    """One Transformer layer: self-attention, cross-attention (decoder of seq2seq only), feed-forward."""
+
+    def __init__(self, config, layer_idx: int, is_causal: bool, has_cross_attention: bool = False):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.self_attn = ScratchAttention(config, layer_idx, is_causal=is_causal)
+        self.attn_norm = make_norm(config)
+        self.cross_attn = None
+        if has_cross_attention:
+            self.cross_attn = ScratchAttention(config, layer_idx, is_causal=False, is_cross_attention=True)
+            self.cross_attn_norm = make_norm(config)
+        self.mlp = ScratchFeedForward(config)
+        self.mlp_norm = make_norm(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def _sublayer_input(self, hidden_states: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        return norm(hidden_states) if self.pre_norm else hidden_states
+
+    def _add_residual(self, residual: torch.Tensor, update: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        hidden_states = residual + self.dropout(update)
+        return hidden_states if self.pre_norm else norm(hidden_states)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        past_key_values=None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """(B, T, hidden) -> (B, T, hidden). Masks come prepared by the stack (see `scratch_masks.py`)."""
+        update, _ = self.self_attn(
+            self._sublayer_input(hidden_states, self.attn_norm),
+            attention_mask=attention_mask,
+            position_embeddings=position_embeddings,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = self._add_residual(hidden_states, update, self.attn_norm)
+        if self.cross_attn is not None:
+            update, _ = self.cross_attn(
+                self._sublayer_input(hidden_states, self.cross_attn_norm),
+                attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                encoder_hidden_states=encoder_hidden_states,
+                **kwargs,
+            )
+            hidden_states = self._add_residual(hidden_states, update, self.cross_attn_norm)
+        update = self.mlp(self._sublayer_input(hidden_states, self.mlp_norm))
+        return self._add_residual(hidden_states, update, self.mlp_norm)
+
+
+class ScratchEmbeddings(nn.Module):
+    """input ids (B, T) -> (B, T, hidden): token embedding [x sqrt(hidden)] + token type + absolute position,
+    then dropout. Rotary and ALiBi positions act inside attention instead."""
+
+    def __init__(self, config, vocab_size: int, type_vocab_size: int = 0):
+        super().__init__()
+        self.max_positions = config.max_position_embeddings
+        self.embed_tokens = nn.Embedding(vocab_size, config.hidden_size, config.pad_token_id)
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+        self.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
+        self.embed_positions = None
+        if config.position_embedding_type == "learned":
+            self.embed_positions = ScratchLearnedPositionalEmbedding(config.max_position_embeddings, config.hidden_size)
+        elif config.position_embedding_type == "sinusoidal":
+            self.embed_positions = ScratchSinusoidalPositionalEmbedding(config.max_position_embeddings, config.hidden_size)
+        self.dropout = nn.Dropout(config.embedding_dropout)
+
+    def check_ids(self, input_ids: torch.Tensor) -> None:
+        """Out-of-range ids would index garbage or crash deep inside; name the problem instead (SPEC section 10)."""
+        if torch.compiler.is_compiling() or input_ids.numel() == 0:
+            return
+        vocab_size = self.embed_tokens.num_embeddings
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"`input_ids` must lie in [0, {vocab_size - 1}] (the vocabulary size is {vocab_size}), got values "
+                f"from {low} to {high}. Does the tokenizer match the model?"
+            )
+
+    def check_positions(self, position_ids: torch.Tensor) -> None:
+        if self.embed_positions is None or torch.compiler.is_compiling() or position_ids.numel() == 0:
+            return
+        if int(position_ids.max()) >= self.max_positions:
+            raise ValueError(
+                f"The input reaches position {int(position_ids.max())}, but this model has "
+                f"`max_position_embeddings={self.max_positions}` absolute positions; shorten or truncate the input."
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            self.check_ids(input_ids)
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = inputs_embeds * self.embed_scale
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros(hidden_states.shape[:2], dtype=torch.long, device=hidden_states.device)
+            hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
+        if self.embed_positions is not None:
+            self.check_positions(position_ids)
+            hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+        return self.dropout(hidden_states)

@@ -1,0 +1,110 @@
+"""Attention masks, built once per stack and shared by all its layers.
+
+The padding / causal / sliding-window patterns come from `transformers.masking_utils`, because they must agree
+with the cache classes (`DynamicCache`, sliding-window and static layers size the key axis) and with what
+`generate()` passes in. The functions return what the attention back-end wants: `None` when sdpa can use its
+`is_causal` fast path or when nothing is masked, a boolean (batch, 1, q_len, kv_len) mask for sdpa, an additive
+float mask for eager. ALiBi is folded into that same mask here, as an additive float bias per head, so the
+attention functions stay unaware of it.
+
+Masks given by the user are checked against the inputs (SPEC section 10) before anything reads them.
+"""
+
+import torch
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
+
+from .scratch_positions import ScratchAlibiBias
+
+
+def _is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, length: int) -> None:
+    """A 2D mask must be (batch, length); a prepared 4D mask is passed through unchecked, as transformers does."""
+    if mask is None or mask.dim() == 4:
+        return
+    if mask.dim() != 2 or mask.shape[0] != batch_size or (mask.shape[1] != length and not _is_compiling()):
+        raise ValueError(
+            f"`{name}` must have shape (batch_size, {length}) = ({batch_size}, {length}) to match the inputs "
+            f"(past and current tokens), got {tuple(mask.shape)}."
+        )
+
+
+def _combine_with_bias(mask: torch.Tensor | None, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive float mask = bias where attending, dtype's minimum where masked; (batch or 1, heads, q, kv)."""
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return torch.where(mask, bias, torch.finfo(dtype).min)
+    return mask.to(dtype) + bias
+
+
+def build_self_attention_mask(
+    config,
+    inputs_embeds: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    past_key_values: Cache | None,
+    position_ids: torch.Tensor | None,
+    is_causal: bool,
+    alibi: ScratchAlibiBias | None,
+):
+    """Mask for the self-attention of every layer of one stack. inputs_embeds: (batch, q_len, hidden)."""
+    batch_size, q_len = inputs_embeds.shape[:2]
+    past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+    check_padding_mask("attention_mask", attention_mask, batch_size, past_length + q_len)
+    skip_allowed = alibi is None  # ALiBi needs a materialised mask to add its bias to.
+    if is_causal:
+        builder = create_sliding_window_causal_mask if getattr(config, "sliding_window", None) else create_causal_mask
+        mask = builder(
+            config=config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+            allow_is_causal_skip=skip_allowed,
+        )
+    else:
+        mask = create_bidirectional_mask(
+            config=config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            allow_is_bidirectional_skip=skip_allowed,
+        )
+    if alibi is None:
+        return mask
+    if past_key_values is not None:
+        self_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        kv_len, kv_offset = self_cache.get_mask_sizes(q_len, 0)
+        q_offset = self_cache.get_query_offset(0)
+    else:
+        kv_len, kv_offset, q_offset = q_len if mask is None else mask.shape[-1], 0, 0
+    bias = alibi(q_len, kv_len, q_offset, kv_offset, inputs_embeds.dtype)
+    return _combine_with_bias(mask, bias, inputs_embeds.dtype)
+
+
+def build_cross_attention_mask(
+    config,
+    inputs_embeds: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    encoder_attention_mask: torch.Tensor | None,
+):
+    """Mask over the encoder's tokens for every cross-attention layer: padding only."""
+    check_padding_mask(
+        "encoder_attention_mask", encoder_attention_mask, inputs_embeds.shape[0], encoder_hidden_states.shape[1]
+    )
+    return create_bidirectional_mask(
+        config=config,
+        inputs_embeds=inputs_embeds,
+        attention_mask=encoder_attention_mask,
+        encoder_hidden_states=encoder_hidden_states,
+    )
