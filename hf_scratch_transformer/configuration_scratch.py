@@ -61,6 +61,8 @@ class ScratchConfigBase(PreTrainedConfig):
     attention_dropout: float = 0.0
     embedding_dropout: float = 0.0
     scale_embeddings: bool = False
+    # A norm over the summed embeddings, before the first block (BERT, Cramming).
+    embedding_norm: bool = False
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
     init_scheme: str = "normal"
@@ -140,6 +142,8 @@ class ScratchEncoderConfig(ScratchConfigBase):
     type_vocab_size: int = 0
     # With `labels`, the MLM head projects only the labelled positions (same loss, less compute).
     sparse_prediction: bool = False
+    # BERT's MLM "transform": dense + activation + norm before the vocabulary projection.
+    mlm_transform: bool = False
     # None = `dropout`.
     classifier_dropout: float | None = None
 

@@ -22,9 +22,14 @@ from .scratch_masks import build_cross_attention_mask, build_self_attention_mask
 from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
 
 
-def check_labels_shape(labels: torch.Tensor | None, expected: torch.Size, name: str = "labels") -> None:
-    if labels is not None and labels.shape != expected:
-        raise ValueError(f"`{name}` must have shape {tuple(expected)} to match the inputs, got {tuple(labels.shape)}.")
+def check_labels_shape(labels: torch.Tensor | None, inputs: torch.Tensor | None, name: str = "labels") -> None:
+    """`labels` (or another per-token tensor) must be (batch, length) of `inputs` (ids, or embeddings)."""
+    if labels is None or inputs is None:
+        return
+    if labels.shape != inputs.shape[:2]:
+        raise ValueError(
+            f"`{name}` must have shape {tuple(inputs.shape[:2])} to match the inputs, got {tuple(labels.shape)}."
+        )
 
 
 class ScratchPreTrainedModel(PreTrainedModel):
@@ -144,7 +149,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if self.has_cross_attention and encoder_hidden_states is None:
             raise ValueError("This decoder attends to an encoder: pass `encoder_hidden_states`.")
-        batch_size, seq_length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        seq_length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         if not self.is_causal:
             use_cache, past_key_values = False, None  # a bidirectional stack has nothing to cache
         if use_cache and past_key_values is None:
@@ -152,7 +157,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = torch.arange(seq_length, device=self.device).unsqueeze(0) + past_length  # (1, T)
-        check_labels_shape(token_type_ids, torch.Size((batch_size, seq_length)), "token_type_ids")
+        check_labels_shape(token_type_ids, input_ids if input_ids is not None else inputs_embeds, "token_type_ids")
 
         hidden_states = self.embeddings(input_ids, inputs_embeds, position_ids, token_type_ids)  # (B, T, hidden)
         attention_mask = build_self_attention_mask(

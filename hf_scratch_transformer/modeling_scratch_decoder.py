@@ -55,7 +55,7 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """`labels` (B, T) are the input ids themselves (-100 = ignore): the shift happens inside the loss.
         `logits_to_keep` > 0 computes logits for the last that many positions only (generation needs one)."""
-        check_labels_shape(labels, (input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -13,6 +13,7 @@ from transformers.utils import can_return_tuple
 
 from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+from .scratch_layers import ScratchMLMTransform
 
 
 class ScratchEncoderPreTrainedModel(ScratchPreTrainedModel):
@@ -43,6 +44,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
     def __init__(self, config: ScratchEncoderConfig):
         super().__init__(config)
         self.model = ScratchEncoderModel(config)
+        self.head_transform = ScratchMLMTransform(config) if config.mlm_transform else nn.Identity()
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.use_bias)
         self.post_init()
 
@@ -58,7 +60,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
         **kwargs,
     ) -> MaskedLMOutput:
         """`labels` (B, T): the original id at masked positions, -100 elsewhere."""
-        check_labels_shape(labels, (input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -74,7 +76,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
             labelled = labels.view(-1) != -100
             hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])[labelled]
             labels = labels.view(-1)[labelled]
-        logits = self.lm_head(hidden_states)
+        logits = self.lm_head(self.head_transform(hidden_states))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -144,7 +146,7 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
         labels: torch.LongTensor | None = None,
         **kwargs,
     ) -> TokenClassifierOutput:
-        check_labels_shape(labels, (input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None

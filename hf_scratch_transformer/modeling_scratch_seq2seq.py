@@ -153,9 +153,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         behind `decoder_start_token_id` to make them."""
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        if labels is not None:
-            target = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
-            check_labels_shape(labels, target.shape[:2])
+        check_labels_shape(labels, decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

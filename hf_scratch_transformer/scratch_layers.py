@@ -86,6 +86,19 @@ class ScratchFeedForward(nn.Module):
         return self.down_proj(self.dropout(hidden_states))
 
 
+class ScratchMLMTransform(nn.Module):
+    """BERT's prediction-head transform before the vocabulary projection: dense -> activation -> norm."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.act_fn = ACT2FN[ACTIVATIONS[config.hidden_act][0]]
+        self.norm = make_norm(config)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act_fn(self.dense(hidden_states)))
+
+
 class ScratchBlock(GradientCheckpointingLayer):
     """One Transformer layer: self-attention, cross-attention (decoder of seq2seq only), feed-forward."""
 
@@ -143,7 +156,7 @@ class ScratchBlock(GradientCheckpointingLayer):
 
 class ScratchEmbeddings(nn.Module):
     """input ids (B, T) -> (B, T, hidden): token embedding [x sqrt(hidden)] + token type + absolute position,
-    then dropout. Rotary and ALiBi positions act inside attention instead."""
+    then an optional norm and dropout. Rotary and ALiBi positions act inside attention instead."""
 
     def __init__(self, config, vocab_size: int, type_vocab_size: int = 0):
         super().__init__()
@@ -156,13 +169,14 @@ class ScratchEmbeddings(nn.Module):
             self.embed_positions = ScratchLearnedPositionalEmbedding(config.max_position_embeddings, config.hidden_size)
         elif config.position_embedding_type == "sinusoidal":
             self.embed_positions = ScratchSinusoidalPositionalEmbedding(config.max_position_embeddings, config.hidden_size)
+        self.norm = make_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.embedding_dropout)
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
         """Out-of-range ids would index garbage or crash deep inside; name the problem instead (SPEC section 10)."""
         if torch.compiler.is_compiling() or input_ids.numel() == 0:
             return
-        vocab_size = self.embed_tokens.num_embeddings
+        vocab_size = self.embed_tokens.weight.shape[0]  # tying may swap in a resized matrix
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= vocab_size:
             raise ValueError(
@@ -197,4 +211,4 @@ class ScratchEmbeddings(nn.Module):
         if self.embed_positions is not None:
             self.check_positions(position_ids)
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
-        return self.dropout(hidden_states)
+        return self.dropout(self.norm(hidden_states))

@@ -1,0 +1,85 @@
+"""Configuration: defaults resolved the native way, every impossible combination a ValueError naming the field."""
+
+import pytest
+from tiny_models import FAMILIES, tiny_config
+from transformers import AutoConfig
+
+from hf_scratch_transformer import ScratchDecoderConfig, ScratchSeq2SeqConfig
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(hidden_size=30), "hidden_size"),
+        (dict(num_key_value_heads=3), "num_key_value_heads"),
+        (dict(hidden_act="tanh"), "hidden_act"),
+        (dict(position_embedding_type="relative"), "position_embedding_type"),
+        (dict(norm_type="batchnorm"), "norm_type"),
+        (dict(norm_position="sandwich"), "norm_position"),
+        (dict(init_scheme="kaiming"), "init_scheme"),
+        (dict(position_embedding_type="rope", hidden_size=36, num_attention_heads=12), "rope"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(attention_dropout=-0.1), "attention_dropout"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+    ],
+)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_invalid_common_knob_names_the_field(family, overrides, field):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(family, **overrides)
+
+
+@pytest.mark.parametrize(
+    "family, overrides, field",
+    [
+        ("decoder", dict(num_hidden_layers=0), "num_hidden_layers"),
+        ("decoder", dict(sliding_window=0), "sliding_window"),
+        ("encoder", dict(type_vocab_size=-1), "type_vocab_size"),
+        ("encoder", dict(classifier_dropout=2.0), "classifier_dropout"),
+        ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
+        ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
+        ("seq2seq", dict(tie_word_embeddings=False), "tie_word_embeddings"),
+    ],
+)
+def test_invalid_family_knob_names_the_field(family, overrides, field):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(family, **overrides)
+
+
+def test_key_value_heads_resolve_to_attention_heads():
+    assert tiny_config("decoder").num_key_value_heads == 4
+    assert tiny_config("decoder", num_key_value_heads=1).num_key_value_heads == 1
+
+
+def test_intermediate_size_defaults_to_four_times_hidden():
+    assert ScratchDecoderConfig(hidden_size=64, num_attention_heads=4).intermediate_size == 256
+
+
+def test_rope_theta_is_a_shorthand_for_rope_parameters(tmp_path):
+    config = tiny_config("decoder", position_embedding_type="rope", rope_theta=500.0)
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 500.0}
+    config.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).rope_parameters["rope_theta"] == 500.0
+
+
+def test_rope_scaling_types_are_accepted():
+    config = tiny_config(
+        "decoder", position_embedding_type="rope", rope_parameters={"rope_type": "linear", "factor": 2.0}
+    )
+    assert config.rope_parameters["rope_type"] == "linear"
+
+
+def test_seq2seq_num_hidden_layers_is_the_decoder_depth():
+    config = ScratchSeq2SeqConfig(encoder_layers=3, decoder_layers=1)
+    assert config.num_hidden_layers == 1
+    assert config.get_text_config(decoder=True).num_hidden_layers == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_round_trips_through_auto_config(family, tmp_path):
+    config = tiny_config(family, norm_type="rmsnorm", hidden_act="swiglu")
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded) is type(config)
+    assert loaded.to_diff_dict() == config.to_diff_dict()

@@ -1,0 +1,307 @@
+"""The three families as a transformers user meets them: losses, outputs, saving, tying, checkpointing, errors."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_models import EOS, FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput, Seq2SeqLMOutput
+
+import hf_scratch_transformer as hst
+from hf_scratch_transformer.modeling_scratch_seq2seq import shift_tokens_right
+
+# ---------------------------------------------------------------------------------------------- registration
+
+
+@pytest.mark.parametrize(
+    "auto_class, config_class, model_class",
+    [(auto, config, model) for config, pairs in hst.AUTO_CLASSES.items() for auto, model in pairs],
+)
+def test_auto_classes_build_our_models(auto_class, config_class, model_class):
+    family = config_class.model_type.removeprefix("scratch_")
+    values = {key: value for key, value in tiny_config(family).to_diff_dict().items() if key != "model_type"}
+    config = AutoConfig.for_model(config_class.model_type, **values)
+    assert type(config) is config_class
+    assert type(auto_class.from_config(config)) is model_class
+
+
+def test_spec_auto_mapping_is_complete():
+    expected = {
+        AutoModel: {hst.ScratchDecoderModel, hst.ScratchEncoderModel, hst.ScratchSeq2SeqModel},
+        AutoModelForCausalLM: {hst.ScratchDecoderForCausalLM},
+        AutoModelForMaskedLM: {hst.ScratchEncoderForMaskedLM},
+        AutoModelForSeq2SeqLM: {hst.ScratchSeq2SeqForConditionalGeneration},
+        AutoModelForSequenceClassification: {
+            hst.ScratchDecoderForSequenceClassification, hst.ScratchEncoderForSequenceClassification},
+        AutoModelForTokenClassification: {hst.ScratchEncoderForTokenClassification},
+    }
+    for auto_class, models in expected.items():
+        registered = {model for pairs in hst.AUTO_CLASSES.values() for auto, model in pairs if auto is auto_class}
+        assert registered == models, auto_class.__name__
+
+
+# ---------------------------------------------------------------------------------------------- losses
+
+
+def test_causal_lm_loss_shifts_labels_inside_and_ignores_minus_100():
+    model = tiny_lm("decoder")
+    inputs = lm_inputs("decoder")
+    labels = inputs["labels"].clone()
+    labels[0, 3] = -100
+    out = model(input_ids=inputs["input_ids"], labels=labels)
+    assert isinstance(out, CausalLMOutputWithPast)
+    expected = torch.nn.functional.cross_entropy(
+        out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    torch.testing.assert_close(out.loss, expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loss_with_num_items_in_batch_is_a_sum_over_that_count(family):
+    """Trainer's gradient accumulation passes the token count of the whole accumulated batch."""
+    model = tiny_lm(family)
+    inputs = lm_inputs(family)
+    mean_loss = model(**inputs).loss
+    counted = inputs["labels"][:, 1:] if family == "decoder" else inputs["labels"]
+    num_items = (counted != -100).sum()
+    summed = model(**inputs, num_items_in_batch=num_items * 4).loss
+    torch.testing.assert_close(summed * 4, mean_loss)
+
+
+def test_seq2seq_builds_decoder_inputs_from_labels_and_does_not_shift_the_loss():
+    model = tiny_lm("seq2seq")
+    inputs = lm_inputs("seq2seq")
+    labels = inputs["labels"].clone()
+    labels[1, -2:] = -100
+    out = model(input_ids=inputs["input_ids"], labels=labels)
+    assert isinstance(out, Seq2SeqLMOutput)
+    decoder_input_ids = shift_tokens_right(labels, PAD, model.config.decoder_start_token_id)
+    assert decoder_input_ids[0, 0] == model.config.decoder_start_token_id
+    assert decoder_input_ids[1, -1] == PAD  # a -100 label becomes padding in the decoder input
+    explicit = model(input_ids=inputs["input_ids"], decoder_input_ids=decoder_input_ids)
+    torch.testing.assert_close(out.logits, explicit.logits)
+    expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, VOCAB), labels.reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_masked_lm_loss_counts_only_labelled_positions():
+    model = tiny_lm("encoder")
+    ids = lm_inputs("encoder")["input_ids"]
+    labels = torch.full_like(ids, -100)
+    labels[:, [1, 4]] = ids[:, [1, 4]]
+    out = model(input_ids=ids, labels=labels)
+    assert isinstance(out, MaskedLMOutput)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, [1, 4]].reshape(-1, VOCAB), ids[:, [1, 4]].reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_sparse_prediction_gives_the_dense_loss_and_gradients():
+    dense, sparse = tiny_lm("encoder"), tiny_lm("encoder", sparse_prediction=True)
+    ids = lm_inputs("encoder")["input_ids"]
+    labels = torch.where(torch.rand(ids.shape) < 0.4, ids, -100)
+    labels[0, 0] = ids[0, 0]
+    dense_out, sparse_out = dense(input_ids=ids, labels=labels), sparse(input_ids=ids, labels=labels)
+    torch.testing.assert_close(sparse_out.loss, dense_out.loss)
+    assert sparse_out.logits.shape == ((labels != -100).sum(), VOCAB)
+    dense_out.loss.backward()
+    sparse_out.loss.backward()
+    torch.testing.assert_close(sparse.lm_head.weight.grad, dense.lm_head.weight.grad)
+    # without labels, every position gets logits (fill-mask needs them)
+    assert sparse(input_ids=ids).logits.shape == (*ids.shape, VOCAB)
+
+
+def test_classification_heads_return_native_losses():
+    ids = torch.randint(3, VOCAB, (3, 6))
+    ids[0, -2:] = PAD
+    for model_class, family in [(hst.ScratchDecoderForSequenceClassification, "decoder"),
+                                (hst.ScratchEncoderForSequenceClassification, "encoder")]:
+        model = model_class(tiny_config(family, num_labels=3)).eval()
+        out = model(input_ids=ids, labels=torch.tensor([0, 2, 1]))
+        assert out.logits.shape == (3, 3)
+        torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, torch.tensor([0, 2, 1])))
+    tagger = hst.ScratchEncoderForTokenClassification(tiny_config("encoder", num_labels=5)).eval()
+    labels = torch.randint(0, 5, ids.shape)
+    out = tagger(input_ids=ids, labels=labels)
+    assert out.logits.shape == (3, 6, 5)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits.reshape(-1, 5), labels.view(-1)))
+
+
+def test_decoder_classifier_reads_the_last_real_token_of_left_and_right_padded_rows():
+    model = hst.ScratchDecoderForSequenceClassification(tiny_config("decoder", num_labels=2)).eval()
+    ids = torch.tensor([[5, 6, 7, PAD, PAD]])
+    alone = model(input_ids=ids[:, :3]).logits
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=(ids != PAD).long()).logits, alone)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hidden_states_and_attentions_are_returned(family):
+    model = tiny_lm(family, attn_implementation="eager")
+    inputs = lm_inputs(family)
+    out = model(**inputs, output_hidden_states=True, output_attentions=True)
+    batch, length = inputs["input_ids"].shape
+    if family == "seq2seq":
+        target = inputs["labels"].shape[1]
+        assert len(out.encoder_hidden_states) == len(out.decoder_hidden_states) == 3
+        assert out.encoder_attentions[0].shape == (batch, 4, length, length)
+        assert out.decoder_attentions[0].shape == (batch, 4, target, target)
+        assert out.cross_attentions[0].shape == (batch, 4, target, length)
+        return
+    assert len(out.hidden_states) == 3  # embeddings + 2 layers
+    assert len(out.attentions) == 2
+    weights = out.attentions[0]
+    assert weights.shape == (batch, 4, length, length)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(batch, 4, length))
+    if family == "decoder":
+        assert torch.all(weights.triu(1) == 0), "a causal model must not attend to later tokens"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_return_dict_false_gives_tuples(family):
+    model = tiny_lm(family)
+    out = model(**lm_inputs(family), return_dict=False)
+    assert isinstance(out, tuple)
+    torch.testing.assert_close(out[1], model(**lm_inputs(family)).logits)
+
+
+# ---------------------------------------------------------------------------------------------- saving
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("position_embedding_type", ["sinusoidal", "learned", "rope", "alibi"])
+def test_save_and_reload_gives_the_same_outputs_and_keeps_weights_tied(family, position_embedding_type, tmp_path):
+    model = tiny_lm(family, position_embedding_type=position_embedding_type)
+    model.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert "lm_head.weight" not in stored, "a tied weight is stored once"
+    assert not any("inv_freq" in key or "slopes" in key for key in stored), "computed tables are not stored"
+    reloaded = type(model).from_pretrained(tmp_path).eval()
+    assert reloaded.get_output_embeddings().weight is reloaded.model.decoder.get_input_embeddings().weight if (
+        family == "seq2seq") else reloaded.get_output_embeddings().weight is reloaded.get_input_embeddings().weight
+    inputs = lm_inputs(family)
+    torch.testing.assert_close(reloaded(**inputs).logits, model(**inputs).logits, rtol=0, atol=0)
+
+
+def test_untied_head_stays_untied_after_reload(tmp_path):
+    model = tiny_lm("decoder", tie_word_embeddings=False)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.lm_head.weight is not reloaded.model.get_input_embeddings().weight
+    torch.testing.assert_close(reloaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_seq2seq_shares_encoder_and_decoder_embeddings_after_reload(tmp_path):
+    model = tiny_lm("seq2seq")
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    encoder, decoder = reloaded.model.encoder, reloaded.model.decoder
+    assert encoder.get_input_embeddings().weight is decoder.get_input_embeddings().weight
+
+
+def test_base_model_loads_from_a_head_checkpoint(tmp_path):
+    model = tiny_lm("decoder")
+    model.save_pretrained(tmp_path)
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    ids = lm_inputs("decoder")["input_ids"]
+    torch.testing.assert_close(base(input_ids=ids).last_hidden_state, model.model(input_ids=ids).last_hidden_state)
+
+
+# ---------------------------------------------------------------------------------------------- embeddings
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resize_token_embeddings_keeps_tying_and_updates_the_config(family):
+    model = tiny_lm(family)
+    model.resize_token_embeddings(VOCAB + 5, pad_to_multiple_of=64)
+    assert model.config.vocab_size == 128
+    assert model.get_input_embeddings().weight.shape == (128, 32)
+    assert model.get_output_embeddings().weight.shape[0] == 128
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    ids = torch.tensor([[3, 120, 127]])
+    labels = ids if family != "seq2seq" else ids[:, :2].contiguous()
+    assert model(input_ids=ids, labels=labels).logits.shape[-1] == 128
+
+
+# ---------------------------------------------------------------------------------------------- checkpointing
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gradient_checkpointing_gives_the_same_gradients(family):
+    inputs = lm_inputs(family)
+    plain, checkpointed = tiny_lm(family).train(), tiny_lm(family).train()
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert checkpointed.is_gradient_checkpointing
+    plain(**inputs).loss.backward()
+    checkpointed(**inputs).loss.backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ids_outside_the_vocabulary_are_a_clear_error(family):
+    model = tiny_lm(family)
+    with pytest.raises(ValueError, match="input_ids.*vocabulary size is 99"):
+        model(input_ids=torch.tensor([[3, VOCAB]]), labels=torch.tensor([[3, 4]]))
+    with pytest.raises(ValueError, match="input_ids"):
+        model(input_ids=torch.tensor([[3, -1]]), labels=torch.tensor([[3, 4]]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("position_embedding_type", ["learned", "sinusoidal"])
+def test_input_longer_than_the_positions_is_a_clear_error(family, position_embedding_type):
+    model = tiny_lm(family, position_embedding_type=position_embedding_type, max_position_embeddings=8)
+    ids = torch.randint(3, VOCAB, (1, 9))
+    with pytest.raises(ValueError, match="max_position_embeddings=8"):
+        model(input_ids=ids, labels=ids)
+
+
+def test_rope_and_alibi_models_take_inputs_longer_than_max_positions():
+    for kind in ("rope", "alibi"):
+        model = tiny_lm("decoder", position_embedding_type=kind, max_position_embeddings=8)
+        assert model(input_ids=torch.randint(3, VOCAB, (1, 12))).logits.shape == (1, 12, VOCAB)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mask_of_the_wrong_shape_is_a_clear_error(family):
+    model = tiny_lm(family)
+    inputs = lm_inputs(family)
+    with pytest.raises(ValueError, match="attention_mask.*shape"):
+        model(**inputs, attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="attention_mask.*shape"):
+        model(**inputs, attention_mask=torch.ones(3, 7))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_labels_of_the_wrong_shape_are_a_clear_error(family):
+    model = tiny_lm(family)
+    inputs = lm_inputs(family)
+    inputs["labels"] = inputs["labels"][:, :-1]
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = torch.full((2, 5), EOS)
+    with pytest.raises(ValueError, match="labels.*shape"):
+        model(**inputs)
+
+
+def test_missing_ids_and_embeddings_is_a_clear_error():
+    with pytest.raises(ValueError, match="input_ids"):
+        tiny_lm("decoder")(attention_mask=torch.ones(1, 3))
+
+
+def test_inputs_embeds_give_the_same_outputs_as_ids():
+    model = tiny_lm("decoder", scale_embeddings=True)
+    ids = lm_inputs("decoder")["input_ids"]
+    embeds = model.get_input_embeddings()(ids)
+    torch.testing.assert_close(model(inputs_embeds=embeds).logits, model(input_ids=ids).logits)

@@ -1,0 +1,125 @@
+"""Every preset of SPEC section 4 builds, runs forward and backward, and has the stated shape."""
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+from hf_scratch_transformer.presets import PRESETS, get_preset
+
+AUTO_LM = {"decoder": AutoModelForCausalLM, "encoder": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
+
+# name -> fields the preset must have (SPEC section 4)
+STATED = {
+    "transformer-base": dict(encoder_layers=6, decoder_layers=6, hidden_size=512, num_attention_heads=8,
+                             intermediate_size=2048, hidden_act="relu", norm_position="post",
+                             position_embedding_type="sinusoidal", dropout=0.1, scale_embeddings=True,
+                             share_embeddings=True, tie_word_embeddings=True),
+    "transformer-big": dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096, dropout=0.3),
+    "transformer-prenorm": dict(norm_position="pre", final_norm=True, hidden_size=512),
+    "transformer-xavier": dict(norm_position="pre", share_embeddings=False, init_scheme="xavier",
+                               scale_embeddings=True),
+    "gpt2-small": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, max_position_embeddings=1024,
+                       position_embedding_type="learned", norm_position="pre", hidden_act="gelu_tanh",
+                       use_bias=True, final_norm=True, tie_word_embeddings=True),
+    "gpt-mini": dict(position_embedding_type="learned", norm_position="pre", hidden_act="relu"),
+    "llama-style": dict(position_embedding_type="rope", norm_type="rmsnorm", hidden_act="swiglu", use_bias=False,
+                        tie_word_embeddings=False),
+    "bert-base": dict(num_hidden_layers=12, hidden_size=768, norm_position="post",
+                      position_embedding_type="learned", type_vocab_size=2, hidden_act="gelu"),
+    "bert-prenorm": dict(norm_position="pre", position_embedding_type="sinusoidal", final_norm=True,
+                         tie_word_embeddings=True, sparse_prediction=True),
+}
+
+
+def test_every_preset_is_described():
+    assert set(STATED) == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_builds_runs_and_has_the_stated_shape(name):
+    config = get_preset(name)
+    for field, value in STATED[name].items():
+        assert getattr(config, field) == value, field
+    family = PRESETS[name]["family"]
+    model = AUTO_LM[family].from_config(config)
+    ids = torch.randint(3, config.vocab_size, (2, 8))
+    inputs = {"input_ids": ids, "labels": ids}
+    if family == "seq2seq":
+        inputs["labels"] = torch.randint(3, config.vocab_size, (2, 5))
+    if family == "encoder":
+        inputs["labels"] = torch.where(torch.rand(2, 8) < 0.3, ids, -100)
+        inputs["labels"][0, 0] = ids[0, 0]
+    loss = model(**inputs).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.get_input_embeddings().weight.grad is not None
+    if config.tie_word_embeddings:
+        target_embeddings = model.model.decoder if family == "seq2seq" else model
+        assert model.get_output_embeddings().weight is target_embeddings.get_input_embeddings().weight
+
+
+def test_llama_style_uses_grouped_query_attention():
+    config = get_preset("llama-style")
+    assert 1 < config.num_key_value_heads < config.num_attention_heads
+
+
+def test_transformer_xavier_has_separate_vocabularies():
+    config = get_preset("transformer-xavier")
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    assert model.model.encoder.get_input_embeddings() is not model.model.decoder.get_input_embeddings()
+
+
+def test_transformer_base_has_about_65m_parameters():
+    with torch.device("meta"):
+        model = AutoModelForSeq2SeqLM.from_config(get_preset("transformer-base"))
+    assert 60e6 < model.num_parameters() < 66e6
+
+
+@pytest.mark.parametrize(
+    "name, native",
+    [("gpt2-small", lambda: GPT2LMHeadModel(GPT2Config())), ("bert-base", lambda: BertForMaskedLM(BertConfig()))],
+)
+def test_parameter_count_equals_the_native_model(name, native):
+    with torch.device("meta"):
+        ours = AUTO_LM[PRESETS[name]["family"]].from_config(get_preset(name))
+        theirs = native()
+    assert ours.num_parameters() == theirs.num_parameters()
+
+
+@pytest.mark.parametrize("name", ["gpt-mini", "llama-style", "bert-prenorm", "transformer-prenorm"])
+def test_vocabulary_padded_to_a_multiple_of_64_still_trains(name):
+    config = get_preset(name, vocab_size=8256, num_hidden_layers=1) if PRESETS[name]["family"] != "seq2seq" else (
+        get_preset(name, vocab_size=8256, encoder_layers=1, decoder_layers=1))
+    model = AUTO_LM[PRESETS[name]["family"]].from_config(config)
+    ids = torch.randint(3, 8000, (2, 8))
+    labels = torch.randint(3, 8000, (2, 5)) if PRESETS[name]["family"] == "seq2seq" else ids
+    model(input_ids=ids, labels=labels).loss.backward()
+    if PRESETS[name]["family"] != "encoder":
+        out = model.generate(ids[:1], max_new_tokens=3, do_sample=False)
+        assert out.shape[1] >= 3
+
+
+def test_get_preset_returns_a_new_config_every_call():
+    first, second = get_preset("gpt-mini"), get_preset("gpt-mini")
+    assert first is not second
+    first.vocab_size = 1
+    assert get_preset("gpt-mini").vocab_size == PRESETS["gpt-mini"]["vocab_size"]
+
+
+def test_get_preset_applies_overrides_and_validates():
+    assert get_preset("gpt-mini", hidden_size=96, num_attention_heads=3).hidden_size == 96
+    with pytest.raises(ValueError, match="hidden_size"):
+        get_preset("gpt-mini", hidden_size=100)
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="gpt2-small"):
+        get_preset("gpt5")
