@@ -239,8 +239,8 @@ def test_resize_token_embeddings_keeps_tying_and_updates_the_config(family):
 def test_gradient_checkpointing_gives_the_same_gradients(family):
     inputs = lm_inputs(family)
     plain, checkpointed = tiny_lm(family).train(), tiny_lm(family).train()
-    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert checkpointed.is_gradient_checkpointing
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert checkpointed.is_activation_checkpointing
     plain(**inputs).loss.backward()
     checkpointed(**inputs).loss.backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):

@@ -1,0 +1,286 @@
+"""The building blocks: attention back-ends agree, masks hide what they must, positions and norms compute the
+published formulas, every knob value trains, initialisation follows its scheme."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_models import FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
+
+from hf_scratch_transformer.modeling_scratch_common import ScratchPreTrainedModel
+from hf_scratch_transformer.scratch_attention import eager_attention_forward, sdpa_attention_forward
+from hf_scratch_transformer.scratch_layers import ScratchRMSNorm
+from hf_scratch_transformer.scratch_positions import (
+    ScratchRotaryEmbedding,
+    alibi_slopes,
+    apply_rotary,
+    sinusoidal_table,
+)
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+class _Heads(torch.nn.Module):
+    """Stands in for the attention module: the attributes the attention functions read."""
+
+    def __init__(self, groups: int, is_causal: bool):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = groups, is_causal
+
+
+def test_eager_attention_is_the_textbook_formula():
+    query, key, value = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    output, weights = eager_attention_forward(_Heads(2, False), query, key, value, None, scaling=8**-0.5)
+    key_full, value_full = key.repeat_interleave(2, dim=1), value.repeat_interleave(2, dim=1)
+    expected_weights = torch.softmax(query @ key_full.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    torch.testing.assert_close(weights, expected_weights)
+    torch.testing.assert_close(output, (expected_weights @ value_full).transpose(1, 2))
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+def test_sdpa_function_equals_eager_function(groups, mask_kind):
+    query, key, value = torch.randn(2, 4, 5, 8), torch.randn(2, 4 // groups, 6, 8), torch.randn(2, 4 // groups, 6, 8)
+    mask = None
+    if mask_kind != "none":
+        mask = torch.rand(2, 1, 5, 6) > 0.3
+        mask[..., 0] = True
+        if mask_kind == "float":
+            mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    module = _Heads(groups, is_causal=False)
+    eager, _ = eager_attention_forward(module, query, key, value, mask, scaling=0.3)
+    sdpa, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(sdpa, eager)
+
+
+BACKEND_VARIANTS = [
+    dict(),
+    dict(num_key_value_heads=2),
+    dict(num_key_value_heads=1),
+    dict(position_embedding_type="rope"),
+    dict(position_embedding_type="alibi"),
+    dict(position_embedding_type="sinusoidal", norm_position="post", final_norm=False),
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("variant", BACKEND_VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "mha")
+def test_eager_and_sdpa_models_give_the_same_outputs(family, variant):
+    eager = tiny_lm(family, attn_implementation="eager", **variant)
+    sdpa = tiny_lm(family, attn_implementation="sdpa", **variant)
+    assert sdpa.config._attn_implementation == "sdpa" and eager.config._attn_implementation == "eager"
+    inputs = lm_inputs(family)
+    mask = torch.ones_like(inputs["input_ids"])
+    if family == "decoder":
+        mask[1, :3] = 0  # left padding in the second row
+        inputs["labels"][1, :4] = -100  # the first real token is predicted from padding
+    else:
+        mask[1, -3:] = 0  # right padding of the (source) sequence
+    eager_out, sdpa_out = eager(**inputs, attention_mask=mask), sdpa(**inputs, attention_mask=mask)
+    # Outputs at padding positions are meaningless (their rows may be fully masked): compare real tokens.
+    real = mask.bool() if family != "seq2seq" else torch.ones(sdpa_out.logits.shape[:2], dtype=torch.bool)
+    torch.testing.assert_close(sdpa_out.logits[real], eager_out.logits[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sdpa_out.loss, eager_out.loss, atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_eager_and_sdpa_agree_and_limit_what_is_seen():
+    eager = tiny_lm("decoder", attn_implementation="eager", sliding_window=3)
+    sdpa = tiny_lm("decoder", attn_implementation="sdpa", sliding_window=3)
+    ids = lm_inputs("decoder")["input_ids"]
+    out = eager(input_ids=ids, output_attentions=True)
+    torch.testing.assert_close(sdpa(input_ids=ids).logits, out.logits, atol=1e-5, rtol=1e-5)
+    weights = out.attentions[0][0, 0]  # (T, T)
+    seen = weights > 0
+    for query in range(ids.shape[1]):
+        assert seen[query].nonzero().flatten().tolist() == list(range(max(0, query - 2), query + 1))
+
+
+# ---------------------------------------------------------------------------------------------- masks
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    length=st.integers(2, 10),
+    cut=st.integers(0, 9),
+    position_embedding_type=st.sampled_from(["learned", "rope", "alibi"]),
+)
+def test_causal_model_never_sees_the_future(length, cut, position_embedding_type):
+    """Changing tokens after position `cut` leaves every output up to `cut` unchanged."""
+    cut = min(cut, length - 1)
+    model = tiny_lm("decoder", position_embedding_type=position_embedding_type)
+    ids = torch.randint(3, VOCAB, (1, length))
+    changed = ids.clone()
+    changed[:, cut + 1:] = torch.randint(3, VOCAB, (1, length - cut - 1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=changed).logits[:, : cut + 1], model(input_ids=ids).logits[:, : cut + 1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(real=st.integers(1, 8), padding=st.integers(1, 5), family=st.sampled_from(FAMILIES),
+       left=st.booleans(), position_embedding_type=st.sampled_from(["sinusoidal", "rope", "alibi"]))
+def test_padding_is_invisible(real, padding, family, left, position_embedding_type):
+    """A padded row gives, on its real tokens, the outputs of the same row alone (right padding for the
+    bidirectional encoder and the seq2seq source; either side for the causal decoder, with positions from the
+    mask as `generate` passes them)."""
+    if family != "decoder":
+        left = False
+    model = tiny_lm(family, position_embedding_type=position_embedding_type)
+    ids = torch.randint(3, VOCAB, (1, real))
+    pad = torch.full((1, padding), PAD)
+    padded = torch.cat([pad, ids], 1) if left else torch.cat([ids, pad], 1)
+    mask = (torch.arange(real + padding) >= padding if left else torch.arange(real + padding) < real).long()[None]
+    kwargs, padded_kwargs = {}, {"attention_mask": mask}
+    if family == "seq2seq":
+        target = torch.randint(3, VOCAB, (1, 4))
+        kwargs = padded_kwargs = {"decoder_input_ids": target}
+        padded_kwargs = {**kwargs, "attention_mask": mask}
+    elif left:
+        padded_kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        alone = model(input_ids=ids, **kwargs).logits
+        together = model(input_ids=padded, **padded_kwargs).logits
+    if family != "seq2seq":
+        together = together[:, padding:] if left else together[:, :real]
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- positions, norms
+
+
+def test_sinusoidal_table_is_the_papers_formula():
+    table = sinusoidal_table(50, 16)
+    pos, i = 7, 3
+    assert table[pos, 2 * i] == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    assert table[pos, 2 * i + 1] == pytest.approx(math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert alibi_slopes(8).tolist() == [2.0 ** -(k + 1) for k in range(8)]
+    assert alibi_slopes(4).tolist() == [2.0 ** -(2 * (k + 1)) for k in range(4)]
+    assert len(alibi_slopes(6)) == 6 and len(set(alibi_slopes(6).tolist())) == 6
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    config = tiny_config("decoder", position_embedding_type="rope")
+    rotary = ScratchRotaryEmbedding(config)
+    query, key = torch.randn(1, 1, 1, config.head_dim), torch.randn(1, 1, 1, config.head_dim)
+
+    def score(query_position, key_position):
+        cos_q, sin_q = rotary(query, torch.tensor([[query_position]]))
+        cos_k, sin_k = rotary(key, torch.tensor([[key_position]]))
+        return (apply_rotary(query, cos_q, sin_q) * apply_rotary(key, cos_k, sin_k)).sum()
+
+    torch.testing.assert_close(score(5, 2), score(13, 10))
+    assert not torch.allclose(score(5, 2), score(5, 4))
+
+
+def test_rms_norm_formula():
+    norm = ScratchRMSNorm(6, eps=1e-6)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(norm(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight)
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_block_layout(norm_position):
+    """Pre-norm: x + f(norm(x)); post-norm: norm(x + f(x)) (checked on one block with attention switched off)."""
+    model = tiny_lm("encoder", norm_position=norm_position, num_hidden_layers=1)
+    block = model.model.layers[0]
+    x = torch.randn(1, 4, 32)
+    attention_out = block.self_attn(block.attn_norm(x) if norm_position == "pre" else x)[0]
+    if norm_position == "pre":
+        h = x + attention_out
+        expected = h + block.mlp(block.mlp_norm(h))
+    else:
+        h = block.attn_norm(x + attention_out)
+        expected = block.mlp_norm(h + block.mlp(h))
+    torch.testing.assert_close(block(x), expected)
+
+
+# ---------------------------------------------------------------------------------------------- every knob
+
+
+KNOB_VALUES = [
+    ("hidden_act", ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]),
+    ("position_embedding_type", ["sinusoidal", "learned", "rope", "alibi"]),
+    ("norm_type", ["layernorm", "rmsnorm"]),
+    ("norm_position", ["pre", "post"]),
+    ("final_norm", [True, False]),
+    ("use_bias", [True, False]),
+    ("num_key_value_heads", [4, 2, 1]),
+    ("scale_embeddings", [True, False]),
+    ("embedding_norm", [True, False]),
+    ("tie_word_embeddings", [True, False]),
+    ("init_scheme", ["normal", "xavier"]),
+    ("dropout", [0.0, 0.3]),
+    ("attention_dropout", [0.0, 0.3]),
+    ("embedding_dropout", [0.0, 0.3]),
+]
+FAMILY_KNOB_VALUES = [
+    ("decoder", "sliding_window", [None, 3]),
+    ("encoder", "type_vocab_size", [0, 2]),
+    ("encoder", "sparse_prediction", [True, False]),
+    ("encoder", "mlm_transform", [True, False]),
+    ("seq2seq", "share_embeddings", [True, False]),
+]
+KNOB_CASES = [(family, knob, value) for knob, values in KNOB_VALUES for value in values for family in FAMILIES] + [
+    (family, knob, value) for family, knob, values in FAMILY_KNOB_VALUES for value in values
+]
+
+
+@pytest.mark.parametrize("family, knob, value", KNOB_CASES)
+def test_every_knob_value_trains_a_step_without_nan(family, knob, value):
+    overrides = {knob: value}
+    if (family, knob, value) == ("seq2seq", "tie_word_embeddings", False):
+        overrides["share_embeddings"] = False
+    if (family, knob, value) == ("seq2seq", "share_embeddings", False):
+        overrides["encoder_vocab_size"] = 120
+    model = tiny_lm(family, **overrides).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    inputs = lm_inputs(family)
+    if family == "encoder":
+        inputs["labels"][:, ::2] = -100
+        inputs["token_type_ids"] = torch.randint(0, 2, inputs["input_ids"].shape) if value == 2 else None
+    for _ in range(2):
+        loss = model(**inputs).loss
+        assert torch.isfinite(loss)
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+# ---------------------------------------------------------------------------------------------- initialisation
+
+
+def _linear_weights(model, name_part):
+    return [m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name_part in n]
+
+
+def test_normal_init_uses_initializer_range():
+    model = tiny_lm("decoder", hidden_size=128, intermediate_size=512, initializer_range=0.05,
+                    tie_word_embeddings=False)
+    weights = torch.cat([w.flatten() for w in _linear_weights(model, "layers")])
+    assert weights.std().item() == pytest.approx(0.05, rel=0.05)
+    assert model.model.embeddings.embed_tokens.weight[PAD].abs().sum() == 0
+    biases = [m.bias for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None]
+    assert all(b.abs().sum() == 0 for b in biases)
+
+
+def test_xavier_init_treats_each_fused_projection_separately():
+    model = tiny_lm("decoder", hidden_size=128, intermediate_size=512, init_scheme="xavier", hidden_act="swiglu")
+    qkv = model.model.layers[0].self_attn.qkv_proj.weight  # (3 * 128, 128)
+    bound = math.sqrt(6 / (128 + 128))  # each of Q, K, V is a 128 x 128 matrix
+    assert qkv.abs().max() <= bound and qkv.abs().max() > 0.9 * bound
+    up = model.model.layers[0].mlp.up_proj.weight  # gate and up, each 512 x 128
+    assert up.abs().max() <= math.sqrt(6 / (128 + 512))
+    embedding = model.model.embeddings.embed_tokens.weight[3:]
+    assert embedding.std().item() == pytest.approx(128**-0.5, rel=0.1)
+
+
+def test_init_is_one_function_for_all_families():
+    for family in FAMILIES:
+        assert isinstance(tiny_lm(family), ScratchPreTrainedModel)
+        assert "_init_weights" not in type(tiny_lm(family)).__dict__
