@@ -18,6 +18,7 @@ import unittest
 from pathlib import Path
 
 import pytest
+from parameterized import parameterized
 
 import hf_scratch_transformer
 from hf_scratch_transformer import (
@@ -167,6 +168,7 @@ class ScratchEncoderModelTester(_TinySizes):
 class ScratchSeq2SeqModelTester(_TinySizes):
     encoder_seq_length = decoder_seq_length = _TinySizes.seq_length
     pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    share_embeddings = True
 
     def get_config(self):
         # Vaswani et al. (preset "transformer-base"): post-norm, sinusoidal positions, ReLU, embeddings scaled by
@@ -184,7 +186,7 @@ class ScratchSeq2SeqModelTester(_TinySizes):
             norm_position="post",
             final_norm=False,
             scale_embeddings=True,
-            share_embeddings=True,
+            share_embeddings=self.share_embeddings,
             dropout=0.1,
             attention_dropout=0.1,
             pad_token_id=self.pad_token_id,
@@ -212,6 +214,9 @@ class _ScratchConformanceTest(ModelTesterMixin):
     model_tester_class = None
     config_class = None
 
+    # Upstream runs this only for models whose config file carries a copyright year >= 2023 (or that opt in).
+    test_can_init_all_missing_weights_before_2023 = True
+
     def setUp(self):
         self.model_tester = self.model_tester_class(self)
         # Upstream passes hidden_size=37 to check that a non-default value survives; ours must be divisible by
@@ -228,13 +233,25 @@ class _ScratchConformanceTest(ModelTesterMixin):
         pass
 
 
+class _AbsolutePositionsTest:
+    """For the families tested with absolute (learned or sinusoidal) positions."""
+
+    # Upstream takes any config with a `rope_parameters` field for a RoPE model (native ones without RoPE have no
+    # such field). Every Scratch config has it, read only with `position_embedding_type="rope"`; the test then
+    # feeds 1.5 x max_position_embeddings tokens, which an absolute position table rightly rejects.
+    @parameterized.expand([("linear",), ("dynamic",), ("yarn",)])
+    @unittest.skip("RoPE scaling test; this configuration uses absolute positions")
+    def test_model_rope_scaling_from_config(self, scaling_type):
+        pass
+
+
 class ScratchDecoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
     model_tester_class = ScratchDecoderModelTester
     config_class = ScratchDecoderConfig
     all_model_classes = (ScratchDecoderModel, ScratchDecoderForCausalLM, ScratchDecoderForSequenceClassification)
 
 
-class ScratchEncoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
+class ScratchEncoderConformanceTest(_AbsolutePositionsTest, _ScratchConformanceTest, unittest.TestCase):
     model_tester_class = ScratchEncoderModelTester
     config_class = ScratchEncoderConfig
     all_model_classes = (
@@ -245,8 +262,24 @@ class ScratchEncoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
     )
 
 
-class ScratchSeq2SeqConformanceTest(_ScratchConformanceTest, unittest.TestCase):
+class ScratchSeq2SeqConformanceTest(_AbsolutePositionsTest, _ScratchConformanceTest, unittest.TestCase):
     model_tester_class = ScratchSeq2SeqModelTester
     config_class = ScratchSeq2SeqConfig
     all_model_classes = (ScratchSeq2SeqModel, ScratchSeq2SeqForConditionalGeneration)
     is_encoder_decoder = True
+
+    # These tests untie the output projection by setting `config.tie_word_embeddings = False` after construction.
+    # With `share_embeddings=True` (one matrix for encoder, decoder and head; the config rejects it untied) that
+    # is an impossible state, as for BART, which skips the first test upstream. Untying needs separate
+    # embeddings, so run them with `share_embeddings=False`.
+    def test_load_save_without_tied_weights(self):
+        self.model_tester.share_embeddings = False
+        super().test_load_save_without_tied_weights()
+
+    def test_resize_embeddings_untied(self):
+        self.model_tester.share_embeddings = False
+        super().test_resize_embeddings_untied()
+
+    def test_resize_embeddings_untied_no_reinit_on_post_init(self):
+        self.model_tester.share_embeddings = False
+        super().test_resize_embeddings_untied_no_reinit_on_post_init()

@@ -1,0 +1,30 @@
+# `make quickstart`: virtual environment + install + the main job. `make test`: the same with test extras + tests.
+# Torch is pinned to the CPU wheel first, so the package's `torch` range is already satisfied and no CUDA
+# packages are pulled in.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: quickstart test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+quickstart: $(VENV)/.installed
+	$(BIN)/python scripts/quickstart.py
+
+test: $(VENV)/.installed-test
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) outputs .hf_conformance
