@@ -73,13 +73,15 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
         if labels is not None and self.config.sparse_prediction:
             # Project only the labelled positions: (B, T, hidden) -> (N, hidden). Boolean indexing keeps the
             # loss identical to the dense one, since -100 positions contribute nothing there either.
-            labelled = labels.view(-1) != -100
+            labelled = labels.reshape(-1) != -100
             hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])[labelled]
-            labels = labels.view(-1)[labelled]
+            labels = labels.reshape(-1)[labelled]
         logits = self.lm_head(self.head_transform(hidden_states))
         loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        if labels is not None:  # a sliced labels tensor is fine too: the loss flattens it with `view`
+            loss = self.loss_function(
+                logits=logits, labels=labels.contiguous(), vocab_size=self.config.vocab_size, **kwargs
+            )
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

@@ -170,8 +170,10 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(outputs.last_hidden_state[:, kept, :])
         loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        if labels is not None:  # a sliced labels tensor is fine too: the loss flattens it with `view`
+            loss = self.loss_function(
+                logits=logits, labels=labels.contiguous(), vocab_size=self.config.vocab_size, **kwargs
+            )
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
