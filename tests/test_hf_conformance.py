@@ -15,6 +15,7 @@ flash attention, no DeepSpeed, ...) and say so in their reason.
 import importlib.util
 import sys
 import unittest
+import warnings
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,12 @@ except _setup.SetupError as error:
 if str(_TREE) not in sys.path:
     sys.path.insert(0, str(_TREE))
 
-import hf_upstream_tests.test_modeling_common as upstream  # noqa: E402
-from hf_upstream_tests.test_configuration_common import ConfigTester  # noqa: E402
-from hf_upstream_tests.test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask  # noqa: E402
+# Upstream registers its pytest markers (flash_attn_test, torch_compile_test, ...) in its own pyproject.toml.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+    import hf_upstream_tests.test_modeling_common as upstream
+    from hf_upstream_tests.test_configuration_common import ConfigTester
+    from hf_upstream_tests.test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask
 
 
 # The mixin picks labels and some tests by class name: `name in get_values(MODEL_FOR_..._MAPPING_NAMES)`, tables

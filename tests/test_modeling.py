@@ -305,3 +305,12 @@ def test_inputs_embeds_give_the_same_outputs_as_ids():
     ids = lm_inputs("decoder")["input_ids"]
     embeds = model.get_input_embeddings()(ids)
     torch.testing.assert_close(model(inputs_embeds=embeds).logits, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("family", ["encoder", "seq2seq"])
+def test_sliced_labels_are_accepted(family):
+    model = tiny_lm(family)
+    ids = torch.randint(3, VOCAB, (2, 9))
+    labels = ids[:, :7] if family == "seq2seq" else ids[:, 2:]
+    out = model(input_ids=ids[:, 2:] if family == "encoder" else ids, labels=labels)
+    assert not labels.is_contiguous() and torch.isfinite(out.loss)
