@@ -12,6 +12,8 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -143,7 +145,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
@@ -170,12 +172,14 @@ class ScratchTransformer(ScratchPreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
 
         for layer in self.layers:
+            # Tensors that need gradients go positionally: reentrant gradient checkpointing (`use_reentrant=True`)
+            # passes only positional arguments through `torch.utils.checkpoint`.
             hidden_states = layer(
                 hidden_states,
+                encoder_hidden_states,
                 attention_mask=attention_mask,
                 position_embeddings=position_embeddings,
                 past_key_values=past_key_values,
-                encoder_hidden_states=encoder_hidden_states,
                 encoder_attention_mask=encoder_attention_mask,
                 **kwargs,
             )

@@ -10,7 +10,8 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchDecoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
@@ -51,7 +52,7 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         """`labels` (B, T) are the input ids themselves (-100 = ignore): the shift happens inside the loss.
         `logits_to_keep` > 0 computes logits for the last that many positions only (generation needs one)."""
@@ -99,7 +100,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutputWithPast:
         outputs = self.model(
             input_ids=input_ids,

@@ -9,7 +9,8 @@ transformers' `BertForMaskedLM` and `ModernBertForMaskedLM` for the v5 conventio
 import torch
 from torch import nn
 from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
@@ -57,7 +58,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
         """`labels` (B, T): the original id at masked positions, -100 elsewhere."""
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
@@ -122,7 +123,7 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
         logits = self.classifier(self.dropout(outputs.last_hidden_state[:, 0]))  # (B, num_labels)
@@ -146,7 +147,7 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput:
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)

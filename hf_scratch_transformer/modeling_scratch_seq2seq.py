@@ -12,7 +12,8 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchSeq2SeqConfig
 from .modeling_scratch_common import (
@@ -38,6 +39,29 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_s
 class ScratchSeq2SeqPreTrainedModel(ScratchPreTrainedModel):
     config: ScratchSeq2SeqConfig
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """`resize_token_embeddings` resizes the one vocabulary: a shared matrix (tying does the rest), or the two
+        matrices and the output projection when `share_embeddings=False`. Two vocabularies are refused, since
+        `config.vocab_size` is the target's."""
+        if self.config.share_embeddings:
+            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.encoder_vocab_size is not None:
+            raise ValueError(
+                "This model has separate source and target vocabularies (`encoder_vocab_size`): resize "
+                "`model.encoder` / `model.decoder` embeddings directly and update the config."
+            )
+        model = self.base_model
+        for stack in (model.encoder, model.decoder):
+            resized = self._get_resized_embeddings(
+                stack.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
+            )
+            stack.set_input_embeddings(resized)
+        lm_head = self.get_output_embeddings()
+        if lm_head is not None:
+            new_num_tokens = model.decoder.get_input_embeddings().num_embeddings
+            self.set_output_embeddings(self._get_resized_lm_head(lm_head, new_num_tokens, mean_resizing=mean_resizing))
+        return self.get_input_embeddings()
+
 
 class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
     """Encoder and decoder: source ids (B, S) and target ids (B, T) -> decoder hidden states (B, T, hidden)."""
@@ -55,17 +79,13 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
-        # With one shared matrix the decoder's is the one the others are tied to.
+        # With one shared matrix the decoder's is the one the others are tied to; otherwise the input is the source.
         stack = self.decoder if self.config.share_embeddings else self.encoder
         return stack.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        if not self.config.share_embeddings:
-            raise ValueError(
-                "This model has separate source and target vocabularies: set `model.encoder` or `model.decoder` "
-                "embeddings directly."
-            )
-        self.decoder.set_input_embeddings(value)
+        stack = self.decoder if self.config.share_embeddings else self.encoder
+        stack.set_input_embeddings(value)
 
     @can_return_tuple
     def forward(
@@ -80,7 +100,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         decoder_inputs_embeds: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -147,7 +167,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """`labels` (B, T) are the target ids (-100 = ignore); without `decoder_input_ids` they are shifted right
         behind `decoder_start_token_id` to make them."""

@@ -314,3 +314,21 @@ def test_sliced_labels_are_accepted(family):
     labels = ids[:, :7] if family == "seq2seq" else ids[:, 2:]
     out = model(input_ids=ids[:, 2:] if family == "encoder" else ids, labels=labels)
     assert not labels.is_contiguous() and torch.isfinite(out.loss)
+
+
+def test_seq2seq_resize_with_two_matrices_of_one_vocabulary():
+    model = tiny_lm("seq2seq", share_embeddings=False)
+    model.resize_token_embeddings(128)
+    assert model.model.encoder.get_input_embeddings().weight.shape[0] == 128
+    assert model.model.decoder.get_input_embeddings().weight.shape[0] == 128
+    assert model.lm_head.weight is model.model.decoder.get_input_embeddings().weight
+    ids = torch.tensor([[3, 127]])
+    assert model(input_ids=ids, labels=ids).logits.shape == (1, 2, 128)
+
+
+def test_seq2seq_with_two_vocabularies_refuses_resize_and_exposes_the_source_embeddings():
+    model = tiny_lm("seq2seq", share_embeddings=False, encoder_vocab_size=50)
+    assert model.get_input_embeddings() is model.model.encoder.get_input_embeddings()
+    assert model.get_input_embeddings().weight.shape[0] == 50
+    with pytest.raises(ValueError, match="separate source and target vocabularies"):
+        model.resize_token_embeddings(128)

@@ -102,16 +102,19 @@ def _download_sdist(version: str, dest: Path) -> Path:
         return sdist
     dest.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-        "--disable-pip-version-check", "--timeout", "30", "-q", "-d", str(dest), f"transformers=={version}",
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
+        "--timeout", "30", "-q", "-d", str(dest), f"transformers=={version}",
     ]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0 or not sdist.is_file():
-        raise SetupError(
-            f"`pip download transformers=={version}` (sdist) failed with exit code {result.returncode}: "
-            f"{(result.stderr or result.stdout).strip()[-1000:]}"
-        )
-    return sdist
+    # pip reads the sdist's metadata, which needs setuptools. Use the environment's own if it has one (no extra
+    # download); virtual environments of Python >= 3.12 have none, and then pip fetches it into an isolated one.
+    for extra in (["--no-build-isolation"], []):
+        result = subprocess.run(command + extra, capture_output=True, text=True)
+        if result.returncode == 0 and sdist.is_file():
+            return sdist
+    raise SetupError(
+        f"`pip download transformers=={version}` (sdist) failed with exit code {result.returncode}: "
+        f"{(result.stderr or result.stdout).strip()[-1000:] or '(no output)'}"
+    )
 
 
 def _extract_tests(sdist: Path, version: str, package_dir: Path) -> None:
@@ -120,7 +123,8 @@ def _extract_tests(sdist: Path, version: str, package_dir: Path) -> None:
         members = [m for m in archive.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
         if not any(m.name.endswith("/test_modeling_common.py") for m in members):
             raise SetupError(f"{sdist.name} has no tests/test_modeling_common.py")
-        archive.extractall(scratch, members=members, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.10.12 / 3.11.4
+        archive.extractall(scratch, members=members, **safe)
         shutil.copytree(Path(scratch) / prefix, package_dir)
 
 
@@ -158,7 +162,11 @@ def build(cache: Path = DEFAULT_CACHE) -> Path:
     staging.chmod(0o755)
     try:
         package_dir = staging / PACKAGE
-        _extract_tests(sdist, version, package_dir)
+        try:
+            _extract_tests(sdist, version, package_dir)
+        except (tarfile.TarError, EOFError) as error:
+            sdist.unlink(missing_ok=True)  # a truncated download: fetch it again next time
+            raise SetupError(f"{sdist} is not a readable archive: {error}") from error
         _rename_package(package_dir)
         _add_stubs_and_links(staging, package_dir, transformers_dir)
         try:
