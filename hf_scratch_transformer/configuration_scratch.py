@@ -78,8 +78,6 @@ class ScratchConfigBase(PreTrainedConfig):
             self.intermediate_size = 4 * self.hidden_size
         self._validate_common()
         super().__post_init__(**kwargs)
-        if self.position_embedding_type == "rope" and self.rope_parameters.get("rope_type") is None:
-            raise ValueError("`rope_parameters` must name a `rope_type`.")
 
     @property
     def head_dim(self) -> int:
