@@ -1,20 +1,17 @@
 """hf-scratch-transformer: the Transformer of "Attention Is All You Need", written from scratch, as three
 Hugging Face model families (decoder-only, encoder-only, encoder-decoder).
 
-Importing the package registers every config and model with the `transformers` Auto classes, and marks each
-class for `register_for_auto_class`, so that `save_pretrained` writes the model code next to the weights and the
-folder loads with `trust_remote_code=True` where this package is not installed. This file is never copied there.
+Importing the package registers every config and model with the `transformers` Auto classes (from each config's
+`family_auto_map`), marks each class for `register_for_auto_class`, so that `save_pretrained` writes the model
+code next to the weights, and registers the seq2seq pipeline task `scratch-text2text`. Saved folders then load
+with `trust_remote_code=True` where this package is not installed. This file is never copied there.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForSeq2SeqLM,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import importlib
+
+import transformers
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
 from .modeling_scratch_decoder import (
@@ -35,24 +32,26 @@ from .modeling_scratch_seq2seq import (
     ScratchSeq2SeqModel,
     ScratchSeq2SeqPreTrainedModel,
 )
+from .pipeline_scratch_text2text import TASK as TEXT2TEXT_TASK
+from .pipeline_scratch_text2text import ScratchText2TextPipeline
 
-# (config, [(auto class, model class), ...]) for each family: the table of SPEC section 2.
+
+def _auto_classes(config_class) -> list[tuple[type, type]]:
+    """(Auto class, model class) pairs of one family, from its config's `family_auto_map`."""
+    pairs = []
+    for auto_name, reference in config_class.family_auto_map.items():
+        if auto_name == "AutoConfig":
+            continue
+        module_name, class_name = reference.split(".")
+        module = importlib.import_module(f".{module_name}", __name__)
+        pairs.append((getattr(transformers, auto_name), getattr(module, class_name)))
+    return pairs
+
+
+# config class -> [(Auto class, model class), ...]: the table of SPEC section 2.
 AUTO_CLASSES = {
-    ScratchDecoderConfig: [
-        (AutoModel, ScratchDecoderModel),
-        (AutoModelForCausalLM, ScratchDecoderForCausalLM),
-        (AutoModelForSequenceClassification, ScratchDecoderForSequenceClassification),
-    ],
-    ScratchEncoderConfig: [
-        (AutoModel, ScratchEncoderModel),
-        (AutoModelForMaskedLM, ScratchEncoderForMaskedLM),
-        (AutoModelForSequenceClassification, ScratchEncoderForSequenceClassification),
-        (AutoModelForTokenClassification, ScratchEncoderForTokenClassification),
-    ],
-    ScratchSeq2SeqConfig: [
-        (AutoModel, ScratchSeq2SeqModel),
-        (AutoModelForSeq2SeqLM, ScratchSeq2SeqForConditionalGeneration),
-    ],
+    config_class: _auto_classes(config_class)
+    for config_class in (ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig)
 }
 
 
@@ -63,12 +62,16 @@ def _register() -> None:
         for auto_class, model_class in models:
             auto_class.register(config_class, model_class, exist_ok=True)
             model_class.register_for_auto_class(auto_class.__name__)
+    PIPELINE_REGISTRY.register_pipeline(
+        TEXT2TEXT_TASK, pipeline_class=ScratchText2TextPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+    )
 
 
 _register()
 
 __all__ = [
     "AUTO_CLASSES",
+    "TEXT2TEXT_TASK",
     "ScratchDecoderConfig",
     "ScratchEncoderConfig",
     "ScratchSeq2SeqConfig",
@@ -84,4 +87,5 @@ __all__ = [
     "ScratchSeq2SeqPreTrainedModel",
     "ScratchSeq2SeqModel",
     "ScratchSeq2SeqForConditionalGeneration",
+    "ScratchText2TextPipeline",
 ]

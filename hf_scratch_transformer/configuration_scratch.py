@@ -38,6 +38,11 @@ class ScratchConfigBase(PreTrainedConfig):
     """Knobs shared by every Scratch family. Not registered on its own: use one of the three subclasses."""
 
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    # Auto class -> "module.Class" of every class of the family. The package registers them from this table, and
+    # `save_pretrained` writes it as `auto_map` so that each head loads with `trust_remote_code=True`.
+    family_auto_map: ClassVar[dict[str, str]] = {}
+    # Pipeline tasks of our own that saved folders declare in `custom_pipelines` (format of `Pipeline.save_pretrained`).
+    family_custom_pipelines: ClassVar[dict[str, dict]] = {}
 
     vocab_size: int = 32000
     hidden_size: int = 512
@@ -118,6 +123,12 @@ class ScratchDecoderConfig(ScratchConfigBase):
     """GPT-style decoder-only causal language model."""
 
     model_type = "scratch_decoder"
+    family_auto_map = {
+        "AutoConfig": "configuration_scratch.ScratchDecoderConfig",
+        "AutoModel": "modeling_scratch_decoder.ScratchDecoderModel",
+        "AutoModelForCausalLM": "modeling_scratch_decoder.ScratchDecoderForCausalLM",
+        "AutoModelForSequenceClassification": "modeling_scratch_decoder.ScratchDecoderForSequenceClassification",
+    }
 
     num_hidden_layers: int = 6
     # None = full causal attention; an int = each token sees itself and the previous `sliding_window - 1` tokens.
@@ -134,6 +145,13 @@ class ScratchEncoderConfig(ScratchConfigBase):
     """BERT-style bidirectional encoder for masked LM, sequence and token classification."""
 
     model_type = "scratch_encoder"
+    family_auto_map = {
+        "AutoConfig": "configuration_scratch.ScratchEncoderConfig",
+        "AutoModel": "modeling_scratch_encoder.ScratchEncoderModel",
+        "AutoModelForMaskedLM": "modeling_scratch_encoder.ScratchEncoderForMaskedLM",
+        "AutoModelForSequenceClassification": "modeling_scratch_encoder.ScratchEncoderForSequenceClassification",
+        "AutoModelForTokenClassification": "modeling_scratch_encoder.ScratchEncoderForTokenClassification",
+    }
 
     num_hidden_layers: int = 6
     # 0 = no token-type (segment) embeddings.
@@ -158,6 +176,18 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     """Encoder-decoder Transformer of "Attention Is All You Need". `vocab_size` is the target vocabulary."""
 
     model_type = "scratch_seq2seq"
+    family_auto_map = {
+        "AutoConfig": "configuration_scratch.ScratchSeq2SeqConfig",
+        "AutoModel": "modeling_scratch_seq2seq.ScratchSeq2SeqModel",
+        "AutoModelForSeq2SeqLM": "modeling_scratch_seq2seq.ScratchSeq2SeqForConditionalGeneration",
+    }
+    family_custom_pipelines = {
+        "scratch-text2text": {
+            "impl": "pipeline_scratch_text2text.ScratchText2TextPipeline",
+            "pt": ["AutoModelForSeq2SeqLM"],
+            "type": "text",
+        }
+    }
     attribute_map: ClassVar[dict[str, str]] = {"num_hidden_layers": "decoder_layers"}
 
     encoder_layers: int = 6

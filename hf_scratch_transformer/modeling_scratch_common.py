@@ -46,6 +46,18 @@ class ScratchPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_compile_fullgraph = True
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """As transformers' `save_pretrained`, declaring every class of the family in `auto_map` (transformers adds
+        only the saved one) and the family's own pipelines in `custom_pipelines`, for `trust_remote_code` loading.
+        Entries already in the config win."""
+        config = self.config
+        config.auto_map = {**config.family_auto_map, **(getattr(config, "auto_map", None) or {})}
+        if config.family_custom_pipelines:
+            config.custom_pipelines = {
+                **config.family_custom_pipelines, **(getattr(config, "custom_pipelines", None) or {})
+            }
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """All initialisation, in one place:

@@ -16,6 +16,10 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchSeq2SeqConfig
+
+# Imported so that `save_pretrained` copies the pipeline file beside the model (it ships the files a model file
+# imports relatively); saved configs declare it in `custom_pipelines`.
+from .pipeline_scratch_text2text import ScratchText2TextPipeline  # noqa: F401
 from .modeling_scratch_common import (
     ScratchCrossAttentionTransformer,
     ScratchPreTrainedModel,

@@ -93,10 +93,6 @@ print(f"validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} (per
 
 # ----------------------------------------------------------------------------------------------- save, reload, sample
 folder = args.output_dir / "model"
-model.config.auto_map = {
-    "AutoConfig": "configuration_scratch.ScratchDecoderConfig",
-    "AutoModelForCausalLM": "modeling_scratch_decoder.ScratchDecoderForCausalLM",
-}
 trainer.save_model(str(folder))
 (folder / "vocab.json").write_text(json.dumps(chars))
 print(f"saved to {folder}: {', '.join(sorted(p.name for p in folder.iterdir()))}")

@@ -1,0 +1,41 @@
+"""`scratch-text2text`: text in, generated text out, for encoder-decoder models (translation, summarisation).
+
+transformers 5 removed its `text2text-generation` and `translation` pipelines, so the seq2seq family ships its
+own task. It is registered with `PIPELINE_REGISTRY` on package import, and saved seq2seq folders carry this file
+and declare it in `config.custom_pipelines`, so that
+
+    pipeline("scratch-text2text", model=folder, trust_remote_code=True)
+
+works where this package is not installed. Output: one `{"generated_text": ...}` per returned sequence.
+"""
+
+from transformers import GenerationConfig, Pipeline
+
+TASK = "scratch-text2text"
+
+
+class ScratchText2TextPipeline(Pipeline):
+    _pipeline_calls_generate = True
+    _load_tokenizer = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    # Used unless the model's own generation config says otherwise.
+    _default_generation_config = GenerationConfig(max_new_tokens=256, num_beams=4)
+
+    def _sanitize_parameters(self, max_source_length=None, skip_special_tokens=None, **generate_kwargs):
+        preprocess_params = {} if max_source_length is None else {"max_source_length": max_source_length}
+        postprocess_params = {} if skip_special_tokens is None else {"skip_special_tokens": skip_special_tokens}
+        return preprocess_params, generate_kwargs, postprocess_params
+
+    def preprocess(self, text: str, max_source_length: int | None = None):
+        truncate = max_source_length is not None
+        return self.tokenizer(text, return_tensors="pt", truncation=truncate, max_length=max_source_length)
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+
+    def postprocess(self, model_outputs, skip_special_tokens: bool = True):
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=skip_special_tokens)
+        return [{"generated_text": text.strip()} for text in texts]

@@ -1,0 +1,291 @@
+"""`generate()` with the transformers caches: the same tokens with and without the cache, left-padded batches,
+a hand-written argmax loop, beam search, sampling, EOS, static caches; and the generation conformance checks
+that upstream's `GenerationTesterMixin` would make (it is not in the PyPI sdist)."""
+
+import pytest
+import torch
+from tiny_models import BOS, EOS, PAD, VOCAB, tiny_lm
+from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig, StaticCache
+
+POSITION_VARIANTS = [
+    dict(position_embedding_type="learned"),
+    dict(position_embedding_type="sinusoidal"),
+    dict(position_embedding_type="rope"),
+    dict(position_embedding_type="alibi"),
+    dict(position_embedding_type="rope", num_key_value_heads=2),
+    dict(position_embedding_type="learned", num_key_value_heads=1),
+]
+DECODER_VARIANTS = POSITION_VARIANTS + [
+    dict(position_embedding_type="rope", sliding_window=4),
+    dict(position_embedding_type="alibi", sliding_window=3, num_key_value_heads=2),
+]
+
+
+def _variant_id(variant: dict) -> str:
+    return "-".join(f"{key}={value}" for key, value in variant.items())
+
+
+def _prompt(length: int = 5, batch: int = 1, seed: int = 3) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _greedy(model, inputs: dict, **kwargs) -> torch.Tensor:
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": None, **kwargs}
+    return model.generate(**inputs, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=_variant_id)
+def test_decoder_cached_and_uncached_decoding_agree(variant):
+    model = tiny_lm("decoder", **variant)
+    inputs = {"input_ids": _prompt(batch=2)}
+    cached = _greedy(model, inputs, max_new_tokens=10)
+    assert torch.equal(cached, _greedy(model, inputs, max_new_tokens=10, use_cache=False))
+
+
+@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=_variant_id)
+def test_seq2seq_cached_and_uncached_decoding_agree(variant):
+    model = tiny_lm("seq2seq", **variant)
+    inputs = {"input_ids": _prompt(batch=2)}
+    assert torch.equal(_greedy(model, inputs), _greedy(model, inputs, use_cache=False))
+
+
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=_variant_id)
+def test_cached_step_logits_equal_a_full_forward(variant):
+    """Logits of each cached decoding step equal those of a full forward over the whole sequence."""
+    model = tiny_lm("decoder", **variant)
+    ids = _prompt(length=9, batch=2)
+    full = model(input_ids=ids).logits
+    cache = DynamicCache(config=model.config)
+    prefix = model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True).logits
+    steps = [model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits for t in range(5, 9)]
+    torch.testing.assert_close(torch.cat([prefix, *steps], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_returns_the_native_cache_classes():
+    decoder_out = tiny_lm("decoder").generate(_prompt(), max_new_tokens=2, return_dict_in_generate=True)
+    assert isinstance(decoder_out.past_key_values, DynamicCache)
+    seq2seq_out = tiny_lm("seq2seq").generate(_prompt(), max_new_tokens=2, return_dict_in_generate=True)
+    assert isinstance(seq2seq_out.past_key_values, EncoderDecoderCache)
+    assert seq2seq_out.past_key_values.self_attention_cache.get_seq_length() == seq2seq_out.sequences.shape[1] - 1
+
+
+def test_sliding_window_cache_keeps_only_the_window():
+    model = tiny_lm("decoder", position_embedding_type="rope", sliding_window=4)
+    out = model.generate(_prompt(length=6), max_new_tokens=6, return_dict_in_generate=True, do_sample=False)
+    keys = out.past_key_values.layers[0].keys
+    assert keys.shape[-2] < out.sequences.shape[1]
+
+
+def test_gqa_cache_stores_only_the_key_value_heads():
+    model = tiny_lm("decoder", num_key_value_heads=1)
+    out = model.generate(_prompt(), max_new_tokens=2, return_dict_in_generate=True)
+    assert out.past_key_values.layers[0].keys.shape[1] == 1
+
+
+# ---------------------------------------------------------------------------------------------- padding
+
+
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=_variant_id)
+def test_left_padded_batch_gives_each_prompts_tokens(variant):
+    model = tiny_lm("decoder", **variant)
+    prompts = [_prompt(length=6, seed=1)[0], _prompt(length=3, seed=2)[0]]
+    width = max(len(p) for p in prompts)
+    ids = torch.stack([torch.cat([torch.full((width - len(p),), PAD), p]) for p in prompts])
+    mask = (torch.arange(width)[None] >= torch.tensor([[width - len(p)] for p in prompts])).long()
+    batch = _greedy(model, {"input_ids": ids, "attention_mask": mask})
+    for row, prompt in enumerate(prompts):
+        alone = _greedy(model, {"input_ids": prompt[None]})
+        assert torch.equal(batch[row, width:], alone[0, len(prompt):]), row
+
+
+@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=_variant_id)
+def test_right_padded_source_batch_gives_each_sources_tokens(variant):
+    model = tiny_lm("seq2seq", **variant)
+    sources = [_prompt(length=6, seed=1)[0], _prompt(length=3, seed=2)[0]]
+    ids = torch.stack([torch.cat([s, torch.full((6 - len(s),), PAD)]) for s in sources])
+    batch = _greedy(model, {"input_ids": ids, "attention_mask": (ids != PAD).long()})
+    for row, source in enumerate(sources):
+        assert torch.equal(batch[row], _greedy(model, {"input_ids": source[None]})[0]), row
+
+
+# ---------------------------------------------------------------------------------------------- strategies
+
+
+def test_greedy_generate_equals_a_hand_written_argmax_loop():
+    model = tiny_lm("decoder", position_embedding_type="rope")
+    ids = _prompt()
+    expected = ids
+    for _ in range(8):
+        next_token = model(input_ids=expected).logits[:, -1].argmax(-1, keepdim=True)
+        expected = torch.cat([expected, next_token], dim=1)
+    assert torch.equal(_greedy(model, {"input_ids": ids}), expected)
+
+
+def test_seq2seq_greedy_generate_equals_a_hand_written_argmax_loop():
+    model = tiny_lm("seq2seq")
+    source = _prompt()
+    expected = torch.tensor([[model.config.decoder_start_token_id]])
+    for _ in range(8):
+        next_token = model(input_ids=source, decoder_input_ids=expected).logits[:, -1].argmax(-1, keepdim=True)
+        expected = torch.cat([expected, next_token], dim=1)
+    assert torch.equal(_greedy(model, {"input_ids": source}), expected)
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_beam_search_with_length_penalty_and_several_sequences(family):
+    model = tiny_lm(family, position_embedding_type="rope")
+    inputs = {"input_ids": _prompt(batch=2)}
+    kwargs = dict(num_beams=4, num_return_sequences=3, length_penalty=0.6, max_new_tokens=6, do_sample=False,
+                  early_stopping=True, output_scores=True, return_dict_in_generate=True)
+    out = model.generate(**inputs, **kwargs)
+    assert out.sequences.shape[0] == 6
+    assert out.sequences_scores.shape == (6,)
+    uncached = model.generate(**inputs, **kwargs, use_cache=False)
+    assert torch.equal(out.sequences, uncached.sequences)
+    # the best beam scores at least as well as greedy's sequence under the same length penalty
+    assert torch.all(out.sequences_scores.view(2, 3)[:, 0] >= out.sequences_scores.view(2, 3)[:, 1])
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+@pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(top_k=5), dict(top_p=0.8), dict(top_k=10, top_p=0.9)])
+def test_sampling_is_reproducible_and_cache_independent(family, sampling):
+    model = tiny_lm(family)
+    inputs = {"input_ids": _prompt(batch=2)}
+    runs = []
+    for use_cache in (True, True, False):
+        torch.manual_seed(7)
+        runs.append(model.generate(**inputs, do_sample=True, max_new_tokens=8, use_cache=use_cache, **sampling))
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_top_k_one_is_greedy():
+    model = tiny_lm("decoder")
+    inputs = {"input_ids": _prompt()}
+    assert torch.equal(model.generate(**inputs, do_sample=True, top_k=1, max_new_tokens=8), _greedy(model, inputs))
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_generation_stops_at_eos(family):
+    model = tiny_lm(family)
+    inputs = {"input_ids": _prompt()}
+    free = _greedy(model, inputs, max_new_tokens=12)
+    start = inputs["input_ids"].shape[1] if family == "decoder" else 1
+    stop_token = free[0, start + 3].item()
+    first = (free[0, start:] == stop_token).nonzero()[0].item()
+    stopped = _greedy(model, inputs, max_new_tokens=12, eos_token_id=stop_token)
+    assert stopped.shape[1] == start + first + 1
+    assert stopped[0, -1] == stop_token
+
+
+def test_max_new_tokens_is_honoured():
+    out = _greedy(tiny_lm("decoder"), {"input_ids": _prompt(length=4)}, max_new_tokens=5)
+    assert out.shape == (1, 9)
+
+
+# ---------------------------------------------------------------------------------------------- static cache
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=_variant_id)
+def test_static_cache_gives_the_dynamic_caches_tokens(family, variant):
+    model = tiny_lm(family, **variant)
+    inputs = {"input_ids": _prompt(batch=2)}
+    assert torch.equal(_greedy(model, inputs, cache_implementation="static"), _greedy(model, inputs))
+
+
+def test_static_cache_with_left_padding():
+    model = tiny_lm("decoder", position_embedding_type="rope")
+    ids = torch.cat([torch.full((1, 2), PAD), _prompt(length=4)], dim=1)
+    mask = (ids != PAD).long()
+    static = _greedy(model, {"input_ids": ids, "attention_mask": mask}, cache_implementation="static")
+    assert torch.equal(static[0, 6:], _greedy(model, {"input_ids": _prompt(length=4)})[0, 4:])
+
+
+def test_static_cache_object_can_be_passed_in():
+    model = tiny_lm("decoder")
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    out = model.generate(_prompt(), past_key_values=cache, max_new_tokens=5, do_sample=False)
+    assert torch.equal(out, _greedy(model, {"input_ids": _prompt()}, max_new_tokens=5))
+
+
+# ---------------------------------------------------------------------------------------------- conformance
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_dict_outputs_with_scores_logits_and_hidden_states(family):
+    model = tiny_lm(family, attn_implementation="eager")
+    prompt = _prompt(batch=2)
+    out = model.generate(input_ids=prompt, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                         output_scores=True, output_logits=True, output_attentions=True, output_hidden_states=True)
+    assert len(out.scores) == len(out.logits) == 4
+    assert out.scores[0].shape == (2, VOCAB)
+    # greedy picks the argmax of each step's scores
+    new_tokens = out.sequences[:, -4:]
+    assert torch.equal(torch.stack(out.scores, 1).argmax(-1), new_tokens)
+    attentions = out.attentions if family == "decoder" else out.decoder_attentions
+    assert len(attentions) == 4 and len(attentions[0]) == 2
+
+
+def test_continuing_from_a_returned_cache_equals_one_long_generation():
+    model = tiny_lm("decoder", position_embedding_type="rope")
+    prompt = _prompt()
+    first = model.generate(input_ids=prompt, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    continued = model.generate(input_ids=first.sequences, past_key_values=first.past_key_values,
+                               max_new_tokens=4, do_sample=False)
+    assert torch.equal(continued, _greedy(model, {"input_ids": prompt}))
+
+
+def test_seq2seq_continuing_from_a_returned_cache():
+    model = tiny_lm("seq2seq")
+    source = _prompt()
+    first = model.generate(input_ids=source, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    continued = model.generate(input_ids=source, decoder_input_ids=first.sequences,
+                               past_key_values=first.past_key_values, max_new_tokens=4, do_sample=False)
+    assert torch.equal(continued, _greedy(model, {"input_ids": source}))
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_generate_from_inputs_embeds(family):
+    model = tiny_lm(family)
+    ids = _prompt()
+    embeds = model.get_input_embeddings()(ids)
+    from_embeds = model.generate(inputs_embeds=embeds, max_new_tokens=5, do_sample=False)
+    from_ids = _greedy(model, {"input_ids": ids}, max_new_tokens=5)
+    new_tokens = from_ids[:, ids.shape[1]:] if family == "decoder" else from_ids
+    assert torch.equal(from_embeds, new_tokens)
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_logits_to_keep(family):
+    model = tiny_lm(family)
+    ids = _prompt(length=6)
+    inputs = {"input_ids": ids} if family == "decoder" else {"input_ids": ids, "decoder_input_ids": ids}
+    full = model(**inputs).logits
+    torch.testing.assert_close(model(**inputs, logits_to_keep=1).logits, full[:, -1:])
+    torch.testing.assert_close(model(**inputs, logits_to_keep=torch.tensor([0, 2])).logits, full[:, [0, 2]])
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_assisted_decoding_matches_greedy(family):
+    model, assistant = tiny_lm(family), tiny_lm(family, num_hidden_layers=1) if family == "decoder" else (
+        tiny_lm(family, decoder_layers=1))
+    inputs = {"input_ids": _prompt()}
+    assisted = _greedy(model, inputs, assistant_model=assistant)
+    assert torch.equal(assisted, _greedy(model, inputs))
+
+
+def test_prompt_lookup_decoding_matches_greedy():
+    model = tiny_lm("decoder")
+    ids = torch.cat([_prompt(length=4)] * 3, dim=1)
+    assert torch.equal(_greedy(model, {"input_ids": ids}, prompt_lookup_num_tokens=3),
+                       _greedy(model, {"input_ids": ids}))
+
+
+def test_generation_config_ships_the_token_ids(tmp_path):
+    model = tiny_lm("seq2seq")
+    model.save_pretrained(tmp_path)
+    config = GenerationConfig.from_pretrained(tmp_path)
+    assert (config.decoder_start_token_id, config.eos_token_id, config.pad_token_id) == (BOS, EOS, PAD)
