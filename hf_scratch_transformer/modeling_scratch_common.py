@@ -6,6 +6,8 @@ A stack is causal or bidirectional, with or without cross-attention; it builds i
 per forward and passes them to every layer.
 """
 
+import copy
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -53,8 +55,9 @@ class ScratchPreTrainedModel(PreTrainedModel):
         config = self.config
         config.auto_map = {**config.family_auto_map, **(getattr(config, "auto_map", None) or {})}
         if config.family_custom_pipelines:
+            # A deep copy: `pipeline()` rewrites the entries it reads in place.
             config.custom_pipelines = {
-                **config.family_custom_pipelines, **(getattr(config, "custom_pipelines", None) or {})
+                **copy.deepcopy(config.family_custom_pipelines), **(getattr(config, "custom_pipelines", None) or {})
             }
         return super().save_pretrained(save_directory, *args, **kwargs)
 

@@ -1,0 +1,163 @@
+"""Saved folders as Hub users meet them: loaded with `trust_remote_code=True` where the package is not installed,
+and driven through `transformers.pipeline`, with tokenizers trained here on local text."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import tiny_config
+from tiny_tokenizers import byte_level_bpe, wordpiece
+from transformers import AutoTokenizer, pipeline
+
+import hf_scratch_transformer as hst
+
+FAMILY_OF = {hst.ScratchDecoderConfig: "decoder", hst.ScratchEncoderConfig: "encoder", hst.ScratchSeq2SeqConfig: "seq2seq"}
+HEADS = [(auto, model, FAMILY_OF[config]) for config, pairs in hst.AUTO_CLASSES.items() for auto, model in pairs]
+TEXT = "To be, or not to be"
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {"decoder": byte_level_bpe(family="decoder"), "encoder": wordpiece(), "seq2seq": byte_level_bpe(family="seq2seq")}
+
+
+def _save(model_class, family: str, tokenizer, folder: Path, **overrides) -> Path:
+    specials = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+    if family != "encoder":
+        specials["bos_token_id"] = tokenizer.bos_token_id
+    if family == "seq2seq":
+        specials["decoder_start_token_id"] = tokenizer.bos_token_id
+    torch.manual_seed(0)
+    model = model_class(tiny_config(family, vocab_size=len(tokenizer), num_labels=3, **specials, **overrides)).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _inputs(family: str, tokenizer) -> dict:
+    encoded = tokenizer([TEXT, "Now is the winter"], return_tensors="pt", padding=True)
+    inputs = {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask}
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = encoded.input_ids[:, :3]
+    return inputs
+
+
+# ---------------------------------------------------------------------------------------------- remote code
+
+
+def test_every_head_loads_with_trust_remote_code_where_the_package_is_missing(tokenizers, tmp_path):
+    jobs, expected = [], []
+    for index, (auto_class, model_class, family) in enumerate(HEADS):
+        folder = _save(model_class, family, tokenizers[family], tmp_path / f"{index}-{model_class.__name__}")
+        config = json.loads((folder / "config.json").read_text())
+        assert set(config["auto_map"]) == set(type(tiny_config(family)).family_auto_map)
+        inputs = _inputs(family, tokenizers[family])
+        with torch.no_grad():
+            expected.append(model_class.from_pretrained(folder).eval()(**inputs)[0])
+        job = {"folder": str(folder), "auto_class": auto_class.__name__, "inputs": inputs}
+        if family == "seq2seq" and auto_class.__name__ == "AutoModelForSeq2SeqLM":
+            job.update(pipeline_task=hst.TEXT2TEXT_TASK, text=TEXT, pipeline_kwargs={"max_new_tokens": 6})
+        jobs.append(job)
+    torch.save(jobs, tmp_path / "jobs.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    script = Path(__file__).with_name("load_without_package.py")
+    subprocess.run([sys.executable, str(script), str(tmp_path / "jobs.pt"), str(tmp_path / "results.pt")],
+                   check=True, cwd=tmp_path, env=env, timeout=600)
+    results = torch.load(tmp_path / "results.pt")
+    for (_, model_class, _), result, reference in zip(HEADS, results, expected):
+        assert result["class"] == model_class.__name__
+        torch.testing.assert_close(result["output"], reference, rtol=0, atol=0)
+    seq2seq_pipeline_output = next(r["pipeline"] for r in results if "pipeline" in r)
+    assert seq2seq_pipeline_output[0]["generated_text"] == _text2text_reference(tmp_path, tokenizers)
+
+
+def _text2text_reference(tmp_path, tokenizers) -> str:
+    folder = next(tmp_path.glob("*-ScratchSeq2SeqForConditionalGeneration"))
+    translator = pipeline(hst.TEXT2TEXT_TASK, model=str(folder), trust_remote_code=True)
+    return translator(TEXT, max_new_tokens=6)[0]["generated_text"]
+
+
+# ---------------------------------------------------------------------------------------------- pipelines
+
+
+def test_text_generation_pipeline(tokenizers, tmp_path):
+    tokenizer = tokenizers["decoder"]
+    folder = _save(hst.ScratchDecoderForCausalLM, "decoder", tokenizer, tmp_path)
+    generator = pipeline("text-generation", model=str(folder))
+    text = generator(TEXT, max_new_tokens=6, do_sample=False)[0]["generated_text"]
+    model = hst.ScratchDecoderForCausalLM.from_pretrained(folder)
+    ids = tokenizer(TEXT, return_tensors="pt").input_ids
+    expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert text == tokenizer.decode(expected[0], skip_special_tokens=True)
+    assert text.startswith(TEXT)
+
+
+def test_fill_mask_pipeline(tokenizers, tmp_path):
+    tokenizer = tokenizers["encoder"]
+    folder = _save(hst.ScratchEncoderForMaskedLM, "encoder", tokenizer, tmp_path, sparse_prediction=True)
+    predictions = pipeline("fill-mask", model=str(folder))(f"To be, or not to {tokenizer.mask_token}", top_k=3)
+    assert len(predictions) == 3
+    model = hst.ScratchEncoderForMaskedLM.from_pretrained(folder).eval()
+    encoded = tokenizer(f"To be, or not to {tokenizer.mask_token}", return_tensors="pt")
+    position = (encoded.input_ids[0] == tokenizer.mask_token_id).nonzero().item()
+    best = model(**encoded).logits[0, position].argmax().item()
+    assert predictions[0]["token"] == best
+
+
+@pytest.mark.parametrize("model_class, family", [(hst.ScratchDecoderForSequenceClassification, "decoder"),
+                                                 (hst.ScratchEncoderForSequenceClassification, "encoder")])
+def test_text_classification_pipeline(tokenizers, tmp_path, model_class, family):
+    tokenizer = tokenizers[family]
+    folder = _save(model_class, family, tokenizer, tmp_path)
+    result = pipeline("text-classification", model=str(folder))(TEXT)[0]
+    model = model_class.from_pretrained(folder).eval()
+    probabilities = model(**tokenizer(TEXT, return_tensors="pt")).logits.softmax(-1)[0]
+    assert result["label"] == model.config.id2label[probabilities.argmax().item()]
+    assert result["score"] == pytest.approx(probabilities.max().item(), rel=1e-5)
+
+
+def test_token_classification_pipeline(tokenizers, tmp_path):
+    tokenizer = tokenizers["encoder"]
+    folder = _save(hst.ScratchEncoderForTokenClassification, "encoder", tokenizer, tmp_path)
+    entities = pipeline("token-classification", model=str(folder))(TEXT)
+    model = hst.ScratchEncoderForTokenClassification.from_pretrained(folder).eval()
+    encoded = tokenizer(TEXT, return_tensors="pt")
+    labels = model(**encoded).logits[0].argmax(-1)[1:-1]  # without [CLS] and [SEP]
+    assert [entity["entity"] for entity in entities] == [model.config.id2label[i.item()] for i in labels]
+
+
+def test_scratch_text2text_pipeline(tokenizers, tmp_path):
+    tokenizer = tokenizers["seq2seq"]
+    folder = _save(hst.ScratchSeq2SeqForConditionalGeneration, "seq2seq", tokenizer, tmp_path)
+    assert json.loads((folder / "config.json").read_text())["custom_pipelines"] == (
+        hst.ScratchSeq2SeqConfig.family_custom_pipelines)
+    assert (folder / "pipeline_scratch_text2text.py").exists()
+    # A folder that declares `custom_pipelines` always asks for `trust_remote_code` (transformers reads the
+    # declaration before its registry); the pipeline class then comes from the folder.
+    translator = pipeline(hst.TEXT2TEXT_TASK, model=str(folder), trust_remote_code=True)
+    assert type(translator).__name__ == "ScratchText2TextPipeline"
+    outputs = translator([TEXT, "Now is the winter"], max_new_tokens=6, num_beams=2, num_return_sequences=2)
+    model = hst.ScratchSeq2SeqForConditionalGeneration.from_pretrained(folder)
+    expected = model.generate(**tokenizer(TEXT, return_tensors="pt"), max_new_tokens=6, num_beams=2,
+                              num_return_sequences=2)
+    assert [o["generated_text"] for o in outputs[0]] == [
+        t.strip() for t in tokenizer.batch_decode(expected, skip_special_tokens=True)]
+    assert len(outputs) == 2 and len(outputs[1]) == 2
+
+
+def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizers, tmp_path):
+    folder = _save(hst.ScratchDecoderForCausalLM, "decoder", tokenizers["decoder"], tmp_path)
+    assert AutoTokenizer.from_pretrained(folder)(TEXT).input_ids == tokenizers["decoder"](TEXT).input_ids
+
+
+def test_scratch_text2text_task_is_registered_for_models_built_here(tokenizers):
+    config = tiny_config("seq2seq", vocab_size=len(tokenizers["seq2seq"]))
+    model = hst.ScratchSeq2SeqForConditionalGeneration(config).eval()
+    translator = pipeline(hst.TEXT2TEXT_TASK, model=model, tokenizer=tokenizers["seq2seq"])
+    assert isinstance(translator, hst.ScratchText2TextPipeline)
+    assert isinstance(translator(TEXT, max_new_tokens=3)[0]["generated_text"], str)
