@@ -16,16 +16,16 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchSeq2SeqConfig
-
-# Imported so that `save_pretrained` copies the pipeline file beside the model (it ships the files a model file
-# imports relatively); saved configs declare it in `custom_pipelines`.
-from .pipeline_scratch_text2text import ScratchText2TextPipeline  # noqa: F401
 from .modeling_scratch_common import (
     ScratchCrossAttentionTransformer,
     ScratchPreTrainedModel,
     ScratchTransformer,
     check_labels_shape,
 )
+
+# Imported so that `save_pretrained` copies the pipeline file beside the model (it ships the files a model file
+# imports relatively); saved configs declare it in `custom_pipelines`.
+from .pipeline_scratch_text2text import ScratchText2TextPipeline  # noqa: F401
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
@@ -73,7 +73,9 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
     def __init__(self, config: ScratchSeq2SeqConfig):
         super().__init__(config)
         if config.share_embeddings:
-            self._tied_weights_keys = {"encoder.embeddings.embed_tokens.weight": "decoder.embeddings.embed_tokens.weight"}
+            self._tied_weights_keys = {
+                "encoder.embeddings.embed_tokens.weight": "decoder.embeddings.embed_tokens.weight"
+            }
         self.encoder = ScratchTransformer(
             config, num_layers=config.encoder_layers, vocab_size=config.source_vocab_size, is_causal=False
         )

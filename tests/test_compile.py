@@ -28,7 +28,7 @@ def test_compiled_training_step_matches_eager(family):
     torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
     eager_loss.backward()
     compiled_loss.backward()
-    for (name, a), (_, b) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
+    for (name, a), (_, b) in zip(eager_model.named_parameters(), compiled_model.named_parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 

@@ -15,14 +15,20 @@ from transformers import AutoTokenizer, pipeline
 
 import hf_scratch_transformer as hst
 
-FAMILY_OF = {hst.ScratchDecoderConfig: "decoder", hst.ScratchEncoderConfig: "encoder", hst.ScratchSeq2SeqConfig: "seq2seq"}
+FAMILY_OF = {
+    hst.ScratchDecoderConfig: "decoder", hst.ScratchEncoderConfig: "encoder", hst.ScratchSeq2SeqConfig: "seq2seq"
+}
 HEADS = [(auto, model, FAMILY_OF[config]) for config, pairs in hst.AUTO_CLASSES.items() for auto, model in pairs]
 TEXT = "To be, or not to be"
 
 
 @pytest.fixture(scope="module")
 def tokenizers():
-    return {"decoder": byte_level_bpe(family="decoder"), "encoder": wordpiece(), "seq2seq": byte_level_bpe(family="seq2seq")}
+    return {
+        "decoder": byte_level_bpe(family="decoder"),
+        "encoder": wordpiece(),
+        "seq2seq": byte_level_bpe(family="seq2seq"),
+    }
 
 
 def _save(model_class, family: str, tokenizer, folder: Path, **overrides) -> Path:
@@ -69,7 +75,7 @@ def test_every_head_loads_with_trust_remote_code_where_the_package_is_missing(to
     subprocess.run([sys.executable, str(script), str(tmp_path / "jobs.pt"), str(tmp_path / "results.pt")],
                    check=True, cwd=tmp_path, env=env, timeout=600)
     results = torch.load(tmp_path / "results.pt")
-    for (_, model_class, _), result, reference in zip(HEADS, results, expected):
+    for (_, model_class, _), result, reference in zip(HEADS, results, expected, strict=True):
         assert result["class"] == model_class.__name__
         torch.testing.assert_close(result["output"], reference, rtol=0, atol=0)
     seq2seq_pipeline_output = next(r["pipeline"] for r in results if "pipeline" in r)

@@ -243,7 +243,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family):
     assert checkpointed.is_activation_checkpointing
     plain(**inputs).loss.backward()
     checkpointed(**inputs).loss.backward()
-    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
 
 

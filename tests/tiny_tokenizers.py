@@ -30,8 +30,11 @@ def byte_level_bpe(vocab_size: int = 300, family: str = "decoder") -> PreTrained
     else:
         tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", padding_side="left"
-        if family == "decoder" else "right"
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        padding_side="left" if family == "decoder" else "right",  # decoder prompts are left-padded for generation
     )
 
 
@@ -41,7 +44,8 @@ def wordpiece(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(corpus_lines(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
+    tokenizer.train_from_iterator(corpus_lines(), trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",

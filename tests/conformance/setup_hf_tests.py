@@ -108,7 +108,7 @@ def _download_sdist(version: str, dest: Path) -> Path:
     # pip reads the sdist's metadata, which needs setuptools. Use the environment's own if it has one (no extra
     # download); virtual environments of Python >= 3.12 have none, and then pip fetches it into an isolated one.
     for extra in (["--no-build-isolation"], []):
-        result = subprocess.run(command + extra, capture_output=True, text=True)
+        result = subprocess.run(command + extra, capture_output=True, text=True, check=False)
         if result.returncode == 0 and sdist.is_file():
             return sdist
     raise SetupError(
