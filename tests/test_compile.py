@@ -18,7 +18,11 @@ def _fresh_dynamo():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_training_step_matches_eager(family):
-    overrides = dict(position_embedding_type="rope", num_key_value_heads=2) if family == "decoder" else {}
+    overrides = {
+        "decoder": dict(position_embedding_type="rope", num_key_value_heads=2),
+        "encoder": dict(sparse_prediction=True),  # boolean indexing of the labelled positions, in the graph
+        "seq2seq": {},
+    }[family]
     eager_model, compiled_model = tiny_lm(family, **overrides).train(), tiny_lm(family, **overrides).train()
     compiled = torch.compile(compiled_model, fullgraph=True)  # a graph break would raise
     inputs = lm_inputs(family)
