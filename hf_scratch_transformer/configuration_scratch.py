@@ -14,6 +14,7 @@ from transformers import PreTrainedConfig
 
 HIDDEN_ACTS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi")
+SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 INIT_SCHEMES = ("normal", "xavier")
@@ -54,6 +55,9 @@ class ScratchConfigBase(PreTrainedConfig):
     hidden_act: str = "gelu"
     max_position_embeddings: int = 512
     position_embedding_type: str = "learned"
+    # Sinusoid table layout: "interleaved" (sin, cos, sin, ... as in the paper) or "split" (all sines, then all
+    # cosines, as tensor2tensor, fairseq and Marian store it). The same frequencies either way.
+    sinusoidal_layout: str = "interleaved"
     # RoPE the native way: `rope_parameters` feeds transformers' ROPE_INIT_FUNCTIONS; `rope_theta=...` is
     # accepted as a shorthand and folded into it by `PreTrainedConfig.__post_init__`.
     rope_parameters: dict | None = None
@@ -104,6 +108,7 @@ class ScratchConfigBase(PreTrainedConfig):
             )
         _check_choice("hidden_act", self.hidden_act, HIDDEN_ACTS)
         _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        _check_choice("sinusoidal_layout", self.sinusoidal_layout, SINUSOIDAL_LAYOUTS)
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
         _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
         _check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
@@ -196,6 +201,8 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     encoder_vocab_size: int | None = None
     # Encoder and decoder token embeddings are one matrix (needs a shared vocabulary).
     share_embeddings: bool = True
+    # A bias on the output projection (Marian's `final_logits_bias`).
+    output_bias: bool = False
     decoder_start_token_id: int | None = None
     is_encoder_decoder: bool = True
 

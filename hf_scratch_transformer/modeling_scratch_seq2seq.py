@@ -152,7 +152,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         # shift again, which the name-derived default for "...ForConditionalGeneration" would do.
         self.loss_type = "ForMaskedLM"
         self.model = ScratchSeq2SeqModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.output_bias)
         self.post_init()
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

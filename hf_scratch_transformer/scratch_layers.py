@@ -169,7 +169,7 @@ class ScratchEmbeddings(nn.Module):
             self.embed_positions = ScratchLearnedPositionalEmbedding(config.max_position_embeddings, config.hidden_size)
         elif config.position_embedding_type == "sinusoidal":
             self.embed_positions = ScratchSinusoidalPositionalEmbedding(
-                config.max_position_embeddings, config.hidden_size
+                config.max_position_embeddings, config.hidden_size, config.sinusoidal_layout
             )
         self.norm = make_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.embedding_dropout)

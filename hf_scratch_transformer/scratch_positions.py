@@ -20,25 +20,30 @@ from transformers import initialization as init
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
 
-def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)); shape (num_positions, dim)."""
-    position = torch.arange(num_positions, dtype=torch.float32)[:, None]
-    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(num_positions, dim)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq)
-    return table
+def sinusoidal_table(num_positions: int, dim: int, layout: str = "interleaved") -> torch.Tensor:
+    """Angles pos / 10000^(2i/d), shape (num_positions, dim). "interleaved": PE[pos, 2i] = sin, PE[pos, 2i+1] = cos
+    (the paper); "split": sines in the first half, cosines in the second (tensor2tensor, fairseq, Marian)."""
+    # float64 angles: at position 1000 a float32 angle is already off by about 1e-4.
+    position = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    angles = position * inv_freq  # (num_positions, dim / 2)
+    if layout == "split":
+        table = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    else:
+        table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+    return table.float()
 
 
 class ScratchSinusoidalPositionalEmbedding(nn.Module):
     """Fixed sinusoid table indexed by position ids: (batch, seq) -> (batch, seq, hidden)."""
 
-    def __init__(self, num_positions: int, dim: int):
+    def __init__(self, num_positions: int, dim: int, layout: str = "interleaved"):
         super().__init__()
-        self.weight = nn.Buffer(sinusoidal_table(num_positions, dim), persistent=False)
+        self.layout = layout
+        self.weight = nn.Buffer(sinusoidal_table(num_positions, dim, layout), persistent=False)
 
     def reset_buffers(self) -> None:
-        init.copy_(self.weight, sinusoidal_table(*self.weight.shape))
+        init.copy_(self.weight, sinusoidal_table(*self.weight.shape, self.layout))
 
     def forward(self, position_ids: torch.LongTensor) -> torch.Tensor:
         return self.weight[position_ids]

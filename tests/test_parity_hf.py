@@ -1,0 +1,185 @@
+"""Exact parity with the native models: `from_hf` turns a randomly initialised GPT-2, BERT or Marian into a
+Scratch model with the same logits (1e-4, fp32, eval mode) and the same greedy and beam-search tokens."""
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianConfig,
+    MarianMTModel,
+)
+
+import hf_scratch_transformer as hst
+from hf_scratch_transformer.conversion import from_hf
+
+VOCAB = 99
+ATOL = 1e-4
+
+
+def gpt2(**overrides):
+    values = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=0)
+    return GPT2LMHeadModel(GPT2Config(**{**values, **overrides})).eval()
+
+
+def bert(**overrides):
+    values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=37,
+                  vocab_size=VOCAB, max_position_embeddings=64, type_vocab_size=2)
+    return BertForMaskedLM(BertConfig(**{**values, **overrides})).eval()
+
+
+def marian(**overrides):
+    values = dict(encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=VOCAB,
+                  max_position_embeddings=64, pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1,
+                  eos_token_id=0, scale_embedding=True, activation_function="swish")
+    model = MarianMTModel(MarianConfig(**{**values, **overrides})).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_()  # real opus-mt checkpoints have one
+    return model
+
+
+def _ids(batch=2, length=9, seed=0):
+    return torch.randint(3, VOCAB - 2, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _assert_logits_match(native, ours, **inputs):
+    with torch.no_grad():
+        expected, actual = native(**inputs).logits, ours(**inputs).logits
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- logits
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(activation_function="relu"), dict(n_inner=50),
+                                       dict(tie_word_embeddings=False)], ids=str)
+def test_gpt2_logits_match(overrides):
+    native = gpt2(**overrides)
+    ours = from_hf(native)
+    assert isinstance(ours, hst.ScratchDecoderForCausalLM) and not ours.training
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    _assert_logits_match(native, ours, input_ids=ids)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    _assert_logits_match(native, ours, input_ids=ids, attention_mask=mask, position_ids=position_ids)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(hidden_act="relu"), dict(tie_word_embeddings=False)], ids=str)
+def test_bert_logits_match(overrides):
+    native = bert(**overrides)
+    ours = from_hf(native)
+    assert isinstance(ours, hst.ScratchEncoderForMaskedLM)
+    ids = _ids()
+    token_type_ids = torch.randint(0, 2, ids.shape)
+    mask = torch.ones_like(ids)
+    mask[1, -4:] = 0
+    _assert_logits_match(native, ours, input_ids=ids, token_type_ids=token_type_ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(scale_embedding=False, activation_function="gelu"),
+                                       dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=120),
+                                       dict(tie_word_embeddings=False)], ids=str)
+def test_marian_logits_match(overrides):
+    native = marian(**overrides)
+    ours = from_hf(native)
+    assert isinstance(ours, hst.ScratchSeq2SeqForConditionalGeneration)
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    _assert_logits_match(native, ours, input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5])
+
+
+def test_marian_without_output_bias_adds_no_parameter():
+    native = marian()
+    with torch.no_grad():
+        native.final_logits_bias.zero_()
+    ours = from_hf(native)
+    assert not ours.config.output_bias and ours.lm_head.bias is None
+    _assert_logits_match(native, ours, input_ids=_ids(), decoder_input_ids=_ids(length=4))
+
+
+def test_losses_match():
+    ids = _ids()
+    for native, inputs in [(gpt2(), {"input_ids": ids, "labels": ids}),
+                           (bert(), {"input_ids": ids, "labels": torch.where(ids % 3 == 0, ids, -100)}),
+                           (marian(), {"input_ids": ids, "labels": ids[:, :6].contiguous()})]:
+        with torch.no_grad():
+            torch.testing.assert_close(from_hf(native)(**inputs).loss, native(**inputs).loss, atol=ATOL, rtol=0)
+
+
+def test_training_mode_is_kept():
+    assert from_hf(gpt2().train()).training
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+def test_gpt2_greedy_and_beam_tokens_match_including_a_left_padded_batch():
+    native = gpt2()
+    ours = from_hf(native)
+    ids = _ids(length=6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    ids[1, :2] = 0  # pad
+    for kwargs in (dict(do_sample=False), dict(num_beams=3, length_penalty=0.7, num_return_sequences=2)):
+        expected = native.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, **kwargs)
+        actual = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, **kwargs)
+        assert torch.equal(actual, expected), kwargs
+
+
+def test_marian_greedy_and_beam_tokens_match():
+    native = marian()
+    ours = from_hf(native)
+    assert ours.generation_config.forced_eos_token_id == native.generation_config.forced_eos_token_id
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    for kwargs in (dict(num_beams=1, do_sample=False), dict(num_beams=4, length_penalty=0.6)):
+        expected = native.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kwargs)
+        actual = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kwargs)
+        assert torch.equal(actual, expected), kwargs
+
+
+# ---------------------------------------------------------------------------------------------- saving
+
+
+@pytest.mark.parametrize("native_factory, auto_class", [(gpt2, AutoModelForCausalLM), (bert, AutoModelForMaskedLM),
+                                                        (marian, AutoModelForSeq2SeqLM)])
+def test_converted_model_survives_save_and_reload(native_factory, auto_class, tmp_path):
+    native = native_factory()
+    from_hf(native).save_pretrained(tmp_path)
+    reloaded = auto_class.from_pretrained(tmp_path).eval()
+    ids = _ids()
+    inputs = {"input_ids": ids} if auto_class is not AutoModelForSeq2SeqLM else {
+        "input_ids": ids, "decoder_input_ids": ids[:, :4]}
+    _assert_logits_match(native, reloaded, **inputs)
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+
+
+def test_unsupported_models_and_options_are_refused():
+    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+        from_hf(LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
+                                             intermediate_size=37, vocab_size=VOCAB)))
+    with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
+        from_hf(gpt2(scale_attn_by_inverse_layer_idx=True))
+    with pytest.raises(ValueError, match="relative position"):
+        from_hf(bert(position_embedding_type="relative_key"))
+    with pytest.raises(ValueError, match="head counts"):
+        from_hf(marian(decoder_attention_heads=2))
