@@ -98,7 +98,7 @@ def _norm(ours: str, source: _Checkpoint, theirs: str) -> dict:
 # ---------------------------------------------------------------------------------------------- GPT-2
 
 
-def _gpt2(native) -> tuple[PreTrainedModel, dict]:
+def _gpt2(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
     c = native.config
     _unsupported(c.scale_attn_by_inverse_layer_idx, "scale_attn_by_inverse_layer_idx=True")
     _unsupported(not c.scale_attn_weights, "scale_attn_weights=False")
@@ -153,7 +153,7 @@ def _gpt2(native) -> tuple[PreTrainedModel, dict]:
 # ---------------------------------------------------------------------------------------------- BERT
 
 
-def _bert(native) -> tuple[PreTrainedModel, dict]:
+def _bert(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
     c = native.config
     _unsupported(getattr(c, "position_embedding_type", "absolute") != "absolute", "relative position embeddings")
     _unsupported(c.is_decoder, "a BERT decoder")
@@ -224,7 +224,7 @@ def _marian_attention(src: _Checkpoint, ours: str, theirs: str, cross: bool) -> 
     return t | _linear(f"{ours}.o_proj", src.take, f"{theirs}.out_proj")
 
 
-def _marian_stack(src: _Checkpoint, stack: str, layers: int, config) -> dict:
+def _marian_stack(src: _Checkpoint, stack: str, layers: int) -> dict:
     positions = src.take(f"model.{stack}.embed_positions.weight")
     table = sinusoidal_table(*positions.shape, layout="split")
     if not torch.allclose(positions.float(), table, atol=1e-5):
@@ -243,7 +243,7 @@ def _marian_stack(src: _Checkpoint, stack: str, layers: int, config) -> dict:
     return t
 
 
-def _marian(native) -> tuple[PreTrainedModel, dict]:
+def _marian(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
     c = native.config
     _unsupported(c.encoder_attention_heads != c.decoder_attention_heads, "different encoder and decoder head counts")
     _unsupported(c.encoder_ffn_dim != c.decoder_ffn_dim, "different encoder and decoder FFN sizes")
@@ -281,7 +281,7 @@ def _marian(native) -> tuple[PreTrainedModel, dict]:
         eos_token_id=c.eos_token_id,
         decoder_start_token_id=c.decoder_start_token_id,
     )
-    t = _marian_stack(src, "encoder", c.encoder_layers, config) | _marian_stack(src, "decoder", c.decoder_layers, config)
+    t = _marian_stack(src, "encoder", c.encoder_layers) | _marian_stack(src, "decoder", c.decoder_layers)
     if shared:
         t["model.decoder.embeddings.embed_tokens.weight"] = src.take("model.shared.weight")
         for copy in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
