@@ -68,6 +68,8 @@ class ScratchConfigBase(PreTrainedConfig):
     use_bias: bool = True
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    # Dropout on the feed-forward's hidden activation; None = `dropout` (GPT-2 and BERT have none there).
+    activation_dropout: float | None = None
     embedding_dropout: float = 0.0
     scale_embeddings: bool = False
     # A norm over the summed embeddings, before the first block (BERT, Cramming).
@@ -85,6 +87,8 @@ class ScratchConfigBase(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
+        if self.activation_dropout is None:
+            self.activation_dropout = self.dropout
         self._validate_common()
         super().__post_init__(**kwargs)
 
@@ -116,7 +120,7 @@ class ScratchConfigBase(PreTrainedConfig):
             raise ValueError(f"`position_embedding_type='rope'` needs an even head size, got {self.head_dim}.")
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2 != 0:
             raise ValueError(f"sinusoidal positions need an even `hidden_size`, got {self.hidden_size}.")
-        for name in ("dropout", "attention_dropout", "embedding_dropout"):
+        for name in ("dropout", "attention_dropout", "activation_dropout", "embedding_dropout"):
             _check_probability(name, getattr(self, name))
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")

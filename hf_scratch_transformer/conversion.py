@@ -22,7 +22,9 @@ from .scratch_positions import sinusoidal_table
 ACTIVATIONS = {
     "relu": "relu",
     "gelu": "gelu",
+    "gelu_python": "gelu",
     "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
     "silu": "silu",
     "swish": "silu",
@@ -44,7 +46,7 @@ class _Checkpoint:
     """A native state dict from which every tensor must be taken once (or skipped, saying why)."""
 
     def __init__(self, model: PreTrainedModel):
-        self.tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.tensors = {k: v.detach() for k, v in model.state_dict().items()}  # `_load` copies them
         self.taken: set[str] = set()
 
     def take(self, key: str) -> torch.Tensor:
@@ -118,6 +120,7 @@ def _gpt2(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
         use_bias=True,
         dropout=c.resid_pdrop,
         attention_dropout=c.attn_pdrop,
+        activation_dropout=0.0,
         embedding_dropout=c.embd_pdrop,
         tie_word_embeddings=c.tie_word_embeddings,
         initializer_range=c.initializer_range,
@@ -175,6 +178,7 @@ def _bert(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
         use_bias=True,
         dropout=c.hidden_dropout_prob,
         attention_dropout=c.attention_probs_dropout_prob,
+        activation_dropout=0.0,
         embedding_dropout=c.hidden_dropout_prob,
         tie_word_embeddings=c.tie_word_embeddings,
         initializer_range=c.initializer_range,
@@ -271,6 +275,8 @@ def _marian(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
         use_bias=True,
         dropout=c.dropout,
         attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout,
+        embedding_dropout=c.dropout,  # Marian drops out embeddings + positions with `dropout` too
         scale_embeddings=c.scale_embedding,
         share_embeddings=shared,
         tie_word_embeddings=c.tie_word_embeddings,

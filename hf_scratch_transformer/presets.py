@@ -31,6 +31,7 @@ _TRANSFORMER_BASE = dict(
     layer_norm_eps=1e-6,
     final_norm=False,
     dropout=0.1,
+    embedding_dropout=0.1,  # section 5.4: also on the sums of embeddings and positional encodings
     scale_embeddings=True,
     share_embeddings=True,
     tie_word_embeddings=True,
@@ -45,7 +46,7 @@ PRESETS: dict[str, dict] = {
     # Vaswani et al. (2017), Table 3 "big" (P_drop 0.3 for EN-DE).
     "transformer-big": {
         **_TRANSFORMER_BASE, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096,
-        "dropout": 0.3,
+        "dropout": 0.3, "embedding_dropout": 0.3,
     },
     # The same stack in the pre-norm form most from-scratch notes use (Xiong et al., 2020): a final norm per stack.
     "transformer-prenorm": {**_TRANSFORMER_BASE, "norm_position": "pre", "final_norm": True},

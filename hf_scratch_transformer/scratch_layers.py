@@ -74,7 +74,7 @@ class ScratchFeedForward(nn.Module):
         if self.gated:
             self.up_proj.fused_sizes = (config.intermediate_size, config.intermediate_size)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
@@ -210,6 +210,11 @@ class ScratchEmbeddings(nn.Module):
             if token_type_ids is None:
                 token_type_ids = torch.zeros(hidden_states.shape[:2], dtype=torch.long, device=hidden_states.device)
             hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
+        elif token_type_ids is not None and not torch.compiler.is_compiling() and bool(token_type_ids.any()):
+            raise ValueError(
+                "`token_type_ids` were given, but this model has no token types (`type_vocab_size=0`); "
+                "leave them out or build the model with `type_vocab_size`."
+            )
         if self.embed_positions is not None:
             self.check_positions(position_ids)
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)

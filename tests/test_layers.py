@@ -217,6 +217,7 @@ KNOB_VALUES = [
     ("init_scheme", ["normal", "xavier"]),
     ("dropout", [0.0, 0.3]),
     ("attention_dropout", [0.0, 0.3]),
+    ("activation_dropout", [None, 0.0, 0.3]),
     ("embedding_dropout", [0.0, 0.3]),
 ]
 FAMILY_KNOB_VALUES = [
@@ -243,7 +244,8 @@ def test_every_knob_value_trains_a_step_without_nan(family, knob, value):
     inputs = lm_inputs(family)
     if family == "encoder":
         inputs["labels"][:, ::2] = -100
-        inputs["token_type_ids"] = torch.randint(0, 2, inputs["input_ids"].shape) if value == 2 else None
+        with_types = (knob, value) == ("type_vocab_size", 2)
+        inputs["token_type_ids"] = torch.randint(0, 2, inputs["input_ids"].shape) if with_types else None
     for _ in range(2):
         loss = model(**inputs).loss
         assert torch.isfinite(loss)

@@ -332,3 +332,11 @@ def test_seq2seq_with_two_vocabularies_refuses_resize_and_exposes_the_source_emb
     assert model.get_input_embeddings().weight.shape[0] == 50
     with pytest.raises(ValueError, match="separate source and target vocabularies"):
         model.resize_token_embeddings(128)
+
+
+def test_token_types_on_a_model_without_them_are_a_clear_error():
+    model = tiny_lm("decoder")
+    ids = torch.randint(3, VOCAB, (1, 4))
+    with pytest.raises(ValueError, match="type_vocab_size"):
+        model(input_ids=ids, token_type_ids=torch.ones_like(ids))
+    model(input_ids=ids, token_type_ids=torch.zeros_like(ids))  # all-zero types change nothing and pass

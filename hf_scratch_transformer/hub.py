@@ -1,0 +1,206 @@
+"""Hub publishing (SPEC section 8): a model card rendered from `model_cards/template.md`, the list of files a
+saved folder would upload, and the upload itself through `huggingface_hub`.
+
+No model file imports this module, so it never travels to the Hub; it needs `huggingface_hub`, not torch.
+"""
+
+import json
+import re
+from pathlib import Path
+
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub.utils import filter_repo_objects
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "template.md"
+
+# What each task puts in the card: the class and Auto class, the pipeline shown in "How to use", and the Hub's
+# task ids for `pipeline_tag` and `model-index`. transformers 5 has no translation pipeline, so the seq2seq family
+# is driven by its own `scratch-text2text` task.
+TASKS = {
+    "causal-lm": dict(
+        family_description="A decoder-only causal language model",
+        model_class="ScratchDecoderForCausalLM",
+        auto_class="AutoModelForCausalLM",
+        pipeline_task="text-generation",
+        pipeline_call='print(pipe("To be, or not to be", max_new_tokens=40)[0]["generated_text"])',
+        hub_task="text-generation",
+    ),
+    "masked-lm": dict(
+        family_description="An encoder-only masked language model",
+        model_class="ScratchEncoderForMaskedLM",
+        auto_class="AutoModelForMaskedLM",
+        pipeline_task="fill-mask",
+        pipeline_call='print(pipe(f"The capital of France is {pipe.tokenizer.mask_token}."))',
+        hub_task="fill-mask",
+    ),
+    "seq2seq": dict(
+        family_description="An encoder-decoder sequence-to-sequence model",
+        model_class="ScratchSeq2SeqForConditionalGeneration",
+        auto_class="AutoModelForSeq2SeqLM",
+        pipeline_task="scratch-text2text",
+        pipeline_call='print(pipe("The house is wonderful.", max_new_tokens=40)[0]["generated_text"])',
+        hub_task="translation",
+    ),
+}
+
+# eval_results key -> (Hub metric id, pretty name); other keys are used as they are.
+METRICS = {
+    "perplexity": ("perplexity", "Perplexity"),
+    "eval_loss": ("loss", "Eval loss"),
+    "mlm_accuracy": ("accuracy", "MLM accuracy"),
+    "bleu": ("bleu", "BLEU"),
+    "chrf": ("chrf", "chrF"),
+}
+
+# The config fields shown in the card's architecture table, when the family has them.
+ARCHITECTURE_KNOBS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "encoder_layers", "decoder_layers", "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "hidden_act", "norm_type", "norm_position",
+    "position_embedding_type", "max_position_embeddings", "tie_word_embeddings",
+)
+
+# Training checkpoints (ours under checkpoints/, Trainer's checkpoint-N/) and hidden files stay local.
+IGNORE_PATTERNS = ["checkpoints/*", "checkpoint-*/*", ".*", "*/.*"]
+
+# The pattern transformers follows to copy sibling modules of the model code (dynamic_module_utils).
+_RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\S+)\s+import", re.MULTILINE)
+
+
+def write_model_card(
+    folder,
+    *,
+    task: str,
+    model_name: str,
+    preset: str | None,
+    config: dict,
+    num_parameters: int,
+    dataset: str,
+    dataset_description: str = "",
+    tokenizer_description: str = "",
+    hyperparameters: dict,
+    eval_results: dict[str, float],
+    license: str = "apache-2.0",
+    intended_use: str | None = None,
+    limitations: str | None = None,
+) -> ModelCard:
+    """Render the model card of a trained model and write it to `folder/README.md`.
+
+    `task` is "causal-lm", "masked-lm" or "seq2seq"; `model_name` titles the card and is the id in its usage
+    snippet (give the Hub repo id, e.g. "user/scratch-gpt-shakespeare"); `config` is the model's config as a dict;
+    `dataset` a `datasets` id or a short name; `eval_results` maps metric keys ("perplexity", "eval_loss",
+    "mlm_accuracy", "bleu", "chrf", ...) to values, which also go to the `model-index` metadata. A
+    `folder/loss_curve.png` is shown when present. The template is read from the repository checkout
+    (`model_cards/template.md`), so the card tooling runs from a checkout, not from an installed wheel.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    folder, spec = Path(folder), TASKS[task]
+    results = []
+    for key, value in eval_results.items():
+        metric_type, metric_name = METRICS.get(key, (key, key))
+        results.append(EvalResult(
+            task_type=spec["hub_task"], dataset_type=dataset, dataset_name=dataset, metric_type=metric_type,
+            metric_value=value, metric_name=metric_name,
+        ))
+    card_data = ModelCardData(
+        model_name=model_name,
+        library_name="transformers",
+        license=license,
+        tags=["hf-scratch-transformer", spec["hub_task"]],
+        datasets=[dataset],
+        pipeline_tag=spec["hub_task"],
+        eval_results=results or None,  # an empty model-index is invalid metadata
+    )
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE),
+        **spec,
+        model_name=model_name,  # to_dict() moves it into model-index
+        preset=preset,
+        architecture={knob: config[knob] for knob in ARCHITECTURE_KNOBS if knob in config},
+        num_parameters=num_parameters,
+        dataset=dataset,
+        dataset_description=dataset_description,
+        tokenizer_description=tokenizer_description,
+        hyperparameters=hyperparameters,
+        eval_results=results,
+        loss_curve=(folder / "loss_curve.png").is_file(),
+        intended_use=intended_use,
+        limitations=limitations,
+    )
+    card.save(folder / "README.md")
+    return card
+
+
+def _code_files(folder: Path, config: dict) -> list[str]:
+    """The Python files a `trust_remote_code` load imports: the modules that `auto_map` and `custom_pipelines`
+    name, and the sibling modules those import in turn."""
+    references = [pipe["impl"] for pipe in config.get("custom_pipelines", {}).values()]
+    for value in config.get("auto_map", {}).values():
+        references += value if isinstance(value, list) else [value]  # AutoTokenizer maps to [slow, fast]
+    pending = [reference.rsplit(".", 1)[0] + ".py" for reference in references if reference]
+    found = set()
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        found.add(name)
+        if (folder / name).is_file():
+            pending += [f"{module}.py" for module in _RELATIVE_IMPORT.findall((folder / name).read_text("utf-8"))]
+    return sorted(found)
+
+
+def _missing_files(folder: Path) -> list[str]:
+    """What a Hub model needs and `folder` lacks: config, weights, card and model code."""
+    if not (folder / "config.json").is_file():
+        return ["config.json"]
+    config = json.loads((folder / "config.json").read_text("utf-8"))
+    weights, index = ["model.safetensors"], folder / "model.safetensors.index.json"
+    if index.is_file():  # sharded: every shard the index names
+        weights = sorted(set(json.loads(index.read_text("utf-8"))["weight_map"].values()))
+    needed = ["README.md", *weights, *_code_files(folder, config)]
+    return [name for name in needed if not (folder / name).is_file()]
+
+
+def upload_plan(folder) -> list[tuple[str, int]]:
+    """The files `publish` would upload from `folder`, as (relative path, size in bytes), sorted by path.
+
+    Raises ValueError naming what is missing when the folder is not a complete Hub model.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder")
+    missing = _missing_files(folder)
+    if missing:
+        raise ValueError(
+            f"{folder} is not ready for the Hub, missing: {', '.join(missing)} (save the model with save_pretrained, "
+            "which writes the weights and the model code, and the card with write_model_card)"
+        )
+    paths = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+    # The same filter as upload_folder, so that the plan is what gets uploaded.
+    kept = filter_repo_objects(paths, ignore_patterns=IGNORE_PATTERNS)
+    return [(path, (folder / path).stat().st_size) for path in kept]
+
+
+def publish(
+    folder,
+    repo_id: str,
+    *,
+    private: bool = False,
+    dry_run: bool = False,
+    token: str | None = None,
+    commit_message: str = "Upload hf-scratch-transformer model",
+):
+    """Upload `folder` to the Hub model repository `repo_id`, creating it if needed; return the commit URL.
+
+    With `dry_run`, check the folder and return its `upload_plan` without touching the network.
+    """
+    plan = upload_plan(folder)
+    if dry_run:
+        return plan
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    commit = api.upload_folder(
+        repo_id=repo_id, folder_path=folder, commit_message=commit_message, ignore_patterns=IGNORE_PATTERNS
+    )
+    return commit.commit_url

@@ -1,0 +1,217 @@
+"""What the training scripts share: data preparation for the three tasks, the label-smoothed loss, evaluation
+metrics and the loss-curve plot. No model file imports this module (it never travels to the Hub).
+
+Data flows through `datasets`: local text files (one document per paragraph), parallel files (one sentence per
+line, aligned), or any dataset name `datasets.load_dataset` accepts.
+"""
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import Dataset, DatasetDict, load_dataset
+from torch.nn import functional as F
+
+TASKS = ("causal-lm", "masked-lm", "seq2seq")
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def load_texts(files: list[str] | None = None, dataset: str | None = None, dataset_config: str | None = None,
+               text_column: str = "text", validation_files: list[str] | None = None,
+               validation_split: float = 0.05, seed: int = 0) -> DatasetDict:
+    """A DatasetDict with "train" and "validation" splits of documents in column "text".
+
+    Local files are read by paragraph (blank-line separated), so line breaks inside a document survive."""
+    if (files is None) == (dataset is None):
+        raise ValueError("Give either training files or a dataset name, not both or neither.")
+    if files is not None:
+        data_files = {"train": list(files)} | ({"validation": list(validation_files)} if validation_files else {})
+        raw = load_dataset("text", data_files=data_files, sample_by="paragraph")
+    else:
+        raw = load_dataset(dataset, dataset_config)
+        if text_column not in raw["train"].column_names:
+            raise ValueError(f"Dataset {dataset!r} has no column {text_column!r}: {raw['train'].column_names}")
+        raw = raw.rename_column(text_column, "text") if text_column != "text" else raw
+    return _with_validation(raw, validation_split, seed)
+
+
+def load_parallel(source_files: list[str] | None = None, target_files: list[str] | None = None,
+                  validation_source: list[str] | None = None, validation_target: list[str] | None = None,
+                  dataset: str | None = None, dataset_config: str | None = None, source_column: str = "source",
+                  target_column: str = "target", validation_split: float = 0.05, seed: int = 0) -> DatasetDict:
+    """A DatasetDict of aligned pairs in columns "source" and "target", from parallel files or a dataset."""
+    if dataset is not None:
+        raw = load_dataset(dataset, dataset_config)
+        for column in (source_column, target_column):
+            if column not in raw["train"].column_names:
+                raise ValueError(f"Dataset {dataset!r} has no column {column!r}: {raw['train'].column_names}")
+        raw = raw.rename_columns({source_column: "source", target_column: "target"})
+        return _with_validation(raw, validation_split, seed)
+    if not source_files or not target_files:
+        raise ValueError("Give source and target training files (or a dataset name).")
+    splits = {"train": _read_pairs(source_files, target_files)}
+    if validation_source and validation_target:
+        splits["validation"] = _read_pairs(validation_source, validation_target)
+    return _with_validation(DatasetDict(splits), validation_split, seed)
+
+
+def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
+    sources = [line for f in source_files for line in Path(f).read_text(encoding="utf-8").splitlines()]
+    targets = [line for f in target_files for line in Path(f).read_text(encoding="utf-8").splitlines()]
+    if len(sources) != len(targets):
+        raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")
+    return Dataset.from_dict({"source": sources, "target": targets})
+
+
+def _with_validation(raw: DatasetDict, validation_split: float, seed: int) -> DatasetDict:
+    if "validation" in raw:
+        return DatasetDict(train=raw["train"], validation=raw["validation"])
+    split = raw["train"].train_test_split(test_size=validation_split, seed=seed)
+    return DatasetDict(train=split["train"], validation=split["test"])
+
+
+def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
+    """Documents -> `<s> document </s>` token streams, concatenated and cut into blocks of `block_size` (sequence
+    packing: no padding, every token trains). The tokenizer adds `<s>`; `</s>` ends each document here."""
+
+    def tokenize(batch):
+        return {"input_ids": [ids + [tokenizer.eos_token_id] for ids in tokenizer(batch["text"]).input_ids]}
+
+    def cut(batch):
+        stream = [token for ids in batch["input_ids"] for token in ids]
+        usable = len(stream) // block_size * block_size
+        blocks = [stream[i : i + block_size] for i in range(0, usable, block_size)]
+        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+
+    tokenized = texts.map(tokenize, batched=True, remove_columns=texts.column_names, desc="tokenizing")
+    return tokenized.map(cut, batched=True, batch_size=1000, desc=f"packing into blocks of {block_size}")
+
+
+def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
+    """Documents -> `[CLS] ... [SEP]` sequences of at most `max_length` tokens; the collator masks them."""
+
+    def tokenize(batch):
+        return tokenizer(batch["text"], truncation=True, max_length=max_length, return_special_tokens_mask=True)
+
+    return texts.map(tokenize, batched=True, remove_columns=texts.column_names, desc="tokenizing")
+
+
+def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int) -> Dataset:
+    """Pairs -> `input_ids` (source + `</s>`) and `labels` (target + `</s>`); one shared vocabulary."""
+
+    def tokenize(batch):
+        return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
+
+    return pairs.map(tokenize, batched=True, remove_columns=pairs.column_names, desc="tokenizing")
+
+
+# ---------------------------------------------------------------------------------------------- loss
+
+
+def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float, shift: bool,
+                        num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Cross-entropy with label smoothing `epsilon` (Szegedy et al., 2016), -100 ignored. `shift=True` for the
+    causal LM, whose labels are its inputs: position t predicts label t + 1. Divided by `num_items_in_batch` when
+    given (gradient accumulation counts the whole accumulated batch), else by the number of labelled tokens."""
+    if shift:
+        labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    labels = labels.reshape(-1).to(logits.device)
+    total = F.cross_entropy(logits.float().reshape(labels.shape[0], -1), labels, ignore_index=-100,
+                            label_smoothing=epsilon, reduction="sum")
+    count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+    return total / count
+
+
+def smoothed_loss_function(task: str, epsilon: float) -> Callable:
+    """A `Trainer(compute_loss_func=...)` applying `label_smoothed_loss` the right way for `task`. Trainer's own
+    `label_smoothing_factor` shifts labels only for native causal LMs, never for ours."""
+
+    def compute_loss(outputs, labels, num_items_in_batch=None):
+        return label_smoothed_loss(outputs.logits, labels, epsilon, shift=task == "causal-lm",
+                                   num_items_in_batch=num_items_in_batch)
+
+    return compute_loss
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def perplexity(eval_loss: float) -> float:
+    return math.exp(min(eval_loss, 100.0))
+
+
+def argmax_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`Trainer(preprocess_logits_for_metrics=...)`: keep predictions, not (batch, length, vocab) logits."""
+    return logits.argmax(-1)
+
+
+def mlm_accuracy(eval_prediction) -> dict:
+    """Share of masked tokens predicted exactly. With `sparse_prediction` the model predicts only the masked
+    positions, in order, so the predictions are already a flat list of them."""
+    predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
+    masked = labels != -100
+    if not masked.any():
+        return {"mlm_accuracy": 0.0}
+    predicted = predictions[masked] if predictions.shape == labels.shape else predictions.reshape(-1)
+    return {"mlm_accuracy": float((predicted == labels[masked]).mean())}
+
+
+def translation_metrics(tokenizer) -> Callable:
+    """`Seq2SeqTrainer(compute_metrics=...)` with `predict_with_generate`: corpus BLEU and chrF (sacrebleu)."""
+    import sacrebleu
+
+    def compute(eval_prediction) -> dict:
+        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
+        labels = np.where(labels == -100, tokenizer.pad_token_id, labels)
+        hypotheses = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        references = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+        return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+                "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+
+    return compute
+
+
+# ---------------------------------------------------------------------------------------------- plot
+
+
+def plot_loss_curve(log_history: list[dict], path: Path, title: str = "") -> Path:
+    """Training loss per logged step, and evaluation loss where evaluated, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    from matplotlib import pyplot as plt
+
+    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e]
+    evaluation = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for points, label, style in ((train, "training loss", "-"), (evaluation, "validation loss", "o-")):
+        if points:
+            axis.plot(*zip(*points, strict=True), style, label=label)
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("loss")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def classification_metrics(eval_prediction) -> dict:
+    """Accuracy and macro-F1 over labelled items (sequences, or tokens with -100 for the unlabelled ones)."""
+    predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
+    if predictions.ndim == labels.ndim + 1:  # logits
+        predictions = predictions.argmax(-1)
+    keep = labels != -100
+    predictions, labels = predictions[keep], labels[keep]
+    f1_scores = []
+    for label in np.unique(labels):
+        true_positive = np.sum((predictions == label) & (labels == label))
+        predicted, actual = np.sum(predictions == label), np.sum(labels == label)
+        f1_scores.append(2 * true_positive / (predicted + actual) if predicted + actual else 0.0)
+    return {"accuracy": float((predictions == labels).mean()), "f1": float(np.mean(f1_scores))}

@@ -1,0 +1,179 @@
+"""Model cards and Hub publishing (SPEC section 8), without the Hub: the card renders and parses with
+`huggingface_hub.ModelCard`, the upload plan lists exactly what a Hub model needs, the CLI's dry run works
+offline, and the published folder loads in a clean process where the package is not installed."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard, metadata_load
+from matplotlib.figure import Figure
+from tiny_models import lm_inputs, tiny_lm
+
+from hf_scratch_transformer import hub
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK_OF = {"decoder": "causal-lm", "encoder": "masked-lm", "seq2seq": "seq2seq"}
+EVAL_RESULTS = {
+    "causal-lm": {"perplexity": 12.5, "eval_loss": 2.526},
+    "masked-lm": {"mlm_accuracy": 0.41, "eval_loss": 3.1},
+    "seq2seq": {"bleu": 27.3, "chrf": 55.1},
+}
+HYPERPARAMETERS = {"learning_rate": 0.0007, "warmup_steps": 4000, "adam_beta2": 0.98, "label_smoothing": 0.1}
+
+
+def _model_folder(family: str, folder: Path) -> Path:
+    """A saved tiny model with a loss curve, a checkpoint and a hidden file beside it, and its card."""
+    model = tiny_lm(family)
+    model.save_pretrained(folder)
+    figure = Figure()
+    figure.add_subplot().plot([4.6, 3.2, 2.5])
+    figure.savefig(folder / "loss_curve.png")
+    (folder / "checkpoints" / "checkpoint-10").mkdir(parents=True)
+    (folder / "checkpoints" / "checkpoint-10" / "model.safetensors").write_bytes(b"stale")
+    (folder / ".DS_Store").write_bytes(b"")
+    hub.write_model_card(
+        folder, task=TASK_OF[family], model_name=f"someone/tiny-{family}", preset="gpt-mini",
+        config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset="tiny_shakespeare",
+        dataset_description="40k lines of Shakespeare.", hyperparameters=HYPERPARAMETERS,
+        eval_results=EVAL_RESULTS[TASK_OF[family]],
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cards")
+    return {family: _model_folder(family, root / family) for family in TASK_OF}
+
+
+# ---------------------------------------------------------------------------------------------- the card
+
+
+@pytest.mark.parametrize("family", list(TASK_OF))
+def test_card_parses_with_metadata_and_model_index(folders, family):
+    task = TASK_OF[family]
+    card = ModelCard.load(folders[family] / "README.md")
+    metadata = card.data.to_dict()
+    assert metadata["library_name"] == "transformers"
+    assert metadata["pipeline_tag"] == hub.TASKS[task]["hub_task"]
+    assert metadata["license"] == "apache-2.0"
+    assert "hf-scratch-transformer" in metadata["tags"] and metadata["datasets"] == ["tiny_shakespeare"]
+    assert metadata_load(folders[family] / "README.md")["model-index"][0]["name"] == f"someone/tiny-{family}"
+    results = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    expected = {hub.METRICS[key][1]: value for key, value in EVAL_RESULTS[task].items()}
+    assert results == expected
+    assert {result.task_type for result in card.data.eval_results} == {hub.TASKS[task]["hub_task"]}
+
+
+@pytest.mark.parametrize("family", list(TASK_OF))
+def test_card_text_shows_the_run(folders, family):
+    spec = hub.TASKS[TASK_OF[family]]
+    text = (folders[family] / "README.md").read_text()
+    assert "`gpt-mini`" in text and "| `hidden_size` | `32` |" in text
+    for name, value in HYPERPARAMETERS.items():
+        assert f"| {name} | {value} |" in text
+    assert "![loss curve](loss_curve.png)" in text
+    assert f"{spec['auto_class']}.from_pretrained(repo_id, trust_remote_code=True)" in text
+    assert f'pipeline("{spec["pipeline_task"]}"' in text
+    assert "## Intended use" in text and "## Limitations" in text
+
+
+def test_card_without_loss_curve_or_results(tmp_path):
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    card = hub.write_model_card(
+        folder, task="causal-lm", model_name="someone/bare", preset=None, config={}, num_parameters=10,
+        dataset="tiny_shakespeare", hyperparameters={}, eval_results={}, intended_use="Unit tests only.",
+    )
+    assert "loss_curve.png" not in card.text and "model-index" not in card.content
+    assert "`custom`" in card.text and "Unit tests only." in card.text
+
+
+def test_unknown_task_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="causal-lm, masked-lm, seq2seq"):
+        hub.write_model_card(
+            tmp_path, task="text-generation", model_name="x", preset=None, config={}, num_parameters=0,
+            dataset="d", hyperparameters={}, eval_results={},
+        )
+
+
+# ---------------------------------------------------------------------------------------------- upload plan
+
+
+@pytest.mark.parametrize("family", list(TASK_OF))
+def test_upload_plan_lists_the_hub_files_and_skips_checkpoints(folders, family):
+    plan = dict(hub.upload_plan(folders[family]))
+    code = {"configuration_scratch.py", f"modeling_scratch_{family}.py", "scratch_layers.py"}
+    assert {"config.json", "model.safetensors", "README.md", "loss_curve.png"} | code <= set(plan)
+    assert not any(path.startswith(("checkpoints/", ".")) for path in plan)
+    assert plan["model.safetensors"] == (folders[family] / "model.safetensors").stat().st_size
+
+
+@pytest.mark.parametrize("missing", ["README.md", "modeling_scratch_decoder.py", "scratch_layers.py", "config.json"])
+def test_upload_plan_names_what_is_missing(folders, tmp_path, missing):
+    folder = shutil.copytree(folders["decoder"], tmp_path / "decoder")
+    (folder / missing).unlink()
+    with pytest.raises(ValueError, match=missing.replace(".", r"\.")):
+        hub.upload_plan(folder)
+
+
+def test_publish_dry_run_cli_lists_the_plan_offline(folders):
+    folder = folders["seq2seq"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "publish.py"), str(folder), "--repo-id", "someone/tiny", "--dry-run"],
+        check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    for path, size in hub.upload_plan(folder):
+        assert f"{size:>12,}  {path}" in completed.stdout
+    assert "checkpoints" not in completed.stdout and "dry run" in completed.stdout
+
+
+def test_publish_creates_the_repo_and_uploads_the_folder(folders, monkeypatch):
+    calls = []
+
+    class FakeApi:
+        def __init__(self, token=None):
+            calls.append(("init", token))
+
+        def create_repo(self, repo_id, **kwargs):
+            calls.append(("create_repo", repo_id, kwargs))
+
+        def upload_folder(self, **kwargs):
+            calls.append(("upload_folder", kwargs))
+            return type("Commit", (), {"commit_url": "https://huggingface.co/someone/tiny/commit/abc"})()
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    assert hub.publish(folders["decoder"], "someone/tiny", dry_run=True) == hub.upload_plan(folders["decoder"])
+    assert calls == []
+    url = hub.publish(folders["decoder"], "someone/tiny", private=True, token="hf_x", commit_message="first")
+    assert url.endswith("/commit/abc")
+    assert calls[:2] == [("init", "hf_x"), ("create_repo", "someone/tiny", {"private": True, "exist_ok": True})]
+    upload = calls[2][1]
+    assert upload["repo_id"] == "someone/tiny" and Path(upload["folder_path"]) == folders["decoder"]
+    assert upload["commit_message"] == "first" and "checkpoints/*" in upload["ignore_patterns"]
+
+
+# ---------------------------------------------------------------------------------------------- clean load
+
+
+def test_published_folder_loads_where_the_package_is_missing(folders, tmp_path):
+    folder = folders["decoder"]
+    inputs = {"input_ids": lm_inputs("decoder")["input_ids"]}
+    with torch.no_grad():
+        expected = tiny_lm("decoder")(**inputs).logits
+    torch.save([{"folder": str(folder), "auto_class": "AutoModelForCausalLM", "inputs": inputs}], tmp_path / "jobs.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    script = Path(__file__).with_name("load_without_package.py")
+    subprocess.run([sys.executable, str(script), str(tmp_path / "jobs.pt"), str(tmp_path / "results.pt")],
+                   check=True, cwd=tmp_path, env=env, timeout=600)
+    [result] = torch.load(tmp_path / "results.pt")
+    assert result["class"] == "ScratchDecoderForCausalLM"
+    torch.testing.assert_close(result["output"], expected, rtol=0, atol=0)

@@ -1,0 +1,123 @@
+"""The command-line scripts end to end, at tiny sizes and step budgets: the main job (`scripts/train.py`) for
+the three tasks, resuming, and fine-tuning (`scripts/finetune.py`) of ours and of a converted BERT."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from tiny_tokenizers import wordpiece
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
+
+import hf_scratch_transformer
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
+TINY_RUN = ["--max-length", "32", "--batch-size", "4", "--vocab-size", "300", "--eval-steps", "2",
+            "--max-eval-samples", "16"]
+
+
+def run_script(name: str, *arguments, cwd: Path) -> str:
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *map(str, arguments)], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def _words(count: int, seed: int) -> list[str]:
+    generator = torch.Generator().manual_seed(seed)
+    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
+    return [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
+            for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def causal_lm_run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("causal")
+    stdout = run_script("train.py", "--max-steps", 4, "--output-dir", output, *TINY_RUN, *TINY_MODEL, cwd=output)
+    return output, stdout
+
+
+def test_main_job_writes_a_hub_ready_folder_and_samples_from_it(causal_lm_run):
+    output, stdout = causal_lm_run
+    folder = output / "model"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "loss_curve.png",
+                 "eval_results.json", "modeling_scratch_decoder.py", "configuration_scratch.py"):
+        assert (folder / name).exists(), name
+    results = json.loads((folder / "eval_results.json").read_text())
+    assert results["perplexity"] == pytest.approx(torch.tensor(results["loss"]).exp().item(), rel=1e-4)
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.eval_results[0].metric_value is not None and "gpt-mini" in card.text
+    assert "sample from the reloaded model:\nROMEO:" in stdout
+    assert isinstance(AutoModelForCausalLM.from_pretrained(folder), hf_scratch_transformer.ScratchDecoderForCausalLM)
+
+
+def test_training_resumes_from_the_last_checkpoint(causal_lm_run):
+    output, _ = causal_lm_run
+    run_script("train.py", "--max-steps", 6, "--output-dir", output, "--resume", *TINY_RUN, *TINY_MODEL, cwd=output)
+    state = json.loads(next((output / "checkpoints").glob("checkpoint-6")).joinpath("trainer_state.json").read_text())
+    steps = [entry["step"] for entry in state["log_history"] if "loss" in entry]
+    assert steps[0] == 1 and steps[-1] == 6 and len(steps) == len(set(steps)), "history continued, not restarted"
+
+
+def test_masked_lm_training(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(_words(200, seed=0)))
+    run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir", tmp_path,
+               *TINY_RUN, *TINY_MODEL, cwd=tmp_path)
+    results = json.loads((tmp_path / "model/eval_results.json").read_text())
+    assert 0.0 <= results["mlm_accuracy"] <= 1.0
+
+
+def test_seq2seq_training_with_the_seed_recipe(tmp_path):
+    sources = _words(120, seed=1)
+    (tmp_path / "train.src").write_text("\n".join(sources))
+    (tmp_path / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sources))
+    stdout = run_script(
+        "train.py", "--task", "seq2seq", "--source-files", tmp_path / "train.src", "--target-files",
+        tmp_path / "train.tgt", "--recipe", "vaswani", "--warmup-steps", 2, "--max-steps", 4, "--num-beams", 2,
+        "--output-dir", tmp_path, *TINY_RUN, "--set", "encoder_layers=1", "decoder_layers=1", "hidden_size=32",
+        "num_attention_heads=2", "intermediate_size=64", cwd=tmp_path)
+    results = json.loads((tmp_path / "model/eval_results.json").read_text())
+    assert {"bleu", "chrf", "loss"} <= set(results)
+    assert "translation:" in stdout
+    card = ModelCard.load(tmp_path / "model/README.md")
+    assert "label_smoothing" in card.text and "inverse_sqrt" in card.text
+
+
+def test_finetune_text_classification_from_our_masked_lm(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(_words(100, seed=2)))
+    run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 2, "--output-dir",
+               tmp_path / "mlm", *TINY_RUN, *TINY_MODEL, cwd=tmp_path)
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(80, 3)]
+    (tmp_path / "train.csv").write_text("\n".join(rows))
+    stdout = run_script("finetune.py", "--model", tmp_path / "mlm/model", "--task", "text-classification",
+                        "--train-file", tmp_path / "train.csv", "--max-steps", 4, "--batch-size", 8,
+                        "--output-dir", tmp_path / "cls", cwd=tmp_path)
+    assert "accuracy" in stdout and "f1" in stdout
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls/model")
+    assert isinstance(model, hf_scratch_transformer.ScratchEncoderForSequenceClassification)
+    assert set(model.config.id2label.values()) == {"animal", "other"}
+
+
+def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
+    tokenizer = wordpiece()
+    native = BertForMaskedLM(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                        intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
+    native.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    rows = [{"tokens": s.split(), "tags": ["ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
+            for s in _words(60, 4)]
+    (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
+    stdout = run_script("finetune.py", "--model", tmp_path / "bert", "--task", "token-classification",
+                        "--train-file", tmp_path / "train.json", "--label-column", "tags", "--max-steps", 4,
+                        "--output-dir", tmp_path / "ner", cwd=tmp_path)
+    assert "accuracy" in stdout
+    config = json.loads((tmp_path / "ner/model/config.json").read_text())
+    assert config["model_type"] == "scratch_encoder" and set(config["id2label"].values()) == {"ANIMAL", "O"}

@@ -1,0 +1,187 @@
+"""tokenizer_training: every kind x family trains, saves and reloads with AutoTokenizer; fixed special ids;
+per-family templates; lossless round trips; files, Dataset and DatasetDict sources; bad input; the CLI."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from datasets import Dataset, DatasetDict
+from transformers import AutoTokenizer
+
+from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
+from tokenizer_training.trainers import FAMILIES, KINDS
+
+ROOT = Path(__file__).resolve().parent.parent
+LINES = (ROOT / "data/tinyshakespeare/input.txt").read_text(encoding="utf-8").splitlines()[:2000]
+VOCAB = 300  # tiny: training takes well under a second per tokenizer
+# Lines 10-15 hold "citizens, the", "Is't a verdict?", "Let us kill him, and we'll have corn at our own price."
+SAMPLE = "\n".join(LINES[10:16])
+SENTENCE_IDS = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+EXPECTED_IDS = {
+    "decoder": SENTENCE_IDS,
+    "seq2seq": SENTENCE_IDS,
+    "encoder": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
+}
+COMBOS = [(kind, family) for kind in KINDS for family in FAMILIES]
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "shakespeare.txt"
+    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(corpus_file):
+    """`trained(kind, family)`: one tokenizer per combination, trained once for the whole module."""
+    cache = {}
+
+    def get(kind, family):
+        if (kind, family) not in cache:
+            cache[kind, family] = train_tokenizer(kind, family, files=[corpus_file], vocab_size=VOCAB)
+        return cache[kind, family]
+
+    return get
+
+
+@pytest.mark.parametrize("kind,family", COMBOS)
+def test_save_and_reload_give_identical_tokenizer(trained, kind, family, tmp_path):
+    tok = trained(kind, family)
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded(SAMPLE).input_ids == tok(SAMPLE).input_ids
+    assert loaded(LINES[0], LINES[1]).input_ids == tok(LINES[0], LINES[1]).input_ids
+    assert loaded.special_tokens_map == tok.special_tokens_map
+    assert loaded.all_special_ids == tok.all_special_ids
+    assert loaded.padding_side == tok.padding_side == ("left" if family == "decoder" else "right")
+    assert special_token_ids(loaded) == special_token_ids(tok)  # the family survives the round trip
+    assert len(loaded) == len(tok) <= VOCAB
+
+
+@pytest.mark.parametrize("kind,family", COMBOS)
+def test_special_tokens_have_fixed_ids(trained, kind, family):
+    tok = trained(kind, family)
+    expected = EXPECTED_IDS[family]
+    assert tok.convert_tokens_to_ids(list(expected)) == list(expected.values())
+    assert tok.unk_token_id == expected["<unk>" if family != "encoder" else "[UNK]"]
+    if family == "encoder":
+        assert (tok.pad_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id) == (0, 2, 3, 4)
+        assert special_token_ids(tok) == {"pad_token_id": 0, "bos_token_id": None, "eos_token_id": None}
+    else:
+        ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if family == "seq2seq":
+            ids["decoder_start_token_id"] = 1
+        assert special_token_ids(tok) == ids
+
+
+@pytest.mark.parametrize("kind,family", COMBOS)
+def test_post_processing_per_family(trained, kind, family):
+    tok = trained(kind, family)
+    ids = tok(LINES[0]).input_ids
+    if family == "decoder":  # BOS opens the prompt; no EOS, so generation can continue it
+        assert ids[0] == tok.bos_token_id and tok.eos_token_id not in ids
+    elif family == "seq2seq":
+        assert ids[-1] == tok.eos_token_id and tok.bos_token_id not in ids
+    else:
+        a, b = tok(LINES[0]).input_ids[1:-1], tok(LINES[1]).input_ids[1:-1]
+        assert ids == [tok.cls_token_id, *a, tok.sep_token_id]
+        pair = tok(LINES[0], LINES[1])
+        assert pair.input_ids == [tok.cls_token_id, *a, tok.sep_token_id, *b, tok.sep_token_id]
+        assert pair.token_type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_byte_level_bpe_round_trips_any_text(trained, family):
+    tok = trained("bpe", family)
+    for text in (SAMPLE, "  two  spaces,\ttab; \"quotes\" -- ünïcödé 你好 🌍\n\n"):
+        assert tok.decode(tok(text).input_ids, skip_special_tokens=True) == text
+    assert tok.unk_token_id not in tok(SAMPLE + "你好 🌍").input_ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unigram_round_trips_training_text(trained, family):
+    tok = trained("unigram", family)
+    for line in [*LINES[10:16], "Double  spaces, kept."]:
+        assert tok.decode(tok(line).input_ids, skip_special_tokens=True) == line
+
+
+def test_wordpiece_keeps_case(trained):
+    tok = trained("wordpiece", "encoder")
+    assert tok.decode(tok("First Citizen").input_ids, skip_special_tokens=True) == "First Citizen"
+
+
+def test_dataset_and_dataset_dict_sources(trained):
+    dataset = Dataset.from_dict({"text": LINES})
+    from_dataset = train_tokenizer("bpe", "decoder", dataset=dataset, vocab_size=VOCAB)
+    # Same lines, same vocabulary. (Only BPE training is deterministic: WordPiece and Unigram break ties by hash order.)
+    assert from_dataset.get_vocab() == trained("bpe", "decoder").get_vocab()
+    streamed = train_tokenizer("bpe", "encoder", dataset=dataset.to_iterable_dataset(), vocab_size=VOCAB)
+    assert streamed.get_vocab() == trained("bpe", "encoder").get_vocab()
+
+    splits = DatasetDict(
+        train=Dataset.from_dict({"content": LINES[:1000]}), test=Dataset.from_dict({"content": LINES[1000:1010]})
+    )
+    tok = train_tokenizer("unigram", "seq2seq", dataset=splits, text_column="content", vocab_size=VOCAB)
+    assert tok(LINES[0]).input_ids[-1] == tok.eos_token_id and len(tok) <= VOCAB
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(kind="bpe", family="decoder"), "neither"),
+        (dict(kind="bpe", family="decoder", files=["x.txt"], dataset=Dataset.from_dict({"text": ["a"]})), "both"),
+        (dict(kind="sentencepiece", family="decoder", files=["x.txt"]), "bpe, wordpiece, unigram"),
+        (dict(kind="bpe", family="causal", files=["x.txt"]), "decoder, encoder, seq2seq"),
+        (dict(kind="bpe", family="decoder", files=[]), "`files` is empty"),
+        (dict(kind="bpe", family="decoder", files=["x.txt"], vocab_size=0), "vocab_size"),
+        (dict(kind="bpe", family="decoder", dataset=Dataset.from_dict({"content": ["a"]})), "no column 'text'"),
+        (dict(kind="bpe", family="decoder", dataset=DatasetDict(test=Dataset.from_dict({"text": ["a"]}))), "'train'"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_it(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        train_tokenizer(**kwargs)
+
+
+def test_missing_file_is_reported_before_training(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        train_tokenizer("bpe", "decoder", files=[tmp_path / "nope.txt"])
+
+
+def test_special_token_ids_needs_a_family(trained):
+    tok = trained("bpe", "decoder")
+    foreign = type(tok)(tokenizer_object=tok.backend_tokenizer, bos_token="<s>")  # no `family` given
+    with pytest.raises(ValueError, match="family"):
+        special_token_ids(foreign)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padded_vocab_size(trained, kind):
+    tok = trained(kind, "encoder")
+    size = padded_vocab_size(tok)
+    assert size % 64 == 0 and len(tok) <= size < len(tok) + 64
+    assert padded_vocab_size(tok, multiple=8) % 8 == 0
+    with pytest.raises(ValueError, match="multiple"):
+        padded_vocab_size(tok, multiple=0)
+
+
+@pytest.mark.parametrize("source", ["--files", "--dataset"])
+def test_cli_writes_a_folder_auto_tokenizer_loads(corpus_file, source, tmp_path):
+    out = tmp_path / "tokenizer"
+    # --dataset takes a local folder of text files through `datasets.load_dataset`.
+    data = corpus_file if source == "--files" else corpus_file.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [
+        sys.executable, "-m", "tokenizer_training", "--kind", "bpe", "--family", "seq2seq", source, str(data),
+        "--vocab-size", str(VOCAB), "--model-max-length", "128", "--output-dir", str(out),
+    ]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "model vocab_size 320" in result.stdout and "round trip: exact" in result.stdout
+
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.model_max_length == 128 and tok(LINES[0]).input_ids[-1] == tok.eos_token_id
+    assert special_token_ids(tok)["decoder_start_token_id"] == 1

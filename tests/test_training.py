@@ -1,0 +1,148 @@
+"""The training helpers: data preparation for each task, the label-smoothed loss, metrics, the loss plot."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from tiny_models import VOCAB, lm_inputs, tiny_lm
+from tiny_tokenizers import byte_level_bpe, wordpiece
+from transformers import DataCollatorForLanguageModeling
+
+from hf_scratch_transformer import training
+
+# ---------------------------------------------------------------------------------------------- loss
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq", "encoder"])
+def test_unsmoothed_loss_equals_the_models_own(family):
+    model = tiny_lm(family)
+    inputs = lm_inputs(family)
+    if family == "encoder":
+        inputs["labels"][:, ::2] = -100
+    out = model(**inputs)
+    task = {"decoder": "causal-lm", "encoder": "masked-lm", "seq2seq": "seq2seq"}[family]
+    loss = training.smoothed_loss_function(task, 0.0)(out, inputs["labels"])
+    torch.testing.assert_close(loss, out.loss)
+
+
+def test_smoothed_loss_is_the_textbook_formula_on_shifted_labels():
+    logits = torch.randn(2, 5, VOCAB)
+    labels = torch.randint(0, VOCAB, (2, 5))
+    labels[0, 2] = -100
+    epsilon = 0.1
+    loss = training.label_smoothed_loss(logits, labels, epsilon, shift=True)
+    log_probs = logits[:, :-1].log_softmax(-1)
+    targets = labels[:, 1:]
+    keep = targets != -100
+    nll = -log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    uniform = -log_probs.mean(-1)
+    expected = ((1 - epsilon) * nll + epsilon * uniform)[keep].mean()
+    torch.testing.assert_close(loss, expected)
+
+
+def test_smoothed_loss_divides_by_num_items_in_batch():
+    logits, labels = torch.randn(2, 5, VOCAB), torch.randint(0, VOCAB, (2, 5))
+    mean = training.label_smoothed_loss(logits, labels, 0.1, shift=False)
+    torch.testing.assert_close(training.label_smoothed_loss(logits, labels, 0.1, shift=False, num_items_in_batch=20),
+                               mean / 2)
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return byte_level_bpe(family="decoder")
+
+
+def test_packing_makes_full_blocks_of_documents_ending_in_eos(bpe):
+    texts = Dataset.from_dict({"text": ["To be, or not to be.", "That is the question.", "Whether 'tis nobler"] * 5})
+    packed = training.pack_for_causal_lm(texts, bpe, block_size=8)
+    assert all(len(ids) == 8 for ids in packed["input_ids"])
+    assert packed["input_ids"] == packed["labels"]
+    stream = [token for ids in packed["input_ids"] for token in ids]
+    assert stream.count(bpe.eos_token_id) >= 1 and stream[0] == bpe.bos_token_id
+    document = bpe("To be, or not to be.").input_ids + [bpe.eos_token_id]
+    assert stream[: len(document)] == document
+
+
+def test_mlm_collator_masks_fifteen_percent_with_80_10_10():
+    tokenizer = wordpiece()
+    texts = Dataset.from_dict({"text": ["To be, or not to be: that is the question of the day"] * 400})
+    encoded = training.tokenize_for_mlm(texts, tokenizer, max_length=32)
+    batch = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)(list(encoded))
+    original = torch.tensor(encoded["input_ids"])
+    chosen = batch["labels"] != -100
+    assert 0.12 < chosen.float().mean() < 0.18
+    assert torch.equal(batch["labels"][chosen], original[chosen])
+    masked = batch["input_ids"][chosen] == tokenizer.mask_token_id
+    kept = batch["input_ids"][chosen] == original[chosen]
+    assert 0.75 < masked.float().mean() < 0.85
+    assert 0.06 < kept.float().mean() < 0.14
+    special = torch.isin(original, torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id]))
+    assert not chosen[special].any(), "special tokens are never masked"
+
+
+def test_seq2seq_tokenization_gives_sources_and_labels_ending_in_eos():
+    tokenizer = byte_level_bpe(family="seq2seq")
+    pairs = Dataset.from_dict({"source": ["a man rides a horse"], "target": ["ein Mann reitet ein Pferd"]})
+    encoded = training.tokenize_for_seq2seq(pairs, tokenizer, max_length=32)[0]
+    assert encoded["input_ids"][-1] == encoded["labels"][-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(encoded["labels"], skip_special_tokens=True) == "ein Mann reitet ein Pferd"
+
+
+def test_text_files_are_read_by_paragraph_and_split(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Speaker {i}:\nline one\nline two" for i in range(40)))
+    data = training.load_texts([str(corpus)], validation_split=0.1)
+    assert len(data["train"]) == 36 and len(data["validation"]) == 4
+    assert "\nline one\n" in data["train"][0]["text"]
+
+
+def test_parallel_files_must_align(tmp_path):
+    (tmp_path / "a.en").write_text("one\ntwo\n")
+    (tmp_path / "a.de").write_text("eins\n")
+    with pytest.raises(ValueError, match="differ in length"):
+        training.load_parallel([str(tmp_path / "a.en")], [str(tmp_path / "a.de")])
+
+
+def test_files_or_dataset_not_both():
+    with pytest.raises(ValueError, match="either"):
+        training.load_texts(["x.txt"], dataset="name")
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def test_mlm_accuracy_counts_masked_positions_only():
+    prediction = SimpleNamespace(predictions=np.array([[1, 2, 3]]), label_ids=np.array([[1, -100, 4]]))
+    assert training.mlm_accuracy(prediction) == {"mlm_accuracy": 0.5}
+    sparse = SimpleNamespace(predictions=np.array([1, 3]), label_ids=np.array([[1, -100, 4]]))
+    assert training.mlm_accuracy(sparse) == {"mlm_accuracy": 0.5}
+
+
+def test_classification_metrics():
+    prediction = SimpleNamespace(predictions=np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]),
+                                 label_ids=np.array([0, 1, 1]))
+    metrics = training.classification_metrics(prediction)
+    assert metrics["accuracy"] == pytest.approx(2 / 3)
+    assert metrics["f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
+
+
+def test_translation_metrics_score_a_perfect_and_a_wrong_output():
+    tokenizer = byte_level_bpe(family="seq2seq")
+    labels = np.array(tokenizer(["a man rides a horse", "two dogs play"], padding=True).input_ids)
+    labels = np.where(labels == tokenizer.pad_token_id, -100, labels)
+    perfect = training.translation_metrics(tokenizer)(SimpleNamespace(predictions=labels, label_ids=labels))
+    assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
+    wrong = np.array(tokenizer(["the sky", "water"], padding=True).input_ids)
+    scores = training.translation_metrics(tokenizer)(SimpleNamespace(predictions=wrong, label_ids=labels))
+    assert scores["bleu"] < 10
+
+
+def test_loss_curve_is_a_png(tmp_path):
+    history = [{"step": s, "loss": 5 - s / 10} for s in range(1, 20)] + [{"step": 10, "eval_loss": 4.2}]
+    path = training.plot_loss_curve(history, tmp_path / "loss_curve.png", title="test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,114 @@
+"""Tokenizers for the Scratch model families: byte-level BPE, WordPiece or Unigram, trained with the `tokenizers`
+library on local text files or a `datasets` dataset, returned as a `PreTrainedTokenizerFast`.
+
+    tok = train_tokenizer("bpe", "decoder", files=["data/tinyshakespeare/input.txt"], vocab_size=8000)
+    tok.save_pretrained("outputs/tokenizer")  # AutoTokenizer.from_pretrained loads it back
+    config = get_preset("gpt-mini", vocab_size=padded_vocab_size(tok), **special_token_ids(tok))
+
+The family is stored as `family` in `tokenizer.init_kwargs`; `save_pretrained` writes it to `tokenizer_config.json`
+and `AutoTokenizer.from_pretrained` reads it back. See `trainers.py` for the special tokens and templates.
+"""
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerFast
+
+from .trainers import FAMILIES, KINDS, train
+
+__all__ = ["padded_vocab_size", "special_token_ids", "train_tokenizer"]
+
+
+def train_tokenizer(
+    kind: str,
+    family: str,
+    *,
+    files: list[str | Path] | None = None,
+    dataset=None,
+    text_column: str = "text",
+    vocab_size: int = 8000,
+    min_frequency: int = 2,
+    model_max_length: int | None = None,
+) -> PreTrainedTokenizerFast:
+    """Train a `kind` tokenizer ("bpe", "wordpiece", "unigram") for `family` ("decoder", "encoder", "seq2seq").
+
+    Give exactly one source: `files`, plain text files with one example per line, or `dataset`, a `datasets.Dataset`
+    (or `IterableDataset`; of a `DatasetDict` the "train" split is used) whose `text_column` holds the text. Both
+    are streamed, never loaded whole. `min_frequency` applies to BPE and WordPiece merges (Unigram has none).
+    `model_max_length` is stored on the tokenizer for truncation; None leaves it unset.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}.")
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown model family {family!r}; choose one of {', '.join(FAMILIES)}.")
+    if not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"`vocab_size` must be a positive integer, got {vocab_size!r}.")
+    if (files is None) == (dataset is None):
+        raise ValueError(
+            "Give exactly one training source, `files` or `dataset`; got "
+            + ("both." if files is not None else "neither.")
+        )
+    if files is not None:
+        texts, length = _file_lines(files), None
+    else:
+        texts, length = _dataset_batches(dataset, text_column)
+    return train(kind, family, texts, length, vocab_size, min_frequency, model_max_length)
+
+
+def padded_vocab_size(tokenizer, multiple: int = 64) -> int:
+    """`len(tokenizer)` rounded up to a multiple of `multiple`: the model's `vocab_size` (tidy matmul shapes)."""
+    if multiple < 1:
+        raise ValueError(f"`multiple` must be a positive integer, got {multiple!r}.")
+    return multiple * math.ceil(len(tokenizer) / multiple)
+
+
+def special_token_ids(tokenizer) -> dict:
+    """The config fields for the tokenizer's special tokens: `pad_token_id`, `bos_token_id`, `eos_token_id` (None
+    where the family has no such token, so a preset's ids are overridden), plus `decoder_start_token_id` (= bos)
+    for seq2seq. Pass them on as `get_preset(name, **special_token_ids(tok))`."""
+    family = tokenizer.init_kwargs.get("family")
+    if family not in FAMILIES:
+        raise ValueError(
+            f"The tokenizer's `family` is {family!r}, not one of {', '.join(FAMILIES)}: it was not made by "
+            "`train_tokenizer`. Set `tokenizer.init_kwargs['family']` to the model family it is meant for."
+        )
+    ids = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if family == "seq2seq":
+        ids["decoder_start_token_id"] = tokenizer.bos_token_id
+    return ids
+
+
+def _file_lines(files: list[str | Path]) -> Iterator[str]:
+    if not files:
+        raise ValueError("`files` is empty; give at least one text file.")
+    missing = [str(path) for path in files if not Path(path).is_file()]
+    if missing:  # checked up front: the generator below would only fail midway through training
+        raise FileNotFoundError(f"Training text files not found: {', '.join(missing)}")
+
+    def lines():
+        for path in files:
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    yield line.rstrip("\n")  # as the `datasets` text loader: one example per line, no newline
+
+    return lines()
+
+
+def _dataset_batches(dataset, text_column: str, batch_size: int = 1000) -> tuple[Iterator[list[str]], int | None]:
+    if isinstance(dataset, dict):  # DatasetDict and IterableDatasetDict are dicts of splits
+        if "train" not in dataset:
+            raise ValueError(f"The DatasetDict has no 'train' split (it has {', '.join(dataset)}); pass one split.")
+        dataset = dataset["train"]
+    if not hasattr(dataset, "iter"):
+        raise TypeError(f"`dataset` must be a datasets.Dataset or DatasetDict, got {type(dataset).__name__}.")
+    columns = dataset.column_names  # None for some streamed datasets: then a bad column fails on the first batch
+    if columns is not None and text_column not in columns:
+        raise ValueError(f"The dataset has no column {text_column!r} (it has {', '.join(columns)}); set `text_column`.")
+    batches = (batch[text_column] for batch in dataset.iter(batch_size=batch_size))
+    length = len(dataset) if hasattr(dataset, "__len__") else None  # streamed datasets have no length
+    return batches, length

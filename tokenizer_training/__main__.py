@@ -1,0 +1,81 @@
+"""Train a tokenizer for a Scratch model family and save it as a Hugging Face tokenizer folder.
+
+    python -m tokenizer_training --kind bpe --family decoder --files data/tinyshakespeare/input.txt \\
+        --vocab-size 8000 --output-dir outputs/tokenizer
+    python -m tokenizer_training --kind wordpiece --family encoder --dataset path/to/folder_of_txt_csv_or_json \\
+        --output-dir outputs/tokenizer-mlm
+    python -m tokenizer_training --kind unigram --family seq2seq --dataset wikitext \\
+        --dataset-config wikitext-2-raw-v1 --output-dir outputs/tokenizer-s2s      # a Hub dataset: needs network
+
+The folder loads with `AutoTokenizer.from_pretrained(output_dir)`.
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+from tokenizer_training import padded_vocab_size, train_tokenizer
+from tokenizer_training.trainers import FAMILIES, KINDS
+
+# -----------------------------------------------------------------------------------------------
+# Arguments
+
+parser = argparse.ArgumentParser(
+    prog="python -m tokenizer_training", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+)
+parser.add_argument("--kind", choices=KINDS, required=True, help="tokenizer model: byte-level BPE, WordPiece, Unigram")
+parser.add_argument("--family", choices=FAMILIES, required=True, help="model family: sets special tokens and templates")
+source = parser.add_mutually_exclusive_group(required=True)
+source.add_argument("--files", nargs="+", type=Path, help="plain text files, one example per line")
+source.add_argument("--dataset", help="a `datasets` name on the Hub, or a local data file or folder (txt/csv/json)")
+parser.add_argument("--dataset-config", default=None, help="dataset configuration name (default: none)")
+parser.add_argument("--split", default="train", help="dataset split to train on (default: train)")
+parser.add_argument("--text-column", default="text", help="dataset column holding the text (default: text)")
+parser.add_argument("--vocab-size", type=int, default=8000, help="tokens, special ones included (default: 8000)")
+parser.add_argument("--min-frequency", type=int, default=2, help="least count of a pair to merge (default: 2)")
+parser.add_argument("--model-max-length", type=int, default=None, help="longest input for truncation (default: unset)")
+parser.add_argument("--output-dir", type=Path, required=True, help="folder to write the tokenizer to")
+args = parser.parse_args()
+
+# -----------------------------------------------------------------------------------------------
+# Data
+
+dataset = None
+if args.dataset is not None:
+    import datasets  # slow to import, and only this path needs it
+
+    # `load_dataset` takes Hub names and local folders; a single local file needs its format named.
+    builders = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+    path = Path(args.dataset)
+    if path.is_file():
+        if path.suffix not in builders:
+            parser.error(f"--dataset {path}: unknown file type; use one of {', '.join(builders)}")
+        dataset = datasets.load_dataset(builders[path.suffix], data_files=str(path), split=args.split)
+    else:
+        dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
+
+# -----------------------------------------------------------------------------------------------
+# Training
+
+t0 = time.time()
+tokenizer = train_tokenizer(
+    args.kind, args.family, files=args.files, dataset=dataset, text_column=args.text_column,
+    vocab_size=args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
+)
+print(f"trained {args.kind} for {args.family} in {time.time() - t0:.1f}s")
+print(f"vocabulary: {len(tokenizer):,} tokens -> model vocab_size {padded_vocab_size(tokenizer):,} (padded to 64)")
+
+# -----------------------------------------------------------------------------------------------
+# Saving
+
+tokenizer.save_pretrained(args.output_dir)
+print(f"saved to {args.output_dir}")
+
+# -----------------------------------------------------------------------------------------------
+# Round-trip check (WordPiece drops whitespace, and characters unseen in training become unknown tokens)
+
+sample = "Hello world! Numbers: 123, 4567.\nContractions: I'm, you're, it's."
+ids = tokenizer(sample)["input_ids"]
+decoded = tokenizer.decode(ids, skip_special_tokens=True)
+print(f"example: {sample!r}\n  tokens: {tokenizer.convert_ids_to_tokens(ids)}\n  decoded: {decoded!r}")
+print(f"  round trip: {'exact' if decoded == sample else 'lossy'}")
