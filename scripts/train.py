@@ -18,6 +18,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
+import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -186,6 +187,7 @@ arguments = dict(
     weight_decay=args.weight_decay,
     max_grad_norm=optimisation["max_grad_norm"],
     bf16=args.bf16,
+    use_cpu=args.bf16 and not torch.cuda.is_available(),  # Trainer's bf16 on CPU must be asked for explicitly
     eval_strategy="steps",
     eval_steps=eval_steps,
     save_strategy="steps",

@@ -10,52 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_native import ATOL, VOCAB, bert, gpt2, marian
 from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
-    BertConfig,
-    BertForMaskedLM,
-    GPT2Config,
-    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
-    MarianConfig,
-    MarianMTModel,
 )
 
 import hf_scratch_transformer as hst
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "convert_hf_checkpoint.py"
-VOCAB = 99
-ATOL = 1e-4
-
-
-def gpt2(vocab_size=VOCAB):
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=vocab_size, n_positions=64, bos_token_id=1,
-                        eos_token_id=2)
-    return GPT2LMHeadModel(config)
-
-
-def bert(vocab_size=VOCAB):
-    config = BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=37,
-                        vocab_size=vocab_size, max_position_embeddings=64)
-    return BertForMaskedLM(config)
-
-
-def marian():
-    config = MarianConfig(encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4,
-                          decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=VOCAB,
-                          max_position_embeddings=64, pad_token_id=98, decoder_start_token_id=98, eos_token_id=0,
-                          scale_embedding=True, activation_function="swish")
-    model = MarianMTModel(config)
-    with torch.no_grad():
-        model.final_logits_bias.normal_()  # saved with the weights; becomes our `lm_head.bias`
-    return model
-
-
 def run_script(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, str(SCRIPT), *map(str, args)]

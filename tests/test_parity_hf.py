@@ -3,48 +3,17 @@ Scratch model with the same logits (1e-4, fp32, eval mode) and the same greedy a
 
 import pytest
 import torch
+from tiny_native import ATOL, VOCAB, bert, gpt2, marian
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
-    BertConfig,
-    BertForMaskedLM,
-    GPT2Config,
-    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
-    MarianConfig,
-    MarianMTModel,
 )
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.conversion import from_hf
-
-VOCAB = 99
-ATOL = 1e-4
-
-
-def gpt2(**overrides):
-    values = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=0)
-    return GPT2LMHeadModel(GPT2Config(**{**values, **overrides})).eval()
-
-
-def bert(**overrides):
-    values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=37,
-                  vocab_size=VOCAB, max_position_embeddings=64, type_vocab_size=2)
-    return BertForMaskedLM(BertConfig(**{**values, **overrides})).eval()
-
-
-def marian(**overrides):
-    values = dict(encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=VOCAB,
-                  max_position_embeddings=64, pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1,
-                  eos_token_id=0, scale_embedding=True, activation_function="swish")
-    model = MarianMTModel(MarianConfig(**{**values, **overrides})).eval()
-    with torch.no_grad():
-        model.final_logits_bias.normal_()  # real opus-mt checkpoints have one
-    return model
 
 
 def _ids(batch=2, length=9, seed=0):
