@@ -166,15 +166,15 @@ class ScratchTransformer(ScratchPreTrainedModel):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
         if self.has_cross_attention and encoder_hidden_states is None:
             raise ValueError("This decoder attends to an encoder: pass `encoder_hidden_states`.")
-        seq_length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        inputs = input_ids if input_ids is not None else inputs_embeds
         if not self.is_causal:
             use_cache, past_key_values = False, None  # a bidirectional stack has nothing to cache
         if use_cache and past_key_values is None:
             past_key_values = self._new_cache()
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(seq_length, device=self.device).unsqueeze(0) + past_length  # (1, T)
-        check_labels_shape(token_type_ids, input_ids if input_ids is not None else inputs_embeds, "token_type_ids")
+            position_ids = torch.arange(inputs.shape[1], device=inputs.device).unsqueeze(0) + past_length  # (1, T)
+        check_labels_shape(token_type_ids, inputs, "token_type_ids")
 
         hidden_states = self.embeddings(input_ids, inputs_embeds, position_ids, token_type_ids)  # (B, T, hidden)
         attention_mask = build_self_attention_mask(
