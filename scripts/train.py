@@ -15,6 +15,7 @@ eval_results.json) and OUTPUT_DIR/checkpoints.
 
 import argparse
 import json
+import os
 from dataclasses import fields
 from pathlib import Path
 
@@ -102,6 +103,9 @@ run.add_argument("--sample-prompt", default="ROMEO:", help="causal LM sample pro
 run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
 run.add_argument("--seed", type=int, default=1337)
 args = parser.parse_args()
+if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not (args.model or args.tokenizer):  # torchrun / accelerate launch
+    parser.error("with several processes each would train its own tokenizer: train one first "
+                 "(python -m tokenizer_training ...) and pass --tokenizer")
 
 recipe = RECIPES.get(args.recipe, {})
 optimisation = {
@@ -212,6 +216,9 @@ else:
         trainer_kwargs |= dict(compute_metrics=training.mlm_accuracy,
                                preprocess_logits_for_metrics=training.argmax_logits)
     trainer = Trainer(args=TrainingArguments(**arguments), **trainer_kwargs)
+if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone
+    parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but they found no device to train together "
+                 "on: on CPU set ACCELERATE_USE_CPU=1")
 trainer.train(resume_from_checkpoint=True if args.resume else None)
 
 # ----------------------------------------------------------------------------------------------- evaluation
@@ -225,6 +232,8 @@ print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.
 # ----------------------------------------------------------------------------------------------- Hub-ready folder
 folder = output_dir / "model"
 trainer.save_model(str(folder))  # weights, config, model code (auto_map), tokenizer
+if not trainer.is_world_process_zero():  # the main process writes the rest of the folder
+    raise SystemExit(0)
 (folder / "eval_results.json").write_text(json.dumps(results, indent=2))
 training.plot_loss_curve(trainer.state.log_history, folder / "loss_curve.png", title=f"{preset or 'model'} {task}")
 files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]

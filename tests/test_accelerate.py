@@ -1,0 +1,353 @@
+"""The Accelerate loop (`scripts/train_accelerate.py`) end to end at tiny sizes, and its atomic checkpoints
+(`hf_scratch_transformer/checkpointing.py`): exact resume, two CPU processes equal to one with the combined batch
+(and the Trainer script under the same launcher), checkpoint integrity, mixed precision, and the saved model."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.utils.dataclasses import get_module_class_from_name
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+from hf_scratch_transformer import checkpointing, training
+from hf_scratch_transformer.checkpointing import CheckpointError
+from hf_scratch_transformer.presets import get_preset
+from tokenizer_training import train_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts/train_accelerate.py"
+CONFIGS = ROOT / "configs/accelerate"
+TINY = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
+NO_DROPOUT = ["dropout=0", "attention_dropout=0", "embedding_dropout=0"]
+TINY_SEQ2SEQ = ["--set", "encoder_layers=1", "decoder_layers=1", "hidden_size=32", "num_attention_heads=2",
+                "intermediate_size=64"]
+RUN = ["--max-length", "32", "--max-eval-samples", "8"]
+# Exact resume: batch 4, accumulation 2, label smoothing, the preset's dropout on (so the RNG must be restored).
+RESUME_RUN = [*RUN, "--batch-size", "4", "--gradient-accumulation-steps", "2", "--label-smoothing", "0.1",
+              "--save-steps", "2", "--keep-checkpoints", "10", "--max-steps", "8"]
+STOP = 4
+
+
+def run(*arguments, cwd: Path, launcher: list[str] | None = None, env: dict | None = None,
+        expect_failure: bool = False) -> str:
+    environment = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
+    command = (launcher or [sys.executable]) + [str(argument) for argument in arguments]
+    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600,
+                            check=False)
+    output = result.stdout + result.stderr
+    if expect_failure:
+        assert result.returncode != 0, output[-3000:]
+    else:
+        assert result.returncode == 0, output[-5000:]
+    return output
+
+
+def losses(folder: Path) -> dict[int, float]:
+    return {record["step"]: record["loss"] for record in map(json.loads, (folder / "loss_curve.jsonl").open())}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def two_cpu_processes(launcher: str) -> tuple[list[str], dict]:
+    """A launcher command for 2 gloo processes on this CPU; ACCELERATE_USE_CPU=1 makes Accelerate (and Trainer) join
+    them on the CPU instead of running each alone."""
+    env = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], env
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "cpu_2proc.yaml"),
+            "--main_process_port", str(free_port())], env
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A small corpus (a few epochs of 4-sequence batches in 8 steps) and a tokenizer per family, trained once."""
+    folder = tmp_path_factory.mktemp("accelerate")
+    generator = torch.Generator().manual_seed(0)
+    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
+    sentences = [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
+                 for _ in range(110)]
+    (folder / "corpus.txt").write_text("\n\n".join(sentences))
+    (folder / "train.src").write_text("\n".join(sentences))
+    (folder / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sentences))
+    for kind, family in (("bpe", "decoder"), ("wordpiece", "encoder"), ("bpe", "seq2seq")):
+        train_tokenizer(kind, family, files=[folder / "corpus.txt"], vocab_size=300).save_pretrained(folder / family)
+    return folder
+
+
+def causal(workspace: Path) -> list:
+    return ["--train-files", workspace / "corpus.txt", "--tokenizer", workspace / "decoder"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(workspace):
+    output = workspace / "full"
+    run(SCRIPT, *causal(workspace), *RESUME_RUN, *TINY, "--output-dir", output, cwd=workspace)
+    return output
+
+
+# ----------------------------------------------------------------------------------------------- (a) exact resume
+
+
+def test_resumed_run_repeats_the_uninterrupted_loss_curve_step_for_step(workspace, uninterrupted):
+    # The resume point lies inside the second epoch, and the run crosses an epoch end inside a step.
+    texts = training.load_texts([str(workspace / "corpus.txt")], seed=1337)["train"]
+    blocks = training.pack_for_causal_lm(texts, AutoTokenizer.from_pretrained(workspace / "decoder"), 32)
+    batches_per_epoch = len(blocks) // 4
+    assert batches_per_epoch < STOP * 2 < 2 * batches_per_epoch and (STOP * 2) % batches_per_epoch != 0
+    assert batches_per_epoch % 2 == 1
+
+    output = workspace / "interrupted"
+    arguments = [SCRIPT, *causal(workspace), *RESUME_RUN, *TINY, "--output-dir", output]
+    stdout = run(*arguments, "--stop-at-step", STOP, cwd=workspace)
+    assert f"stopped after step {STOP} of 8" in stdout and not (output / "model").exists()
+    assert max(losses(output)) == STOP
+    # Leftovers of interrupted saves are never picked: a .tmp folder and a folder without its manifest.
+    (output / "checkpoints/step-6.tmp").mkdir()
+    (output / "checkpoints/step-7").mkdir()
+    stdout = run(*arguments, "--resume", cwd=workspace)
+    assert f"resumed from {output / 'checkpoints' / f'step-{STOP}'} at step {STOP}" in stdout
+    assert "changed settings" not in stdout
+
+    expected, resumed = losses(uninterrupted), losses(output)
+    assert sorted(resumed) == list(range(1, 9)) == sorted(expected)
+    for step in range(STOP + 1, 9):
+        assert resumed[step] == pytest.approx(expected[step], abs=1e-6), step
+    full_weights = load_file(uninterrupted / "model/model.safetensors")
+    resumed_weights = load_file(output / "model/model.safetensors")
+    for name, tensor in full_weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["masked-lm", "seq2seq"])
+def test_exact_resume_for_masked_lm_and_seq2seq_in_bf16(workspace, task):
+    data = (["--train-files", workspace / "corpus.txt", "--tokenizer", workspace / "encoder", *TINY]
+            if task == "masked-lm" else
+            ["--source-files", workspace / "train.src", "--target-files", workspace / "train.tgt", "--tokenizer",
+             workspace / "seq2seq", *TINY_SEQ2SEQ, "--lr-scheduler", "inverse_sqrt"])
+    arguments = [SCRIPT, "--task", task, *data, *RESUME_RUN, "--max-steps", "6", "--mixed-precision", "bf16"]
+    run(*arguments, "--output-dir", workspace / f"{task}-full", cwd=workspace)
+    run(*arguments, "--output-dir", workspace / f"{task}-part", "--stop-at-step", 3, cwd=workspace)
+    run(*arguments, "--output-dir", workspace / f"{task}-part", "--resume", cwd=workspace)
+    expected, resumed = losses(workspace / f"{task}-full"), losses(workspace / f"{task}-part")
+    assert sorted(resumed) == list(range(1, 7))
+    for step in range(4, 7):
+        assert resumed[step] == pytest.approx(expected[step], abs=1e-6), step
+
+
+# ----------------------------------------------------------------------------------------------- (b) two processes
+
+
+def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
+    # No dropout: each process draws its own masks, which one process cannot reproduce.
+    arguments = [SCRIPT, *causal(workspace), *RUN, *TINY, *NO_DROPOUT, "--max-steps", 3,
+                 "--gradient-accumulation-steps", 2, "--label-smoothing", 0.1]
+    launcher, env = two_cpu_processes("accelerate")
+    stdout = run(*arguments, "--batch-size", 2, "--output-dir", workspace / "ddp", launcher=launcher, env=env,
+                 cwd=workspace)
+    assert "2 x MULTI_CPU" in stdout
+    run(*arguments, "--batch-size", 4, "--output-dir", workspace / "single", cwd=workspace)
+
+    two, one = losses(workspace / "ddp"), losses(workspace / "single")
+    assert sorted(two) == sorted(one) == [1, 2, 3]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], abs=1e-5), step
+    two_weights = load_file(workspace / "ddp/model/model.safetensors")
+    one_weights = load_file(workspace / "single/model/model.safetensors")
+    assert two_weights.keys() == one_weights.keys()
+    for name, tensor in one_weights.items():
+        torch.testing.assert_close(two_weights[name], tensor, rtol=0, atol=1e-5)
+    # Two steps were checkpointed by both processes together: one RNG state each.
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (workspace / "ddp/checkpoints/step-3")
+                                                              .iterdir()}
+
+
+def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
+    launcher, env = two_cpu_processes("torchrun")
+    run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,
+        "--eval-steps", 2, "--output-dir", workspace / "trainer-ddp", launcher=launcher, env=env, cwd=workspace)
+    assert (workspace / "trainer-ddp/model/model.safetensors").is_file()
+
+
+def test_launched_processes_that_cannot_join_fail_clearly(workspace):
+    """Under torchrun on a machine without GPU, Accelerate runs each process alone unless told to use the CPU."""
+    launcher, _ = two_cpu_processes("torchrun")
+    stdout = run(SCRIPT, *causal(workspace), *RUN, *TINY, "--max-steps", 1, "--output-dir", workspace / "alone",
+                 launcher=launcher, env={"OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "0"}, cwd=workspace,
+                 expect_failure=True)
+    assert "launched as 2 processes" in stdout and "--cpu" in stdout
+
+
+def test_accelerate_configs_load_and_fsdp_wraps_the_block_of_every_family():
+    for name, kind in (("ddp", "MULTI_GPU"), ("fsdp", "FSDP"), ("cpu_2proc", "MULTI_GPU")):
+        config = load_config_from_file(str(CONFIGS / f"{name}.yaml"))
+        assert config.distributed_type == kind and config.num_processes == 2
+    fsdp = yaml.safe_load((CONFIGS / "fsdp.yaml").read_text())["fsdp_config"]
+    assert fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    block = fsdp["fsdp_transformer_layer_cls_to_wrap"]
+    sizes = dict(hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=64)
+    for model in (AutoModelForCausalLM.from_config(get_preset("gpt-mini", num_hidden_layers=1, **sizes)),
+                  AutoModelForMaskedLM.from_config(get_preset("bert-prenorm", num_hidden_layers=1, **sizes)),
+                  AutoModelForSeq2SeqLM.from_config(get_preset("transformer-base", encoder_layers=1,
+                                                               decoder_layers=1, **sizes))):
+        assert set(model._no_split_modules) == {block}
+        layer_class = get_module_class_from_name(model, block)
+        assert layer_class is not None and sum(isinstance(m, layer_class) for m in model.modules()) >= 1
+
+
+# ----------------------------------------------------------------------------------------------- (c) integrity
+
+
+class FakeAccelerator:
+    """What `save_checkpoint` / `load_checkpoint` use of an Accelerator; `fail_after` files simulates a kill."""
+
+    is_main_process = True
+
+    def __init__(self, fail_after: int | None = None):
+        self.fail_after, self.loaded = fail_after, None
+
+    def wait_for_everyone(self):
+        pass
+
+    def save_state(self, output_dir):
+        for index, name in enumerate(["model.safetensors", "optimizer.bin", "random_states_0.pkl"]):
+            if index == self.fail_after:
+                raise KeyboardInterrupt("killed while saving")
+            (Path(output_dir) / name).write_bytes(bytes(range(256)) * (index + 1))
+
+    def load_state(self, input_dir):
+        self.loaded = input_dir
+
+
+def test_checkpoints_are_written_atomically_with_a_manifest(tmp_path):
+    for step in (2, 4, 6):
+        path = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, step, metadata={"seed": 1},
+                                             extra_files={"loss_curve.jsonl": "{}\n"}, keep=2)
+        assert path == tmp_path / f"step-{step}" and not (tmp_path / f"step-{step}.tmp").exists()
+    assert [p.name for p in checkpointing.complete_checkpoints(tmp_path)] == ["step-4", "step-6"]
+    manifest = checkpointing.verify_checkpoint(tmp_path / "step-6")
+    assert manifest["step"] == 6 and manifest["metadata"] == {"seed": 1}
+    assert manifest["files"]["optimizer.bin"]["size"] == 512 and "loss_curve.jsonl" in manifest["files"]
+    accelerator = FakeAccelerator()
+    assert checkpointing.load_checkpoint(accelerator, tmp_path / "step-6")["step"] == 6
+    assert accelerator.loaded == str(tmp_path / "step-6")
+
+
+def test_saving_an_earlier_step_drops_the_abandoned_later_checkpoints(tmp_path):
+    for step in (2, 4, 6):
+        checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, step)
+    checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 4)  # a run resumed from step 2 reaches step 4 again
+    assert [p.name for p in checkpointing.complete_checkpoints(tmp_path)] == ["step-2", "step-4"]
+
+
+def test_a_save_interrupted_midway_never_looks_complete(tmp_path):
+    checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
+    with pytest.raises(KeyboardInterrupt):
+        checkpointing.save_checkpoint(FakeAccelerator(fail_after=2), tmp_path, 4)
+    assert (tmp_path / "step-4.tmp").is_dir() and not (tmp_path / "step-4").exists()
+    assert checkpointing.latest_checkpoint(tmp_path) == tmp_path / "step-2"
+    with pytest.raises(CheckpointError, match="incomplete.*interrupted"):
+        checkpointing.load_checkpoint(FakeAccelerator(), tmp_path / "step-4.tmp")
+    # A folder with the final name but no manifest (not written by save_checkpoint) is not complete either.
+    (tmp_path / "step-9").mkdir()
+    (tmp_path / "step-9/model.safetensors").write_bytes(b"x")
+    assert checkpointing.latest_checkpoint(tmp_path) == tmp_path / "step-2"
+    with pytest.raises(CheckpointError, match="no COMPLETE.json"):
+        checkpointing.verify_checkpoint(tmp_path / "step-9")
+    # The next save of that step clears the leftover.
+    checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 4)
+    assert checkpointing.latest_checkpoint(tmp_path) == tmp_path / "step-4"
+    assert not (tmp_path / "step-4.tmp").exists() and checkpointing.verify_checkpoint(tmp_path / "step-4")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: (p / "optimizer.bin").write_bytes(b"\0" * 10), r"optimizer\.bin has 10 bytes, 512 were written"),
+    (lambda p: (p / "optimizer.bin").write_bytes(b"\1" * 512), r"optimizer\.bin does not match its SHA-256"),
+    (lambda p: (p / "random_states_0.pkl").unlink(), r"random_states_0\.pkl is missing"),
+    (lambda p: (p / "COMPLETE.json").write_text("{not json"), r"COMPLETE\.json cannot be read"),
+])
+def test_a_corrupt_checkpoint_fails_naming_the_problem(tmp_path, damage, message):
+    path = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 3)
+    damage(path)
+    accelerator = FakeAccelerator()
+    with pytest.raises(CheckpointError, match=message):
+        checkpointing.load_checkpoint(accelerator, path)
+    assert accelerator.loaded is None, "nothing is loaded from a corrupt checkpoint"
+
+
+def test_a_missing_checkpoint_fails_clearly(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpointing.verify_checkpoint(tmp_path / "step-5")
+    assert checkpointing.latest_checkpoint(tmp_path / "nothing-here") is None
+    assert issubclass(CheckpointError, ValueError)
+
+
+def test_the_script_refuses_missing_interrupted_and_corrupt_checkpoints(workspace, uninterrupted, tmp_path):
+    complete = tmp_path / "step-8"
+    subprocess.run(["cp", "-r", str(uninterrupted / "checkpoints/step-8"), str(complete)], check=True)
+    weights = complete / "model.safetensors"
+    with weights.open("r+b") as stream:  # truncated, as by a full disk
+        stream.truncate(weights.stat().st_size // 2)
+    partial = tmp_path / "step-9.tmp"
+    partial.mkdir()
+    arguments = [SCRIPT, *causal(workspace), *RUN, *TINY, "--output-dir", tmp_path / "out"]
+    for path, message in ((tmp_path / "step-1", "does not exist"), (partial, "is incomplete"),
+                          (complete, "model.safetensors has")):
+        output = run(*arguments, "--resume-from", path, cwd=workspace, expect_failure=True)
+        assert message in output and "Traceback" not in output, output[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------- (d) mixed precision
+
+
+@pytest.mark.parametrize("task", ["causal-lm", "masked-lm"])
+def test_bf16_mixed_precision_trains_on_cpu(workspace, task):
+    tokenizer = workspace / ("decoder" if task == "causal-lm" else "encoder")
+    output = workspace / f"bf16-{task}"
+    stdout = run(SCRIPT, "--task", task, "--train-files", workspace / "corpus.txt", "--tokenizer", tokenizer, *RUN,
+                 *TINY, "--max-steps", 2, "--batch-size", 4, "--mixed-precision", "bf16", "--output-dir", output,
+                 cwd=workspace)
+    assert "bf16" in stdout
+    assert all(torch.isfinite(torch.tensor(loss)) for loss in losses(output).values())
+    config = json.loads((output / "model/config.json").read_text())
+    assert config.get("dtype", "float32") == "float32", "bf16 autocast keeps float32 weights"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
+def test_fp16_without_a_gpu_fails_clearly(workspace):
+    output = run(SCRIPT, *causal(workspace), *RUN, "--mixed-precision", "fp16", "--output-dir", workspace / "fp16",
+                 cwd=workspace, expect_failure=True)
+    assert "fp16 mixed precision needs a GPU" in output and "use bf16 on CPU" in output
+
+
+# ----------------------------------------------------------------------------------------------- (e) the saved model
+
+
+def test_the_saved_model_reloads_tied_with_the_trained_weights(uninterrupted):
+    folder = uninterrupted / "model"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "loss_curve.png", "README.md",
+                 "modeling_scratch_decoder.py"):
+        assert (folder / name).is_file(), name
+    reloaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert reloaded.get_output_embeddings().weight is reloaded.get_input_embeddings().weight
+    assert "lm_head.weight" not in load_file(folder / "model.safetensors"), "the tied head is stored once"
+    # The unwrapped model at the last step, as the last checkpoint (save_state of the prepared model) holds it.
+    trained = AutoModelForCausalLM.from_config(reloaded.config).eval()
+    missing, unexpected = trained.load_state_dict(load_file(uninterrupted / "checkpoints/step-8/model.safetensors"),
+                                                  strict=False)
+    assert missing == ["lm_head.weight"] and unexpected == []
+    trained.tie_weights()
+    input_ids = torch.randint(0, reloaded.config.vocab_size, (2, 16))
+    torch.testing.assert_close(reloaded(input_ids).logits, trained(input_ids).logits, rtol=0, atol=0)
