@@ -65,6 +65,16 @@ def test_training_resumes_from_the_last_checkpoint(causal_lm_run):
     assert steps[0] == 1 and steps[-1] == 6 and len(steps) == len(set(steps)), "history continued, not restarted"
 
 
+def test_training_continues_from_a_saved_model_folder(causal_lm_run, tmp_path):
+    output, _ = causal_lm_run
+    before = AutoModelForCausalLM.from_pretrained(output / "model")
+    run_script("train.py", "--model", output / "model", "--max-steps", 2, "--output-dir", tmp_path, *TINY_RUN,
+               cwd=tmp_path)
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert after.config.vocab_size == before.config.vocab_size  # same tokenizer and architecture, trained further
+    assert not torch.equal(after.lm_head.weight, before.lm_head.weight)
+
+
 def test_masked_lm_training(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(_words(200, seed=0)))
