@@ -1,0 +1,47 @@
+"""`scripts/benchmark.py --quick --family all` end to end in a subprocess (without --write, so docs/ is untouched):
+it exits 0 and its table has one row per family and measurement, with finite positive numbers and a ratio.
+Speed itself is not asserted here (SPEC section 9: the benchmark reports it; timed unit tests do not)."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAINING = [f"train {dtype}{suffix}" for dtype in ("fp32", "bf16") for suffix in ("", " achieved", " MFU")]
+MEMORY = [f"peak memory {workload}" for workload in ("train fp32", "train bf16", "prefill")]
+DECODING = ["decode batch 1", "decode batch 8"]
+EXPECTED = {
+    "gpt2": {"prefill", *DECODING, *TRAINING, *MEMORY},
+    "bert": {"prefill", *TRAINING, *MEMORY},  # an encoder does not generate
+    "marian": {"prefill", *DECODING, *TRAINING, *MEMORY},
+}
+
+
+@pytest.mark.slow
+def test_quick_benchmark_prints_a_complete_table():
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--quick", "--family", "all"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "wrote" not in result.stdout
+
+    lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header == ["family", "measurement", "unit", "better", "native", "ours", "ours/native", "paired"]
+    found: dict[str, set] = {family: set() for family in EXPECTED}
+    for line in lines[2:]:
+        family, measurement, unit, better, *numbers, paired = (cell.strip() for cell in line.strip("|").split("|"))
+        assert better in ("higher", "lower") and unit, line
+        native, ours, ratio = map(float, numbers)
+        if measurement.startswith(("prefill", "decode", "train")):  # timed rows: the range of paired ratios
+            low, high = map(float, paired.split("-"))
+            assert 0 < low <= high, line
+        assert all(math.isfinite(x) and x > 0 for x in (native, ours, ratio)), line
+        assert ratio == pytest.approx(ours / native, rel=0.05, abs=2e-3), line  # printed values are rounded
+        assert measurement not in found[family], f"duplicate row: {line}"
+        found[family].add(measurement)
+    assert found == EXPECTED
