@@ -27,13 +27,11 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+from run_options import AUTO_MODEL, DEFAULT_CORPUS, DEFAULTS, ROOT, add_data_and_model_arguments
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
@@ -47,40 +45,11 @@ from hf_scratch_transformer import checkpointing, hub, training
 from hf_scratch_transformer.presets import get_preset
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CORPUS = ROOT / "data/tinyshakespeare/input.txt"
-AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
-DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
-    "causal-lm": ("gpt-mini", "bpe", "decoder"),
-    "masked-lm": ("bert-prenorm", "wordpiece", "encoder"),
-    "seq2seq": ("transformer-base", "bpe", "seq2seq"),
-}
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
 parser.add_argument("--output-dir", type=Path, help="default: outputs/accelerate/<task>")
-data = parser.add_argument_group("data (default: the embedded Tiny Shakespeare)")
-data.add_argument("--train-files", nargs="+", help="text files, one document per paragraph")
-data.add_argument("--validation-files", nargs="+", help="default: 5%% of the training documents")
-data.add_argument("--source-files", nargs="+", help="seq2seq: source side, one sentence per line")
-data.add_argument("--target-files", nargs="+", help="seq2seq: target side, aligned with --source-files")
-data.add_argument("--validation-source", nargs="+")
-data.add_argument("--validation-target", nargs="+")
-data.add_argument("--dataset", help="a `datasets.load_dataset` name or path instead of files")
-data.add_argument("--dataset-config")
-data.add_argument("--dataset-name", help="the data's name on the model card (default: dataset or file name)")
-data.add_argument("--text-column", default="text")
-data.add_argument("--source-column", default="source")
-data.add_argument("--target-column", default="target")
-data.add_argument("--max-length", type=int, default=128, help="tokens per sequence (default 128)")
-model_args = parser.add_argument_group("model and tokenizer")
-model_args.add_argument("--model", type=Path, help="continue training a saved model folder (its tokenizer too)")
-model_args.add_argument("--preset", help="default: gpt-mini / bert-prenorm / transformer-base by task")
-model_args.add_argument("--config", type=Path, help="a config.json to build the model from instead of a preset")
-model_args.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, JSON values")
-model_args.add_argument("--tokenizer", type=Path, help="a saved tokenizer folder; default: train one")
-model_args.add_argument("--tokenizer-kind", choices=["bpe", "wordpiece", "unigram"], help="default by task")
-model_args.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default 4096)")
+add_data_and_model_arguments(parser)
 optim = parser.add_argument_group("optimisation")
 optim.add_argument("--max-steps", type=int, default=600, help="optimizer steps (default 600)")
 optim.add_argument("--batch-size", type=int, default=16, help="sequences per process and micro-step (default 16)")
