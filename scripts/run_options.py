@@ -4,7 +4,10 @@
 import argparse
 from pathlib import Path
 
+from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+from hf_scratch_transformer import training
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = ROOT / "data/tinyshakespeare/input.txt"
@@ -40,3 +43,21 @@ def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     model_args.add_argument("--tokenizer", type=Path, help="a saved tokenizer folder; default: train one")
     model_args.add_argument("--tokenizer-kind", choices=["bpe", "wordpiece", "unigram"], help="default by task")
     model_args.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default 4096)")
+
+
+def load_run_data(args) -> tuple[DatasetDict, Dataset]:
+    """The task's train/validation data from the parsed options, and the texts a new tokenizer learns from (for
+    seq2seq both sides, since the vocabulary is shared)."""
+    if args.task == "seq2seq":
+        raw = training.load_parallel(
+            args.source_files, args.target_files, args.validation_source, args.validation_target,
+            dataset=args.dataset, dataset_config=args.dataset_config, source_column=args.source_column,
+            target_column=args.target_column, seed=args.seed,
+        )
+        texts = raw["train"].map(lambda pair: {"text": pair["source"] + "\n" + pair["target"]},
+                                 remove_columns=["source", "target"])
+        return raw, texts
+    files = args.train_files or (None if args.dataset else [str(DEFAULT_CORPUS)])
+    raw = training.load_texts(files, args.dataset, args.dataset_config, args.text_column, args.validation_files,
+                              seed=args.seed)
+    return raw, raw["train"]

@@ -20,7 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
-from run_options import AUTO_MODEL, DEFAULT_CORPUS, DEFAULTS, ROOT, add_data_and_model_arguments
+from run_options import AUTO_MODEL, DEFAULT_CORPUS, DEFAULTS, ROOT, add_data_and_model_arguments, load_run_data
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -89,17 +89,7 @@ set_seed(args.seed)
 default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
 # ----------------------------------------------------------------------------------------------- data
-if task == "seq2seq":
-    raw = training.load_parallel(args.source_files, args.target_files, args.validation_source, args.validation_target,
-                                 dataset=args.dataset, dataset_config=args.dataset_config,
-                                 source_column=args.source_column, target_column=args.target_column, seed=args.seed)
-    tokenizer_texts = raw["train"].map(lambda pair: {"text": pair["source"] + "\n" + pair["target"]},
-                                       remove_columns=["source", "target"])
-else:
-    files = args.train_files or (None if args.dataset else [str(DEFAULT_CORPUS)])
-    raw = training.load_texts(files, args.dataset, args.dataset_config, args.text_column, args.validation_files,
-                              seed=args.seed)
-    tokenizer_texts = raw["train"]
+raw, tokenizer_texts = load_run_data(args)
 print(f"data: {len(raw['train'])} training and {len(raw['validation'])} validation examples")
 
 # ----------------------------------------------------------------------------------------------- tokenizer
