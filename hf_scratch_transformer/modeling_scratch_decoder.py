@@ -6,7 +6,6 @@ References: Radford et al. (2019), GPT-2; transformers' `LlamaForCausalLM` for t
 """
 
 import torch
-from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
@@ -15,6 +14,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchDecoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+from .scratch_linear import ScratchLinear
 
 
 class ScratchDecoderPreTrainedModel(ScratchPreTrainedModel):
@@ -38,7 +38,7 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
     def __init__(self, config: ScratchDecoderConfig):
         super().__init__(config)
         self.model = ScratchDecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ScratchLinear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     @can_return_tuple
@@ -87,7 +87,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = ScratchDecoderModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.score = ScratchLinear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
     @can_return_tuple

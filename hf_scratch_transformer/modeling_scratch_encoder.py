@@ -15,6 +15,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
 from .scratch_layers import ScratchMLMTransform
+from .scratch_linear import ScratchLinear
 
 
 class ScratchEncoderPreTrainedModel(ScratchPreTrainedModel):
@@ -46,7 +47,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
         super().__init__(config)
         self.model = ScratchEncoderModel(config)
         self.head_transform = ScratchMLMTransform(config) if config.mlm_transform else nn.Identity()
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.use_bias)
+        self.lm_head = ScratchLinear(config.hidden_size, config.vocab_size, bias=config.use_bias)
         self.post_init()
 
     @can_return_tuple
@@ -97,7 +98,7 @@ class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
         self.model = ScratchEncoderModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.dropout
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs):

@@ -26,6 +26,7 @@ from .modeling_scratch_common import (
 # Imported so that `save_pretrained` copies the pipeline file beside the model (it ships the files a model file
 # imports relatively); saved configs declare it in `custom_pipelines`.
 from .pipeline_scratch_text2text import ScratchText2TextPipeline  # noqa: F401
+from .scratch_linear import ScratchLinear
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
@@ -152,7 +153,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         # shift again, which the name-derived default for "...ForConditionalGeneration" would do.
         self.loss_type = "ForMaskedLM"
         self.model = ScratchSeq2SeqModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.output_bias)
+        self.lm_head = ScratchLinear(config.hidden_size, config.vocab_size, bias=config.output_bias)
         self.post_init()
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .scratch_linear import ScratchLinear
 from .scratch_positions import apply_rotary
 
 
@@ -101,13 +102,13 @@ class ScratchAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         self.q_size, self.kv_size = q_size, kv_size
         if is_cross_attention:
-            self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.use_bias)
-            self.kv_proj = nn.Linear(config.hidden_size, 2 * kv_size, bias=config.use_bias)
+            self.q_proj = ScratchLinear(config.hidden_size, q_size, bias=config.use_bias)
+            self.kv_proj = ScratchLinear(config.hidden_size, 2 * kv_size, bias=config.use_bias)
             self.kv_proj.fused_sizes = (kv_size, kv_size)  # read by the Xavier initialisation
         else:
-            self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.use_bias)
+            self.qkv_proj = ScratchLinear(config.hidden_size, q_size + 2 * kv_size, bias=config.use_bias)
             self.qkv_proj.fused_sizes = (q_size, kv_size, kv_size)  # read by the Xavier initialisation
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.use_bias)
+        self.o_proj = ScratchLinear(q_size, config.hidden_size, bias=config.use_bias)
 
     def _split_heads(self, projected: torch.Tensor) -> torch.Tensor:
         """(B, T, heads * D) -> (B, heads, T, D)."""

@@ -19,6 +19,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .scratch_attention import ScratchAttention
+from .scratch_linear import ScratchLinear
 from .scratch_positions import ScratchLearnedPositionalEmbedding, ScratchSinusoidalPositionalEmbedding
 
 
@@ -70,10 +71,10 @@ class ScratchFeedForward(nn.Module):
         self.act_fn = ACT2FN[activation]
         # Gated variants compute gate and up projections with one matmul: (B, T, 2 * intermediate).
         up_size = 2 * config.intermediate_size if self.gated else config.intermediate_size
-        self.up_proj = nn.Linear(config.hidden_size, up_size, bias=config.use_bias)
+        self.up_proj = ScratchLinear(config.hidden_size, up_size, bias=config.use_bias)
         if self.gated:
             self.up_proj.fused_sizes = (config.intermediate_size, config.intermediate_size)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.down_proj = ScratchLinear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -91,7 +92,7 @@ class ScratchMLMTransform(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.dense = ScratchLinear(config.hidden_size, config.hidden_size, bias=config.use_bias)
         self.act_fn = ACT2FN[ACTIVATIONS[config.hidden_act][0]]
         self.norm = make_norm(config)
 

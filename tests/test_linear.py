@@ -1,0 +1,82 @@
+"""`ScratchLinear`: the oneDNN fp32 CPU path gives `F.linear`'s values and gradients, and is the one taken."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_scratch_transformer import scratch_linear
+from hf_scratch_transformer.scratch_linear import ScratchLinear
+
+pytestmark = pytest.mark.skipif(not scratch_linear.ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
+ONEDNN_LINEAR = scratch_linear._onednn_linear
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    calls = []
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return ONEDNN_LINEAR(*args)
+
+    monkeypatch.setattr(scratch_linear, "_onednn_linear", counting)
+    return calls
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(7, 24), (2, 5, 24), (3, 1, 24)])
+def test_values_and_gradients_match_f_linear(shape, bias, onednn_calls):
+    torch.manual_seed(0)
+    layer = ScratchLinear(24, 40, bias=bias)
+    inputs = torch.randn(shape, requires_grad=True)
+    reference_inputs = inputs.detach().clone().requires_grad_()
+    output = layer(inputs)
+    reference = F.linear(reference_inputs, layer.weight, layer.bias)
+    torch.testing.assert_close(output, reference, atol=1e-5, rtol=1e-5)
+
+    grad_output = torch.randn_like(output)
+    grads = torch.autograd.grad(output, [inputs, *layer.parameters()], grad_output)
+    reference_grads = torch.autograd.grad(reference, [reference_inputs, *layer.parameters()], grad_output)
+    for grad, expected in zip(grads, reference_grads, strict=True):
+        assert grad.shape == expected.shape
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)
+    assert len(onednn_calls) == 3  # forward, input grad, weight grad
+
+
+def test_frozen_weight_skips_the_weight_product(onednn_calls):
+    layer = ScratchLinear(8, 4).requires_grad_(False)
+    inputs = torch.randn(3, 8, requires_grad=True)
+    layer(inputs).sum().backward()
+    torch.testing.assert_close(inputs.grad, layer.weight.sum(0).expand(3, 8))
+    assert len(onednn_calls) == 2
+
+
+def test_no_grad_inference_uses_onednn(onednn_calls):
+    layer = ScratchLinear(8, 4)
+    inputs = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        output = layer(inputs)
+    torch.testing.assert_close(output, F.linear(inputs, layer.weight, layer.bias))
+    assert onednn_calls == [torch.Size([2, 3, 8])]
+
+
+@pytest.mark.parametrize(
+    "context, dtype",
+    [
+        (lambda: torch.autocast("cpu", dtype=torch.bfloat16), torch.bfloat16),  # autocast owns the product
+        (torch.no_grad, torch.float64),
+    ],
+)
+def test_other_dtypes_take_f_linear(context, dtype, onednn_calls):
+    layer = ScratchLinear(8, 4).to(torch.float64 if dtype == torch.float64 else torch.float32)
+    inputs = torch.randn(2, 8, dtype=layer.weight.dtype)
+    with context():
+        output = layer(inputs)
+    assert output.dtype == dtype
+    assert onednn_calls == []
+
+
+def test_empty_batch(onednn_calls):
+    layer = ScratchLinear(8, 4)
+    assert layer(torch.randn(0, 8)).shape == (0, 4)
+    assert onednn_calls == []
