@@ -1,0 +1,89 @@
+"""nanoGPT's CPU recipe for character-level Tiny Shakespeare, trained by our entry point and by nanoGPT itself:
+
+    python scripts/nanogpt_side_by_side.py                          # ours only
+    python scripts/nanogpt_side_by_side.py --nanogpt ~/nanoGPT      # and nanoGPT's own train.py, same machine
+
+The recipe is the one nanoGPT's README gives for CPU: 4 layers, 4 heads, 128 wide, block 64, batch 12, 2,000
+iterations, dropout 0, learning rate 1e-3 with 100 warm-up steps and cosine decay, AdamW beta2 0.99, weight decay
+0.1, gradient clipping 1.0, no bias in LayerNorm and Linear, tied embeddings, GELU. Both sides use nanoGPT's
+split: the first 90% of the characters for training, the last 10% for validation. Ours runs `scripts/train.py`
+(Trainer) with a byte-level BPE tokenizer trained without merges (one token per character: Tiny Shakespeare is
+ASCII), so its loss is per character like nanoGPT's; our documents are paragraphs wrapped in <s> ... </s>, and we
+evaluate on the whole validation split where nanoGPT estimates on 20 random batches. Results: docs/nanogpt.md.
+nanoGPT is not vendored: pass a checkout of github.com/karpathy/nanoGPT.
+"""
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt"
+
+OURS = [
+    "--preset", "gpt-mini", "--tokenizer-kind", "bpe", "--vocab-size", "64",
+    "--set", "num_hidden_layers=4", "num_attention_heads=4", "hidden_size=128", "intermediate_size=512",
+    'hidden_act="gelu"', "dropout=0", "max_position_embeddings=64", "use_bias=false",
+    "--max-length", "64", "--batch-size", "12", "--max-steps", "2000", "--learning-rate", "1e-3",
+    "--warmup-steps", "100", "--adam-beta2", "0.99", "--weight-decay", "0.1", "--max-grad-norm", "1.0",
+    "--eval-steps", "500", "--save-steps", "2000",
+]  # fmt: skip
+NANOGPT = [  # nanoGPT README, "I only have a macbook"
+    "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
+    "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
+    "--lr_decay_iters=2000", "--dropout=0.0",
+]  # fmt: skip
+
+
+def timed(command: list[str], cwd: Path, log: Path) -> tuple[float, str]:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    log.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command[:3])} failed, see {log}")
+    return seconds, done.stdout + done.stderr
+
+
+def run_ours(work: Path) -> dict:
+    text = CORPUS.read_text()
+    split = int(len(text) * 0.9)  # nanoGPT's data/shakespeare_char/prepare.py
+    (work / "train.txt").write_text(text[:split])
+    (work / "val.txt").write_text(text[split:])
+    command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--output-dir", str(work / "ours"),
+               "--train-files", str(work / "train.txt"), "--validation-files", str(work / "val.txt"), *OURS]
+    seconds, output = timed(command, ROOT, work / "ours.log")
+    return dict(val_loss=float(re.findall(r"evaluation: loss ([\d.]+)", output)[-1]),
+                train_seconds=float(re.findall(r"'train_runtime': '([\d.]+)'", output)[-1]), wall_seconds=seconds)
+
+
+def run_nanogpt(checkout: Path) -> dict:
+    data = checkout / "data" / "shakespeare_char"
+    shutil.copy(CORPUS, data / "input.txt")  # the same file nanoGPT would download
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+    seconds, output = timed([sys.executable, "train.py", *NANOGPT], checkout, checkout / "side_by_side.log")
+    iteration_ms = [float(t) for t in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.MULTILINE)]
+    return dict(val_loss=float(re.findall(r"val loss ([\d.]+)", output)[-1]), wall_seconds=seconds,
+                train_seconds=sum(iteration_ms) / 1000)  # its iterations, evaluations included (as Trainer's)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout to run beside ours")
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "outputs" / "nanogpt-side-by-side")
+    args = parser.parse_args()
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    rows = {"hf-scratch-transformer (scripts/train.py)": run_ours(args.work_dir)}
+    if args.nanogpt:
+        rows["nanoGPT (train.py)"] = run_nanogpt(args.nanogpt.expanduser())
+    print("| run | validation loss | training s | whole run s |\n|---|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['val_loss']:.4f} | {r['train_seconds']:.1f} | {r['wall_seconds']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
