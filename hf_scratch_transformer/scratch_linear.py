@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """inputs (..., in) x weight (out, in) -> (..., out); weight may be any strided view (a transpose is free)."""
     return torch.ops.mkldnn._linear_pointwise(inputs, weight, bias, "none", [], "")
 
@@ -28,7 +28,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
     def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(inputs, weight)
         ctx.has_bias = bias is not None
-        return _onednn_linear(inputs, weight, bias)
+        return onednn_linear(inputs, weight, bias)
 
     @staticmethod
     @once_differentiable
@@ -38,10 +38,10 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         grad_inputs = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # (rows, out) x (out, in) = linear with the transposed weight (in, out) as "weight"
-            grad_inputs = _onednn_linear(rows_grad, weight.t(), None).reshape(inputs.shape)
+            grad_inputs = onednn_linear(rows_grad, weight.t(), None).reshape(inputs.shape)
         if ctx.needs_input_grad[1]:
             # (out, rows) x (rows, in) = linear of grad^T with inputs^T (in, rows) as "weight"
-            grad_weight = _onednn_linear(rows_grad.t(), inputs.reshape(-1, inputs.shape[-1]).t(), None)
+            grad_weight = onednn_linear(rows_grad.t(), inputs.reshape(-1, inputs.shape[-1]).t(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = rows_grad.sum(0)
         return grad_inputs, grad_weight, grad_bias
@@ -67,4 +67,4 @@ class ScratchLinear(nn.Linear):
             return F.linear(inputs, self.weight, self.bias)
         if torch.is_grad_enabled():
             return _OneDNNLinearFunction.apply(inputs, self.weight, self.bias)
-        return _onednn_linear(inputs, self.weight, self.bias)
+        return onednn_linear(inputs, self.weight, self.bias)

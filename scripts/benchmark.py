@@ -27,8 +27,10 @@ whose range straddles 1 is not a measured difference.
   the loaded weights (training: grads, AdamW state, activations over 2 steps).
 - FLOP/s: the matmul FLOPs of one forward + backward of the native model counted by torch.utils.flop_counter
   (linear layers, lm head, attention at full non-causal cost; AdamW's elementwise work not counted), the same
-  count for both sides, divided by the median step time; MFU = that / the machine's torch.mm FLOP/s measured
-  here (best of 8 products of square --mm-size matrices, fp32 and bf16).
+  count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
+  here (best of 8 products of square --mm-size matrices, fp32 and bf16, through torch.mm and through oneDNN as
+  ScratchLinear computes them; the faster of the two).
+- BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 """
 
 import argparse

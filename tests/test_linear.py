@@ -8,7 +8,7 @@ from hf_scratch_transformer import scratch_linear
 from hf_scratch_transformer.scratch_linear import ScratchLinear
 
 pytestmark = pytest.mark.skipif(not scratch_linear.ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
-ONEDNN_LINEAR = scratch_linear._onednn_linear
+ONEDNN_LINEAR = scratch_linear.onednn_linear
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def onednn_calls(monkeypatch):
         calls.append(args[0].shape)
         return ONEDNN_LINEAR(*args)
 
-    monkeypatch.setattr(scratch_linear, "_onednn_linear", counting)
+    monkeypatch.setattr(scratch_linear, "onednn_linear", counting)
     return calls
 
 
