@@ -51,7 +51,7 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         ONEDNN_AVAILABLE
         and not torch.compiler.is_compiling()  # first: the checks below would put guards in a traced graph
-        and inputs.device.type == "cpu"
+        and inputs.is_cpu
         and inputs.dtype == torch.float32
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
