@@ -45,6 +45,17 @@ def _combine_with_bias(mask: torch.Tensor | None, bias: torch.Tensor, dtype: tor
     return mask.to(dtype) + bias
 
 
+def _every_key_visible(config, attention_mask: torch.Tensor | None) -> bool:
+    """No padding, and one of our attention functions, which take `None` for "attend to every key". `masking_utils`
+    reaches the same answer through a longer path, and decoding asks on every step. Other back-ends may expect a
+    mask object, so they take the general path."""
+    return (
+        not _is_compiling()  # the padding check below reads data
+        and config._attn_implementation in ("sdpa", "eager")
+        and (attention_mask is None or (attention_mask.dim() == 2 and bool(attention_mask.all())))
+    )
+
+
 def build_self_attention_mask(
     config,
     inputs_embeds: torch.Tensor,
@@ -58,6 +69,12 @@ def build_self_attention_mask(
     batch_size, q_len = inputs_embeds.shape[:2]
     past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
     check_padding_mask("attention_mask", attention_mask, batch_size, past_length + q_len)
+    # One new token over an unpadded dynamic cache sees every key. (Static and sliding-window caches hold keys
+    # it must not see; ALiBi adds its bias through the mask.)
+    decoding_step = is_causal and q_len == 1 and alibi is None and not getattr(config, "sliding_window", None)
+    dynamic_cache = past_key_values is None or not past_key_values.is_compileable
+    if decoding_step and dynamic_cache and _every_key_visible(config, attention_mask):
+        return None
     skip_allowed = alibi is None  # ALiBi needs a materialised mask to add its bias to.
     if is_causal:
         builder = create_sliding_window_causal_mask if getattr(config, "sliding_window", None) else create_causal_mask
@@ -102,6 +119,8 @@ def build_cross_attention_mask(
     check_padding_mask(
         "encoder_attention_mask", encoder_attention_mask, inputs_embeds.shape[0], encoder_hidden_states.shape[1]
     )
+    if _every_key_visible(config, encoder_attention_mask):
+        return None
     return create_bidirectional_mask(
         config=config,
         inputs_embeds=inputs_embeds,
