@@ -177,9 +177,12 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """`labels` (B, T) are the target ids (-100 = ignore); without `decoder_input_ids` they are shifted right
-        behind `decoder_start_token_id` to make them."""
-        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
-            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        behind `decoder_start_token_id` to make them. With `labels` no cache is made (`use_cache` is ignored)."""
+        if labels is not None:
+            # A loss needs no cache, and filling one copies every layer's keys and values (as Marian and BART do).
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         check_labels_shape(labels, decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds)
         outputs = self.model(
             input_ids=input_ids,

@@ -340,3 +340,13 @@ def test_token_types_on_a_model_without_them_are_a_clear_error():
     with pytest.raises(ValueError, match="type_vocab_size"):
         model(input_ids=ids, token_type_ids=torch.ones_like(ids))
     model(input_ids=ids, token_type_ids=torch.zeros_like(ids))  # all-zero types change nothing and pass
+
+
+def test_seq2seq_loss_makes_no_cache():
+    """As Marian and BART: a training step with labels fills no cache (that would copy every layer's keys)."""
+    model = tiny_lm("seq2seq")
+    inputs = lm_inputs("seq2seq")
+    assert model(**inputs, use_cache=True).past_key_values is None
+    inputs.pop("labels")
+    inputs["decoder_input_ids"] = inputs["input_ids"][:, :3]
+    assert model(**inputs, use_cache=True).past_key_values is not None
