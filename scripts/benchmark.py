@@ -19,12 +19,12 @@ whose range straddles 1 is not a measured difference.
 - decode tokens/s: `generate()` as a user calls it, with the generation_config the model ships (from_hf copies
   the native one), at batch 1 and 8 from a --prompt-long random prompt, greedy, max_new_tokens=min_new_tokens=
   --new-tokens so both sides decode the same count; rate = batch x new tokens / wall time of the whole call
-  (the short prompt's prefill included). Not for BERT.
+  (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
 - tokens are input positions: batch x seq, and batch x (source + target) for Marian.
 - peak memory: each side runs in a fresh subprocess (no allocator state shared with the other side), with
   MALLOC_MMAP_THRESHOLD_ fixed so freed tensors go back to the OS; before each workload the kernel's peak-RSS
   mark is reset (/proc/self/clear_refs 5) and the result is VmHWM - VmRSS: the memory the workload needs above
-  the loaded weights (training: grads, AdamW state, activations over 2 steps).
+  the loaded weights (training: grads, AdamW state, activations over 2 steps; prefill: the median of 3 forwards).
 - FLOP/s: the matmul FLOPs of one forward + backward of the native model counted by torch.utils.flop_counter
   (linear layers, lm head, attention at full non-causal cost; AdamW's elementwise work not counted), the same
   count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
@@ -64,6 +64,7 @@ SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly w
                   warmup=1, repeats=2, mm_size=256),
 }
 ROOT = Path(__file__).resolve().parent.parent
+DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -184,7 +185,8 @@ def memory_worker(family: str, side: str) -> None:
         result[f"train {dtype}"] = peak_above_baseline(partial(train_steps, model, train, dtype == "bf16"))
     model.eval()
     with torch.no_grad():
-        result["prefill"] = peak_above_baseline(lambda: model(**prefill))
+        # The median of 3: the first no-grad forward after training also settles allocator and oneDNN state.
+        result["prefill"] = statistics.median(peak_above_baseline(lambda: model(**prefill)) for _ in range(3))
     print(json.dumps(result))
 
 
@@ -268,7 +270,8 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
             prompt.pop("decoder_input_ids", None)
             outputs = {side: generate(models[side], prompt) for side in SIDES}
             extra[f"same_generate_output_batch{batch}"] = torch.equal(outputs["native"], outputs["ours"])
-            t = interleaved(lambda side: generate(models[side], prompt), args.warmup, args.repeats)  # noqa: B023
+            t = interleaved(lambda side: generate(models[side], prompt),  # noqa: B023
+                            args.warmup, DECODE_REPEAT_FACTOR * args.repeats)
             tokens = batch * args.new_tokens
             add(f"decode batch {batch}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], t["samples"])
 
