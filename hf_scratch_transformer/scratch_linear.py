@@ -11,7 +11,6 @@ rounding, not bit for bit.
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -22,26 +21,48 @@ def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 class _OneDNNLinearFunction(torch.autograd.Function):
-    """The three products of a linear layer (forward, input grad, weight grad), each through oneDNN."""
+    """The three products of a linear layer (forward, input grad, weight grad), each through oneDNN; a forward-mode
+    rule for `torch.func.jvp`, and a generated vmap rule, so that torch.func transforms work as with `F.linear`."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(inputs, weight)
-        ctx.has_bias = bias is not None
+    def forward(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return onednn_linear(inputs, weight, bias)
 
     @staticmethod
-    @once_differentiable
+    def setup_context(ctx, inputs_and_parameters, output) -> None:
+        inputs, weight, bias = inputs_and_parameters
+        ctx.save_for_backward(inputs, weight)
+        ctx.save_for_forward(inputs, weight)
+        ctx.has_bias = bias is not None
+
+    @staticmethod
+    def jvp(ctx, inputs_tangent, weight_tangent, bias_tangent):
+        inputs, weight = ctx.saved_tensors
+        tangent = 0
+        if inputs_tangent is not None:
+            tangent = tangent + onednn_linear(inputs_tangent, weight, None)
+        if weight_tangent is not None:
+            tangent = tangent + onednn_linear(inputs, weight_tangent, None)
+        if bias_tangent is not None:
+            tangent = tangent + bias_tangent
+        return tangent
+
+    @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
+        # The gradient products go through this same function, so that they are differentiable in turn
+        # (double backward, `torch.func.hessian`), as `F.linear`'s are.
         inputs, weight = ctx.saved_tensors
         rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (rows, out)
         grad_inputs = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # (rows, out) x (out, in) = linear with the transposed weight (in, out) as "weight"
-            grad_inputs = onednn_linear(rows_grad, weight.t(), None).reshape(inputs.shape)
+            grad_inputs = _OneDNNLinearFunction.apply(rows_grad, weight.t(), None).reshape(inputs.shape)
         if ctx.needs_input_grad[1]:
             # (out, rows) x (rows, in) = linear of grad^T with inputs^T (in, rows) as "weight"
-            grad_weight = onednn_linear(rows_grad.t(), inputs.reshape(-1, inputs.shape[-1]).t(), None)
+            flat_inputs = inputs.reshape(-1, inputs.shape[-1])
+            grad_weight = _OneDNNLinearFunction.apply(rows_grad.t(), flat_inputs.t(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = rows_grad.sum(0)
         return grad_inputs, grad_weight, grad_bias

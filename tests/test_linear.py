@@ -80,3 +80,39 @@ def test_empty_batch(onednn_calls):
     layer = ScratchLinear(8, 4)
     assert layer(torch.randn(0, 8)).shape == (0, 4)
     assert onednn_calls == []
+
+
+def test_double_backward_matches_f_linear():
+    torch.manual_seed(0)
+    layer = ScratchLinear(6, 5)
+    inputs = torch.randn(3, 6, requires_grad=True)
+
+    def second_derivative(linear):
+        grad, = torch.autograd.grad(linear(inputs).pow(3).sum(), inputs, create_graph=True)
+        return torch.autograd.grad(grad.pow(2).sum(), [inputs, layer.weight])
+
+    expected = second_derivative(lambda x: F.linear(x, layer.weight, layer.bias))
+    for ours, reference in zip(second_derivative(layer), expected, strict=True):
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap loops over the oneDNN product
+def test_torch_func_transforms_match_f_linear():
+    torch.manual_seed(0)
+    layer = ScratchLinear(6, 5)
+    params = dict(layer.named_parameters())
+    inputs = torch.randn(4, 3, 6)
+
+    def ours(parameters, x):
+        return torch.func.functional_call(layer, parameters, (x,)).pow(2).sum()
+
+    def reference(parameters, x):
+        return F.linear(x, parameters["weight"], parameters["bias"]).pow(2).sum()
+
+    losses = (ours, reference)
+    per_sample = [torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, inputs) for loss in losses]
+    for name in params:
+        torch.testing.assert_close(per_sample[0][name], per_sample[1][name], atol=1e-5, rtol=1e-5)
+    tangent = torch.ones_like(inputs[0])
+    jvps = [torch.func.jvp(lambda x, loss=loss: loss(params, x), (inputs[0],), (tangent,))[1] for loss in losses]
+    torch.testing.assert_close(jvps[0], jvps[1], atol=1e-4, rtol=1e-5)
