@@ -7,6 +7,7 @@ per forward and passes them to every layer.
 """
 
 import copy
+from functools import partial
 
 import torch
 from torch import nn
@@ -22,8 +23,11 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_scratch import ScratchConfigBase
 from .scratch_attention import ScratchAttention
 from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
+from .scratch_loss import lm_loss
 from .scratch_masks import build_cross_attention_mask, build_self_attention_mask
 from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
+
+LM_LOSSES = {"ForCausalLM": partial(lm_loss, shift=True), "ForMaskedLM": partial(lm_loss, shift=False)}
 
 
 def check_labels_shape(labels: torch.Tensor | None, inputs: torch.Tensor | None, name: str = "labels") -> None:
@@ -60,6 +64,19 @@ class ScratchPreTrainedModel(PreTrainedModel):
                 **copy.deepcopy(config.family_custom_pipelines), **(getattr(config, "custom_pipelines", None) or {})
             }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @property
+    def loss_function(self):
+        """transformers' loss for the model's `loss_type`, except the language-model losses, which are the same
+        functions on a faster CPU cross-entropy (`scratch_loss.py`). As in transformers, a function assigned with
+        `model.loss_function = ...` wins."""
+        if hasattr(self, "_loss_function"):
+            return self._loss_function
+        return LM_LOSSES.get(self.loss_type) or super().loss_function
+
+    @loss_function.setter
+    def loss_function(self, value) -> None:
+        self._loss_function = value
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -20,11 +20,15 @@ def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return torch.ops.mkldnn._linear_pointwise(inputs, weight, bias, "none", [], "")
 
 
-class _OneDNNLinearFunction(torch.autograd.Function):
-    """The three products of a linear layer (forward, input grad, weight grad), each through oneDNN; a forward-mode
-    rule for `torch.func.jvp`, and a generated vmap rule, so that torch.func transforms work as with `F.linear`."""
+def under_torch_func(*tensors: torch.Tensor) -> bool:
+    """Whether `torch.func` transforms (grad, vmap, jvp, ...) wrap any of the tensors: PyTorch's own ops have the
+    batching and differentiation rules those need, so our kernels step aside."""
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(tensor) for tensor in tensors)
 
-    generate_vmap_rule = True
+
+class _OneDNNLinearFunction(torch.autograd.Function):
+    """The three products of a linear layer (forward, input grad, weight grad), each through oneDNN, differentiable
+    again (double backward) and with a forward-mode rule (`torch.autograd.forward_ad`), as `F.linear`."""
 
     @staticmethod
     def forward(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -77,6 +81,7 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
+        and not under_torch_func(inputs, weight)
     )
 
 

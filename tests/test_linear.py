@@ -96,8 +96,7 @@ def test_double_backward_matches_f_linear():
         torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap loops over the oneDNN product
-def test_torch_func_transforms_match_f_linear():
+def test_torch_func_transforms_match_f_linear(onednn_calls):
     torch.manual_seed(0)
     layer = ScratchLinear(6, 5)
     params = dict(layer.named_parameters())
@@ -116,3 +115,13 @@ def test_torch_func_transforms_match_f_linear():
     tangent = torch.ones_like(inputs[0])
     jvps = [torch.func.jvp(lambda x, loss=loss: loss(params, x), (inputs[0],), (tangent,))[1] for loss in losses]
     torch.testing.assert_close(jvps[0], jvps[1], atol=1e-4, rtol=1e-5)
+    assert onednn_calls == []  # transforms take F.linear, which has their batching rules
+
+
+def test_forward_mode_ad_matches_f_linear():
+    torch.manual_seed(0)
+    layer = ScratchLinear(6, 5)
+    inputs, tangent = torch.randn(3, 6), torch.randn(3, 6)
+    with torch.autograd.forward_ad.dual_level():
+        ours = torch.autograd.forward_ad.unpack_dual(layer(torch.autograd.forward_ad.make_dual(inputs, tangent)))
+    torch.testing.assert_close(ours.tangent, F.linear(tangent, layer.weight), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,85 @@
+"""The language-model losses: transformers' `ForCausalLMLoss` / `ForMaskedLMLoss`, with a faster CPU cross-entropy.
+
+On CPU, PyTorch's backward of `cross_entropy` over a (tokens, vocab) matrix (nll_loss backward into a zero-filled
+matrix, then log_softmax backward) takes several times its forward: for 2048 x 8192 logits, forward and backward
+cost 73-103 ms in fp32 here, 91 ms from bf16 logits. The gradient is softmax minus the one-hot target; computed in
+one pass from the saved log-probabilities, forward and backward take 30 ms and 59 ms. The log-probabilities are
+PyTorch's own (`log_softmax` in fp32, the upcast transformers does), so the loss is the same; gradients agree to
+fp32 rounding. On other devices, under `torch.compile` and under `torch.func` transforms, the loss is
+`F.cross_entropy` as in transformers. Its backward cannot be differentiated again (create_graph=True): it says so
+and names the way out.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .scratch_linear import under_torch_func
+
+
+def _label_index(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """labels (N,) -> (N, 1) column indices, ignored rows pointing at column 0 (their weight is 0)."""
+    return labels.masked_fill(labels == ignore_index, 0)[:, None]
+
+
+class _SummedCrossEntropy(torch.autograd.Function):
+    """Summed negative log-likelihood: logits (N, V) in any float dtype, labels (N,) -> fp32 scalar, rows labelled
+    `ignore_index` counting for nothing. Also returns the (N, V) fp32 log-probabilities, which backward reuses."""
+
+    @staticmethod
+    def forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int):
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        picked = log_probs.gather(-1, _label_index(labels, ignore_index)).squeeze(-1)  # (N,)
+        return -(picked * (labels != ignore_index)).sum(), log_probs
+
+    @staticmethod
+    def setup_context(ctx, inputs, outputs) -> None:
+        logits, labels, ignore_index = inputs
+        ctx.mark_non_differentiable(outputs[1])
+        ctx.set_materialize_grads(False)  # no zero-filled (N, V) gradient for the log-probabilities output
+        ctx.save_for_backward(outputs[1], labels)
+        ctx.ignore_index, ctx.logits_dtype = ignore_index, logits.dtype
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_log_probs: None):
+        log_probs, labels = ctx.saved_tensors
+        index = _label_index(labels, ctx.ignore_index)
+        row_weight = (labels != ctx.ignore_index).to(log_probs.dtype)[:, None] * grad_loss  # (N, 1)
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "The Scratch language-model loss computes its gradient from saved log-probabilities and cannot be "
+                "differentiated twice (create_graph=True) on CPU; set `model.loss_function` to transformers' "
+                "`ForCausalLMLoss` / `ForMaskedLMLoss` (transformers.loss.loss_utils) for that."
+            )
+        # softmax - one-hot, written over the saved log-probabilities: a fresh (N, V) buffer costs as much as the
+        # arithmetic (page faults). A second backward through this graph (retain_graph=True) would need them:
+        # autograd then raises, as for any saved tensor modified in place.
+        grad_logits = log_probs.exp_().scatter_add_(-1, index, -torch.ones_like(row_weight)).mul_(row_weight)
+        return grad_logits.to(ctx.logits_dtype), None, None
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean") -> torch.Tensor:
+    """`F.cross_entropy(logits.float(), labels, ignore_index=..., reduction=...)` for reduction "mean" or "sum";
+    logits (N, V), labels (N,)."""
+    if logits.device.type != "cpu" or torch.compiler.is_compiling() or under_torch_func(logits):
+        return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction=reduction)
+    total, _ = _SummedCrossEntropy.apply(logits, labels, ignore_index)
+    if reduction == "sum":
+        return total
+    return total / (labels != ignore_index).sum()  # the mean over counted rows; 0 / 0 = nan, as F.cross_entropy
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_items_in_batch=None,
+            ignore_index: int = -100, shift_labels: torch.Tensor | None = None, *, shift: bool, **kwargs):
+    """transformers' `ForCausalLMLoss` (shift=True: position t predicts label t + 1, or `shift_labels` as given)
+    and `ForMaskedLMLoss` (shift=False), same arguments: logits (..., V), labels (...). With
+    `num_items_in_batch` (Trainer's gradient accumulation) the sum is divided by it, otherwise the mean."""
+    if shift and shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    targets = (shift_labels if shift else labels).reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return cross_entropy(logits.reshape(-1, vocab_size), targets, ignore_index, "mean")
+    total = cross_entropy(logits.reshape(-1, vocab_size), targets, ignore_index, "sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch

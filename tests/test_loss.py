@@ -1,0 +1,93 @@
+"""`scratch_loss`: the language-model losses give transformers' values and gradients (`ForCausalLMLoss`,
+`ForMaskedLMLoss`), on the CPU cross-entropy that reuses its log-probabilities."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_models import FAMILIES, lm_inputs, tiny_lm
+from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
+
+from hf_scratch_transformer.scratch_loss import cross_entropy, lm_loss
+
+VOCAB = 11
+
+
+def _logits_and_labels(rows: int, ignored: list[bool], dtype: torch.dtype, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(rows, VOCAB, generator=generator)).to(dtype)
+    labels = torch.randint(0, VOCAB, (rows,), generator=generator)
+    labels[torch.tensor(ignored[:rows] + [False] * (rows - len(ignored)))] = -100
+    return logits, labels
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 12), ignored=st.lists(st.booleans(), max_size=12),
+       reduction=st.sampled_from(["mean", "sum"]), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_cross_entropy_matches_pytorch(rows, ignored, reduction, dtype):
+    logits, labels = _logits_and_labels(rows, ignored, dtype)
+    ours_input, reference_input = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    ours = cross_entropy(ours_input, labels, reduction=reduction)
+    reference = F.cross_entropy(reference_input.float(), labels, reduction=reduction)
+    if (labels == -100).all() and reduction == "mean":
+        assert ours.isnan() and reference.isnan()  # nothing counted: 0 / 0, as PyTorch says
+        return
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-6)
+    ours.backward()
+    reference.backward()
+    assert ours_input.grad.dtype == dtype
+    torch.testing.assert_close(ours_input.grad, reference_input.grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_items_in_batch", [None, 7, torch.tensor(5)])
+@pytest.mark.parametrize("shift, reference", [(True, ForCausalLMLoss), (False, ForMaskedLMLoss)])
+def test_lm_loss_matches_transformers(shift, reference, num_items_in_batch):
+    logits = torch.randn(2, 6, VOCAB, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
+    labels[0, :2] = -100
+    ours = lm_loss(logits, labels, VOCAB, num_items_in_batch=num_items_in_batch, shift=shift)
+    expected = reference(logits, labels, VOCAB, num_items_in_batch=num_items_in_batch)
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_given_shift_labels_are_used_as_they_are():
+    logits = torch.randn(2, 5, VOCAB)
+    labels, shift_labels = torch.randint(0, VOCAB, (2, 5)), torch.randint(0, VOCAB, (2, 5))
+    ours = lm_loss(logits, labels, VOCAB, shift_labels=shift_labels, shift=True)
+    torch.testing.assert_close(ours, ForCausalLMLoss(logits, labels, VOCAB, shift_labels=shift_labels))
+
+
+def test_double_backward_names_the_way_out():
+    logits, labels = _logits_and_labels(6, [True], torch.float32)
+    x = logits.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="ForCausalLMLoss"):
+        torch.autograd.grad(cross_entropy(x, labels), x, create_graph=True)
+
+
+def test_torch_func_grad_matches_pytorch():
+    logits, labels = _logits_and_labels(6, [False, True], torch.float32)
+    torch.testing.assert_close(torch.func.grad(lambda x: cross_entropy(x, labels))(logits),
+                               torch.func.grad(lambda x: F.cross_entropy(x, labels))(logits), atol=1e-6, rtol=1e-5)
+
+
+def test_second_backward_through_a_retained_graph_raises():
+    """Backward reuses the saved log-probabilities: a second pass must fail loudly, never give wrong gradients."""
+    logits, labels = _logits_and_labels(4, [], torch.float32)
+    x = logits.clone().requires_grad_()
+    loss = cross_entropy(x, labels)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_models_use_it_and_a_set_loss_function_wins(family):
+    model = tiny_lm(family)
+    inputs = lm_inputs(family)
+    loss = model(**inputs).loss
+    expected_type = {"decoder": ForCausalLMLoss}.get(family, ForMaskedLMLoss)
+    model.loss_function = expected_type
+    torch.testing.assert_close(model(**inputs).loss, loss, atol=1e-6, rtol=1e-6)
+    model.loss_function = lambda **kwargs: torch.tensor(42.0)
+    assert model(**inputs).loss.item() == 42.0
