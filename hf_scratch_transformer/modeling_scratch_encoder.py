@@ -14,7 +14,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
-from .scratch_layers import ScratchMLMTransform
+from .scratch_layers import ScratchDropout, ScratchMLMTransform
 from .scratch_linear import ScratchLinear
 
 
@@ -97,7 +97,7 @@ class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
         self.num_labels = config.num_labels
         self.model = ScratchEncoderModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.dropout
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = ScratchDropout(dropout)
         self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
         self.post_init()
 

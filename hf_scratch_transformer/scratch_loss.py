@@ -41,15 +41,15 @@ class _SummedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_log_probs: None):
-        log_probs, labels = ctx.saved_tensors
-        index = _label_index(labels, ctx.ignore_index)
-        row_weight = (labels != ctx.ignore_index).to(log_probs.dtype)[:, None] * grad_loss  # (N, 1)
         if torch.is_grad_enabled():
             raise RuntimeError(
                 "The Scratch language-model loss computes its gradient from saved log-probabilities and cannot be "
                 "differentiated twice (create_graph=True) on CPU; set `model.loss_function` to transformers' "
                 "`ForCausalLMLoss` / `ForMaskedLMLoss` (transformers.loss.loss_utils) for that."
             )
+        log_probs, labels = ctx.saved_tensors
+        index = _label_index(labels, ctx.ignore_index)
+        row_weight = (labels != ctx.ignore_index).to(log_probs.dtype)[:, None] * grad_loss  # (N, 1)
         # softmax - one-hot, written over the saved log-probabilities: a fresh (N, V) buffer costs as much as the
         # arithmetic (page faults). A second backward through this graph (retain_graph=True) would need them:
         # autograd then raises, as for any saved tensor modified in place.
@@ -61,6 +61,8 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
                   reduction: str = "mean") -> torch.Tensor:
     """`F.cross_entropy(logits.float(), labels, ignore_index=..., reduction=...)` for reduction "mean" or "sum";
     logits (N, V), labels (N,)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"`reduction` must be \"mean\" or \"sum\", got {reduction!r}.")
     if logits.device.type != "cpu" or torch.compiler.is_compiling() or under_torch_func(logits):
         return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction=reduction)
     total, _ = _SummedCrossEntropy.apply(logits, labels, ignore_index)

@@ -71,13 +71,14 @@ def build_self_attention_mask(
     check_padding_mask("attention_mask", attention_mask, batch_size, past_length + q_len)
     # One new token over an unpadded dynamic cache sees every key. (Static and sliding-window caches hold keys
     # it must not see; ALiBi adds its bias through the mask.)
-    decoding_step = is_causal and q_len == 1 and alibi is None and not getattr(config, "sliding_window", None)
+    sliding_window = getattr(config, "sliding_window", None)
+    decoding_step = is_causal and q_len == 1 and alibi is None and not sliding_window
     dynamic_cache = past_key_values is None or not past_key_values.is_compileable
     if decoding_step and dynamic_cache and _every_key_visible(config, attention_mask):
         return None
     skip_allowed = alibi is None  # ALiBi needs a materialised mask to add its bias to.
     if is_causal:
-        builder = create_sliding_window_causal_mask if getattr(config, "sliding_window", None) else create_causal_mask
+        builder = create_sliding_window_causal_mask if sliding_window else create_causal_mask
         mask = builder(
             config=config,
             inputs_embeds=inputs_embeds,

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from tiny_models import FAMILIES, lm_inputs, tiny_lm
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 
+from hf_scratch_transformer import scratch_loss
 from hf_scratch_transformer.scratch_loss import cross_entropy, lm_loss
 
 VOCAB = 11
@@ -82,12 +83,26 @@ def test_second_backward_through_a_retained_graph_raises():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_models_use_it_and_a_set_loss_function_wins(family):
+def test_models_use_it_and_a_set_loss_function_wins(family, monkeypatch):
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return cross_entropy(*args, **kwargs)
+
+    monkeypatch.setattr(scratch_loss, "cross_entropy", counting)
     model = tiny_lm(family)
     inputs = lm_inputs(family)
     loss = model(**inputs).loss
+    assert len(calls) == 1
     expected_type = {"decoder": ForCausalLMLoss}.get(family, ForMaskedLMLoss)
     model.loss_function = expected_type
     torch.testing.assert_close(model(**inputs).loss, loss, atol=1e-6, rtol=1e-6)
     model.loss_function = lambda **kwargs: torch.tensor(42.0)
     assert model(**inputs).loss.item() == 42.0
+
+
+def test_unsupported_reduction_is_named():
+    logits, labels = _logits_and_labels(3, [], torch.float32)
+    with pytest.raises(ValueError, match="reduction"):
+        cross_entropy(logits, labels, reduction="none")
