@@ -1,14 +1,19 @@
-"""Atomic training checkpoints around Accelerate's `save_state` / `load_state`.
+"""Crash-safe training checkpoints for both entry points: Accelerate's `save_state` / `load_state`
+(`save_checkpoint`, `load_checkpoint`) and `Trainer` (`CrashSafeCheckpoints`, a mixin for `Trainer` classes).
 
-Every process writes its part of the checkpoint into `step-N.tmp`. Once all of them are done, the main process
-writes `COMPLETE.json` (the step, the size and SHA-256 of every file, free-form metadata) and renames the folder to
-`step-N`. A rename within one filesystem is atomic, so a run killed while saving leaves a `.tmp` folder, never a
-`step-N` that looks complete. Loading checks the marker and every file against the manifest before Accelerate reads
-anything (Accelerate itself skips a missing RNG file silently and reports a truncated weights file without its
-name), and raises `CheckpointError`, a `ValueError` whose message names the problem.
+A checkpoint is complete or invisible. It is written into `NAME.tmp` (`step-N.tmp`, `checkpoint-N.tmp`); once every
+process is done, the main process writes `COMPLETE.json` (the step, the size and SHA-256 of every file, free-form
+metadata) and renames the folder to `NAME`. A checkpoint is deleted by renaming it to `NAME.deleted` first, then
+removing the files. Both renames are atomic within one filesystem, so a kill at any instant leaves each checkpoint
+either complete under its name or in a `.tmp` / `.deleted` folder that nothing reads and the next save removes.
+
+Resuming takes the newest checkpoint that verifies (manifest present, every listed file there with its size and
+checksum) and says which newer ones it skipped and why. Loading checks the checkpoint before anything reads it,
+and checks that the random state really was restored (Accelerate only logs a failure at INFO, `Trainer` skips a
+missing file): every problem is a `CheckpointError`, a `ValueError` that names the file.
 
 Several machines must share one filesystem for the checkpoint folder. No model file imports this module (it never
-travels to the Hub).
+travels to the Hub). What a crash at each point leaves behind: docs/checkpoints.md.
 """
 
 import hashlib
@@ -16,33 +21,40 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from transformers import Seq2SeqTrainer, Trainer
+
 MANIFEST = "COMPLETE.json"
-_COMPLETE_NAME = re.compile(r"step-(\d+)")
-_PARTIAL_NAME = re.compile(r"step-(\d+)\.tmp")
+PARTIAL_SUFFIX = ".tmp"  # being written
+DELETED_SUFFIX = ".deleted"  # being removed
+ACCELERATE_PREFIX = "step"  # Accelerate checkpoints: step-N
+TRAINER_PREFIX = "checkpoint"  # Trainer's PREFIX_CHECKPOINT_DIR: checkpoint-N
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete (interrupted while being written) or corrupt."""
 
 
-def checkpoint_path(folder: str | Path, step: int) -> Path:
-    return Path(folder) / f"step-{step}"
+def checkpoint_path(folder: str | Path, step: int, prefix: str = ACCELERATE_PREFIX) -> Path:
+    return Path(folder) / f"{prefix}-{step}"
+
+
+# ----------------------------------------------------------------------------------------------- saving
 
 
 def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict | None = None,
                     extra_files: dict[str, str] | None = None, keep: int | None = None) -> Path:
-    """`accelerator.save_state` made atomic: returns `folder/step-{step}`, complete. Call it on every process.
+    """`accelerator.save_state` made crash-safe: returns `folder/step-{step}`, complete. Call it on every process.
 
     `extra_files` (name -> text, e.g. the loss log so far) are written by the main process beside the state;
-    `metadata` goes into the manifest. Checkpoints of later steps are removed: they belong to a history the run
-    left by resuming from an earlier checkpoint, and `latest_checkpoint` must not pick them. With `keep`, only the
-    newest `keep` complete checkpoints remain."""
+    `metadata` goes into the manifest. See `commit_checkpoint` for what happens to other checkpoints."""
     final = checkpoint_path(folder, step)
-    partial = final.with_name(final.name + ".tmp")
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
     if accelerator.is_main_process:
-        shutil.rmtree(partial, ignore_errors=True)  # the leftover of a save that was interrupted
+        remove_leftovers(folder)
         partial.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(partial))
@@ -50,23 +62,28 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict |
     if accelerator.is_main_process:
         for name, text in (extra_files or {}).items():
             (partial / name).write_text(text, encoding="utf-8")
-        write_manifest(partial, step, metadata)
-        for path in complete_checkpoints(folder):
-            if _step(path) >= step:
-                shutil.rmtree(path)
-        os.replace(partial, final)
-        _fsync(final.parent)
-        if keep is not None:
-            prune_checkpoints(folder, keep)
+        commit_checkpoint(partial, final, step, metadata, keep)
     accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True) -> dict:
-    """Check the checkpoint at `path` against its manifest, then `accelerator.load_state` it; returns the manifest."""
-    manifest = verify_checkpoint(path, verify_checksums)
-    accelerator.load_state(str(path))
-    return manifest
+def commit_checkpoint(partial: Path, final: Path, step: int, metadata: dict | None = None,
+                      keep: int | None = None) -> None:
+    """Mark the fully written folder `partial` complete and rename it to `final` (main process only).
+
+    Checkpoints of this step and later ones are removed first: they belong to a history the run left by resuming
+    from an earlier checkpoint (or are leftovers that failed to verify), and resuming must not pick them. With
+    `keep`, only the newest `keep` complete checkpoints remain."""
+    prefix = final.name.rsplit("-", 1)[0]
+    write_manifest(partial, step, metadata)
+    for path in checkpoints(final.parent, prefix):
+        if _step(path) >= step:
+            print(f"removing {path}: a step at or after {step}, from the history this run left by resuming")
+            remove_checkpoint(path)
+    os.replace(partial, final)
+    _fsync(final.parent)
+    if keep is not None:
+        prune_checkpoints(final.parent, keep, prefix)
 
 
 def write_manifest(folder: str | Path, step: int, metadata: dict | None = None) -> dict:
@@ -78,12 +95,81 @@ def write_manifest(folder: str | Path, step: int, metadata: dict | None = None) 
         _fsync(file)
         files[file.relative_to(folder).as_posix()] = {"size": file.stat().st_size, "sha256": _sha256(file)}
     manifest = {"format": 1, "step": step, "files": files, "metadata": metadata or {}}
-    partial = folder / (MANIFEST + ".tmp")
+    partial = folder / (MANIFEST + PARTIAL_SUFFIX)
     partial.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     _fsync(partial)
     os.replace(partial, folder / MANIFEST)
     _fsync(folder)
     return manifest
+
+
+# ----------------------------------------------------------------------------------------------- deleting
+
+
+def remove_checkpoint(path: str | Path) -> None:
+    """Delete a checkpoint (or a folder of them) atomically: rename it out of the way, then remove the files. A kill
+    during the removal leaves a `.deleted` folder, which nothing reads and `remove_leftovers` clears."""
+    path = Path(path)
+    doomed = path.with_name(path.name + DELETED_SUFFIX)
+    shutil.rmtree(doomed, ignore_errors=True)  # an earlier removal of the same name, interrupted
+    os.replace(path, doomed)
+    _fsync(path.parent)
+    shutil.rmtree(doomed)
+
+
+def remove_leftovers(folder: str | Path) -> None:
+    """Remove what interrupted saves (`.tmp`) and deletions (`.deleted`) left in `folder`."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if _LEFTOVER_NAME.fullmatch(path.name) and path.is_dir():
+                shutil.rmtree(path)
+
+
+def prune_checkpoints(folder: str | Path, keep: int, prefix: str = ACCELERATE_PREFIX) -> None:
+    """Delete all but the newest `keep` complete checkpoints (atomically, one at a time)."""
+    if keep < 1:
+        raise ValueError(f"`keep` must be at least 1, got {keep}.")
+    for path in complete_checkpoints(folder, prefix)[:-keep]:
+        remove_checkpoint(path)
+
+
+# ----------------------------------------------------------------------------------------------- finding, verifying
+
+
+def checkpoints(folder: str | Path, prefix: str = ACCELERATE_PREFIX) -> list[Path]:
+    """Every folder named `{prefix}-N` in `folder`, complete or not, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    name = re.compile(rf"{re.escape(prefix)}-(\d+)")
+    return sorted((path for path in folder.iterdir() if name.fullmatch(path.name) and path.is_dir()), key=_step)
+
+
+def complete_checkpoints(folder: str | Path, prefix: str = ACCELERATE_PREFIX) -> list[Path]:
+    """The checkpoints in `folder` that carry a manifest, oldest first (not verified: see `latest_checkpoint`)."""
+    return [path for path in checkpoints(folder, prefix) if (path / MANIFEST).is_file()]
+
+
+def latest_checkpoint(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
+                      report: Callable[[str], None] | None = print) -> Path | None:
+    """The newest checkpoint in `folder` that verifies (sizes and checksums), or None when there is none. Each newer
+    one that does not is skipped, and `report` is told which and why. When checkpoints exist but none verifies,
+    raises `CheckpointError` rather than let a resumed run silently start again."""
+    found, newest_problem = checkpoints(folder, prefix), None
+    for path in reversed(found):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as error:
+            if report is not None:
+                report(f"skipping {path.name}: {error}")
+            newest_problem = newest_problem or error
+    if found:
+        raise CheckpointError(f"None of the {len(found)} checkpoints in {folder} verifies (the newest: "
+                              f"{newest_problem}). "
+                              "Repair them, or start the run again.")
+    return None
 
 
 def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
@@ -92,10 +178,10 @@ def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"No checkpoint at {path}: the folder does not exist.")
-    if _PARTIAL_NAME.fullmatch(path.name) or not (path / MANIFEST).is_file():
+    if _LEFTOVER_NAME.fullmatch(path.name) or not (path / MANIFEST).is_file():
         raise CheckpointError(
             f"Checkpoint {path} is incomplete: it has no {MANIFEST}, so it was interrupted while being written "
-            "(or is not a checkpoint of this script). Resume from an earlier checkpoint."
+            "or deleted (or is not a checkpoint of this package). Resume from an earlier checkpoint."
         )
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
@@ -103,6 +189,8 @@ def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
         expected = {name: (int(entry["size"]), entry["sha256"]) for name, entry in files.items()}
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"Checkpoint {path} is corrupt: its {MANIFEST} cannot be read ({error}).") from error
+    if _NUMBERED_NAME.fullmatch(path.name) and _step(path) != step:
+        raise CheckpointError(f"Checkpoint {path} is not what its name says: its {MANIFEST} records step {step}.")
     for name, (size, checksum) in expected.items():
         file = path / name
         if not file.is_file():
@@ -119,35 +207,105 @@ def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
     return manifest
 
 
-def complete_checkpoints(folder: str | Path) -> list[Path]:
-    """The complete checkpoints in `folder` (named `step-N` with a manifest), oldest first; `.tmp` folders and
-    folders without a manifest are left out."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    found = [path for path in folder.iterdir() if _COMPLETE_NAME.fullmatch(path.name) and (path / MANIFEST).is_file()]
-    return sorted(found, key=_step)
+# ----------------------------------------------------------------------------------------------- loading
 
 
-def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The newest complete checkpoint in `folder`, or None."""
-    checkpoints = complete_checkpoints(folder)
-    return checkpoints[-1] if checkpoints else None
+def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True) -> dict:
+    """Check the checkpoint at `path` against its manifest, then `accelerator.load_state` it; returns the manifest.
+    Raises `CheckpointError` when this process's random state was not restored."""
+    manifest = verify_checkpoint(path, verify_checksums)
+    rng_file = Path(path) / f"random_states_{accelerator.process_index}.pkl"
+    if not rng_file.is_file():
+        raise CheckpointError(f"Checkpoint {path} has no random state for process {accelerator.process_index} "
+                              f"({rng_file.name}): it was saved by fewer processes than this run has.")
+    accelerator.load_state(str(path))
+    try:  # as Accelerate reads it; it swallows any failure, so compare what it restored with the file
+        saved = torch.load(rng_file, weights_only=False)["torch_manual_seed"]
+        restored = torch.equal(torch.get_rng_state(), saved)
+    except Exception as error:
+        raise CheckpointError(f"Checkpoint {path}: the random state {rng_file.name} cannot be loaded ({error}).") \
+            from error
+    if not restored:
+        raise CheckpointError(f"Checkpoint {path}: the random state {rng_file.name} was not restored.")
+    return manifest
 
 
-def prune_checkpoints(folder: str | Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints, and leftovers of interrupted saves."""
-    if keep < 1:
-        raise ValueError(f"`keep` must be at least 1, got {keep}.")
-    for path in complete_checkpoints(folder)[:-keep]:
-        shutil.rmtree(path)
-    for path in Path(folder).iterdir():
-        if _PARTIAL_NAME.fullmatch(path.name):
-            shutil.rmtree(path)
+class CrashSafeCheckpoints:
+    """Mix into a `Trainer` class (`class MyTrainer(CrashSafeCheckpoints, Trainer)`): its checkpoints are
+    written aside and committed like Accelerate's (`commit_checkpoint`), `train(resume_from_checkpoint=True)` takes
+    the newest `checkpoint-N` that verifies, and a missing or unloadable RNG state is an error (Trainer logs it at
+    INFO and carries on with another random stream). The optimizer and scheduler files are checked by the
+    manifest: a checkpoint lacking one does not verify."""
+
+    _staging_dir: Path | None = None
+
+    def _get_output_dir(self, trial) -> str:
+        # While a checkpoint is saved, Trainer writes `<staging>/checkpoint-N` and rotates inside <staging>.
+        return str(self._staging_dir) if self._staging_dir is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        step = self.state.global_step
+        final = checkpoint_path(self._get_output_dir(trial), step, TRAINER_PREFIX)
+        staging = final.with_name(final.name + PARTIAL_SUFFIX)
+        if self.args.should_save:
+            remove_leftovers(final.parent)
+            staging.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()
+        self._staging_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_dir = None
+        self.accelerator.wait_for_everyone()  # every process's RNG state is on disk
+        if self.args.should_save:
+            commit_checkpoint(staging / final.name, final, step, keep=self.args.save_total_limit)
+            staging.rmdir()
+            if self.state.best_model_checkpoint == str(staging / final.name):
+                self.state.best_model_checkpoint = str(final)
+        self.accelerator.wait_for_everyone()
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        if resume_from_checkpoint is True:
+            folder = self._get_output_dir(None)
+            report = print if self.is_world_process_zero() else None
+            resume_from_checkpoint = latest_checkpoint(folder, TRAINER_PREFIX, report)
+            if resume_from_checkpoint is None and report:
+                report(f"no checkpoint in {folder}: starting from step 0")
+        if resume_from_checkpoint:
+            verify_checkpoint(resume_from_checkpoint)
+            if self.is_world_process_zero():
+                print(f"resuming from {resume_from_checkpoint}")
+            resume_from_checkpoint = str(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        name = f"rng_state_{self.args.process_index}.pth" if self.args.world_size > 1 else "rng_state.pth"
+        if not (Path(checkpoint) / name).is_file():
+            raise CheckpointError(f"Checkpoint {checkpoint} has no random state {name}: it was saved by another "
+                                  "number of processes, or the file was removed.")
+        try:
+            super()._load_rng_state(checkpoint)
+        except Exception as error:
+            raise CheckpointError(f"Checkpoint {checkpoint}: the random state {name} cannot be loaded ({error}).") \
+                from error
+
+
+class CrashSafeTrainer(CrashSafeCheckpoints, Trainer):
+    """`Trainer` with crash-safe checkpoints."""
+
+
+class CrashSafeSeq2SeqTrainer(CrashSafeCheckpoints, Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with crash-safe checkpoints."""
+
+
+_NUMBERED_NAME = re.compile(r"[\w.]+-\d+")
+_LEFTOVER_NAME = re.compile(rf"[\w.]+-\d+({re.escape(PARTIAL_SUFFIX)}|{re.escape(DELETED_SUFFIX)})")
 
 
 def _step(path: Path) -> int:
-    return int(_COMPLETE_NAME.fullmatch(path.name)[1])
+    return int(path.name.rsplit("-", 1)[1])
 
 
 def _sha256(file: Path) -> str:

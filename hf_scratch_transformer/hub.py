@@ -6,12 +6,13 @@ No model file imports this module, so it never travels to the Hub; it needs `hug
 
 import json
 import re
+from importlib.resources import files
 from pathlib import Path
 
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / "template.md"
+TEMPLATE = files("hf_scratch_transformer.model_cards") / "template.md"  # package data (pyproject.toml)
 
 # What each task puts in the card: the class and Auto class, the pipeline shown in "How to use", and the Hub's
 # task ids for `pipeline_tag` and `model-index`. transformers 5 has no translation pipeline, so the seq2seq family

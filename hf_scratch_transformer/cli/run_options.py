@@ -2,16 +2,18 @@
 (Accelerate), so that both take the same data, model and tokenizer arguments."""
 
 import argparse
+from importlib.resources import files
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
-from hf_scratch_transformer import training
+from hf_scratch_transformer import checkpointing, training
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CORPUS = ROOT / "data/tinyshakespeare/input.txt"
+# Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
+DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
 AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
+RUN_FILES = ("checkpoints", "tokenizer", "model", "loss_curve.jsonl")  # what a run writes into its output folder
 DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
     "causal-lm": ("gpt-mini", "bpe", "decoder"),
     "masked-lm": ("bert-prenorm", "wordpiece", "encoder"),
@@ -61,3 +63,23 @@ def load_run_data(args) -> tuple[DatasetDict, Dataset]:
     raw = training.load_texts(files, args.dataset, args.dataset_config, args.text_column, args.validation_files,
                               seed=args.seed)
     return raw, raw["train"]
+
+
+def add_run_safety_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--overwrite-output-dir", action="store_true",
+                        help="start again in an output folder that holds an earlier run, removing its checkpoints")
+
+
+def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
+                     is_main_process: bool = True) -> None:
+    """Refuse to start a new run over an earlier one unless asked: `--resume` continues it, `--overwrite-output-dir`
+    replaces it (its checkpoints are removed first, atomically, so that no later `--resume` mixes the two runs)."""
+    earlier = [name for name in RUN_FILES if (output_dir / name).exists()]
+    if not earlier or resume:
+        return
+    if not overwrite:
+        parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, or "
+                     "--overwrite-output-dir to replace it, or choose another --output-dir.")
+    if is_main_process and (output_dir / "checkpoints").exists():
+        print(f"--overwrite-output-dir: removing the earlier run's checkpoints in {output_dir / 'checkpoints'}")
+        checkpointing.remove_checkpoint(output_dir / "checkpoints")

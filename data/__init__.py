@@ -1,0 +1,1 @@
+"""The embedded corpus, installed as package data `hf_scratch_transformer.data` (pyproject.toml)."""

@@ -1,0 +1,41 @@
+"""`hf-scratch`: the installed command. Each subcommand is a flat script module of this folder (or
+`tokenizer_training`), run as `__main__` with the remaining arguments, so that
+
+    hf-scratch train --max-steps 100        ==  python -m hf_scratch_transformer.cli.train --max-steps 100
+    accelerate launch -m hf_scratch_transformer.cli.train_accelerate ...     (several processes)
+
+and `scripts/*.py` in a checkout are thin wrappers over the same modules. No model file imports this package.
+"""
+
+import runpy
+import sys
+
+# subcommand -> (module run as __main__, one line of help)
+COMMANDS = {
+    "train": ("hf_scratch_transformer.cli.train", "train a model with Trainer (the main job)"),
+    "train-accelerate": ("hf_scratch_transformer.cli.train_accelerate", "train with an Accelerate loop (DDP, FSDP)"),
+    "finetune": ("hf_scratch_transformer.cli.finetune", "fine-tune a saved model for text or token classification"),
+    "tokenizer": ("tokenizer_training", "train a tokenizer for a model family"),
+    "convert": ("hf_scratch_transformer.cli.convert", "convert a saved native GPT-2 / BERT / Marian folder"),
+    "publish": ("hf_scratch_transformer.cli.publish", "publish a saved model folder to the Hub (or --dry-run)"),
+    "benchmark": ("hf_scratch_transformer.cli.benchmark", "measure speed and memory side by side with native models"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return "usage: hf-scratch COMMAND [ARGS...]   (hf-scratch COMMAND --help for its options)\n\ncommands:\n" + \
+        "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return
+    name, arguments = argv[0], argv[1:]
+    if name not in COMMANDS:
+        sys.exit(f"hf-scratch: error: unknown command {name!r}\n\n{usage()}")
+    sys.argv = [f"hf-scratch {name}", *arguments]  # argparse's prog, as the user typed it
+    runpy.run_module(COMMANDS[name][0], run_name="__main__")

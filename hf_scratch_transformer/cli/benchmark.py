@@ -1,0 +1,358 @@
+"""Speed and memory of each Scratch family next to its native `transformers` equivalent (SPEC section 9):
+
+    hf-scratch benchmark --quick                        # smoke test, tiny sizes, prints the table
+    hf-scratch benchmark --family gpt2 --repeats 3      # one family at the default size
+    hf-scratch benchmark --family all --write           # the real run: docs/benchmarks.md + .json
+
+The native model (GPT2LMHeadModel, BertForMaskedLM, MarianMTModel) is built at the chosen size from a fixed seed
+and ours is `conversion.from_hf(native)`: the same architecture and weights. Marian splits --layers into
+encoder and decoder halves (6 -> 3 + 3). Every timing is A/B interleaved in one process after --warmup runs of
+each side (the order alternates: native, ours, ours, native, ...) and reported as the median; the ratio is
+ours / native of the medians (above 1 is faster for throughput; below 1 is smaller for memory), and "paired" is
+the range of the per-repetition ratios of adjacent native/ours runs: this 2-core machine is noisy, and a ratio
+whose range straddles 1 is not a measured difference.
+
+- training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
+  labels (causal LM on the inputs; MLM with 15% masked positions; seq2seq with seq-long targets), in fp32 and
+  under torch.autocast("cpu", dtype=torch.bfloat16).
+- prefill tokens/s: one no-grad eval forward over batch x seq (for BERT, the MLM forward).
+- decode tokens/s: `generate()` as a user calls it, with the generation_config the model ships (from_hf copies
+  the native one), at batch 1 and 8 from a --prompt-long random prompt, greedy, max_new_tokens=min_new_tokens=
+  --new-tokens so both sides decode the same count; rate = batch x new tokens / wall time of the whole call
+  (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
+- tokens are input positions: batch x seq, and batch x (source + target) for Marian.
+- peak memory: each side runs in a fresh subprocess (no allocator state shared with the other side), with
+  MALLOC_MMAP_THRESHOLD_ fixed so freed tensors go back to the OS; before each workload the kernel's peak-RSS
+  mark is reset (/proc/self/clear_refs 5) and the result is VmHWM - VmRSS: the memory the workload needs above
+  the loaded weights (training: grads, AdamW state, activations over 2 steps; prefill: the median of 3 forwards).
+- FLOP/s: the matmul FLOPs of one forward + backward of the native model counted by torch.utils.flop_counter
+  (linear layers, lm head, attention at full non-causal cost; AdamW's elementwise work not counted), the same
+  count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
+  here (best of 8 products of square --mm-size matrices, fp32 and bf16, through torch.mm and through oneDNN as
+  ScratchLinear computes them; the faster of the two).
+- BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
+"""
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+
+import torch
+import transformers
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+
+from hf_scratch_transformer.conversion import from_hf
+from hf_scratch_transformer.scratch_linear import onednn_linear
+
+FAMILIES = ("gpt2", "bert", "marian")
+SIDES = ("native", "ours")
+SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly wins
+    "full": dict(layers=6, hidden=384, heads=6, ffn=1536, vocab=8192, seq=256, batch=8, prompt=16, new_tokens=32,
+                 warmup=1, repeats=7, mm_size=2048),
+    "quick": dict(layers=2, hidden=64, heads=4, ffn=256, vocab=512, seq=32, batch=2, prompt=8, new_tokens=8,
+                  warmup=1, repeats=2, mm_size=256),
+}
+DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
+
+# ----------------------------------------------------------------------------------------------- arguments
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
+parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up, 2 repetitions: a smoke test")
+parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md and .json (in this folder)")
+for name, value in SIZES["full"].items():
+    parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"default {value}")
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--memory-worker", nargs=2, metavar=("FAMILY", "SIDE"), help=argparse.SUPPRESS)
+args = parser.parse_args()
+for name, value in SIZES["quick" if args.quick else "full"].items():
+    if getattr(args, name) is None:
+        setattr(args, name, value)
+
+
+# ----------------------------------------------------------------------------------------------- models, inputs
+def build_native(family: str):
+    torch.manual_seed(args.seed)
+    a = args
+    if family == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(n_layer=a.layers, n_embd=a.hidden, n_head=a.heads, n_inner=a.ffn,
+                                          vocab_size=a.vocab, n_positions=max(1024, a.seq + a.prompt + a.new_tokens),
+                                          bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    if family == "bert":
+        return BertForMaskedLM(BertConfig(num_hidden_layers=a.layers, hidden_size=a.hidden, num_attention_heads=a.heads,
+                                          intermediate_size=a.ffn, vocab_size=a.vocab,
+                                          max_position_embeddings=max(512, a.seq), pad_token_id=0))
+    half = max(1, a.layers // 2)
+    return MarianMTModel(MarianConfig(encoder_layers=half, decoder_layers=half, d_model=a.hidden,
+                                      encoder_attention_heads=a.heads, decoder_attention_heads=a.heads,
+                                      encoder_ffn_dim=a.ffn, decoder_ffn_dim=a.ffn, vocab_size=a.vocab,
+                                      max_position_embeddings=max(512, a.seq + a.new_tokens), pad_token_id=a.vocab - 1,
+                                      decoder_start_token_id=a.vocab - 1, eos_token_id=0))
+
+
+def build_ours(native):
+    """`from_hf(native)`; for BERT with `sparse_prediction`, our MLM fast path: with labels, only the masked
+    positions go through the head (the same loss and gradients, tests/test_modeling.py)."""
+    ours = from_hf(native)
+    if ours.config.model_type == "scratch_encoder":
+        ours.config.sparse_prediction = True
+    return ours
+
+
+def build_pair(family: str) -> dict:
+    native = build_native(family)
+    return {"native": native, "ours": build_ours(native)}
+
+
+def random_ids(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(3, args.vocab - 2, (batch, length), generator=generator)
+
+
+def make_inputs(family: str, batch: int, length: int, labels: bool) -> dict:
+    """A training batch (labels=True), or prefill / generate() inputs."""
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    ids = random_ids(batch, length, generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if family == "marian":
+        target = random_ids(batch, length, generator)
+        inputs["labels" if labels else "decoder_input_ids"] = target
+    elif labels and family == "gpt2":
+        inputs["labels"] = ids
+    elif labels:  # MLM: 15% of the positions masked (id 3 plays [MASK]), loss on those only
+        masked = torch.rand(ids.shape, generator=generator) < 0.15
+        inputs["input_ids"] = ids.masked_fill(masked, 3)
+        inputs["labels"] = ids.masked_fill(~masked, -100)
+    return inputs
+
+
+def tokens_per_example(family: str) -> int:
+    return args.seq * (2 if family == "marian" else 1)
+
+
+def train_step(model, optimizer, inputs: dict, bf16: bool) -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(**inputs).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def train_steps(model, inputs: dict, bf16: bool, steps: int = 2) -> None:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        train_step(model, optimizer, inputs, bf16)
+
+
+def generate(model, inputs: dict) -> torch.Tensor:
+    return model.generate(**inputs, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+
+
+# ----------------------------------------------------------------------------------------------- memory worker
+def _status() -> dict:
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return {k: int(v.split()[0]) / 1024 for k, v in (line.split(":", 1) for line in lines) if k in ("VmRSS", "VmHWM")}
+
+
+def peak_above_baseline(workload) -> float:
+    """MiB of resident memory `workload()` needs above what is resident before it."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    before = _status()["VmRSS"]
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
+    workload()
+    return _status()["VmHWM"] - before
+
+
+def memory_worker(family: str, side: str) -> None:
+    native = build_native(family)
+    model = native if side == "native" else build_ours(native)
+    del native
+    train, prefill = make_inputs(family, args.batch, args.seq, True), make_inputs(family, args.batch, args.seq, False)
+    result = {}
+    model.train()
+    for dtype in ("fp32", "bf16"):  # a fresh AdamW inside the workload: its state is counted, then freed
+        result[f"train {dtype}"] = peak_above_baseline(partial(train_steps, model, train, dtype == "bf16"))
+    model.eval()
+    with torch.no_grad():
+        # The median of 3: the first no-grad forward after training also settles allocator and oneDNN state.
+        result["prefill"] = statistics.median(peak_above_baseline(lambda: model(**prefill)) for _ in range(3))
+    print(json.dumps(result))
+
+
+def measure_memory(family: str) -> dict:
+    env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
+    sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]]
+    out = {}
+    for side in SIDES:
+        command = [sys.executable, "-m", __spec__.name, "--memory-worker", family, side, f"--seed={args.seed}", *sizes]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            sys.exit(f"memory worker {family} {side} failed:\n{done.stderr[-3000:]}")
+        out[side] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- timing
+def interleaved(run, warmup: int, repeats: int) -> dict:
+    """Median seconds of `run(side)` per side: warm-up, then native/ours in alternating order."""
+    for _ in range(warmup):
+        for side in SIDES:
+            run(side)
+    samples = {side: [] for side in SIDES}
+    for repeat in range(repeats):
+        for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
+            start = time.perf_counter()
+            run(side)
+            samples[side].append(time.perf_counter() - start)
+    return {side: statistics.median(times) for side, times in samples.items()} | {"samples": samples}
+
+
+def matmul_flops(product, dtype: torch.dtype) -> float:
+    n = args.mm_size
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        product(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / min(times[2:])  # the peak: the best of 8 timed runs after 2 warm-ups
+
+
+def machine_matmul_flops() -> dict:
+    """FLOP/s of torch.mm and of the same product through oneDNN (what ScratchLinear uses for fp32 on CPU);
+    the machine's rate per dtype is the faster of the two."""
+    onednn = partial(onednn_linear, bias=None)  # a @ b.T: the same FLOPs as a @ b
+    measured = {f"{name} {kind}": matmul_flops(product, dtype)
+                for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+                for kind, product in (("torch.mm", torch.mm), ("oneDNN", onednn))}
+    return measured | {name: max(measured[f"{name} torch.mm"], measured[f"{name} oneDNN"]) for name in ("fp32", "bf16")}
+
+
+def train_flops(model, inputs: dict) -> int:
+    with FlopCounterMode(display=False) as counter:
+        model(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
+    models = build_pair(family)
+    rows, extra = [], {}
+
+    def add(measurement, unit, better, native, ours, samples=None):
+        paired = [n / o for n, o in zip(samples["native"], samples["ours"], strict=True)] if samples else None
+        rows.append(dict(family=family, measurement=measurement, unit=unit, better=better, native=native, ours=ours,
+                         ratio=ours / native if native else float("nan"), paired_ratios=paired, samples=samples))
+
+    for model in models.values():
+        model.eval()
+    prefill = make_inputs(family, args.batch, args.seq, labels=False)
+    with torch.no_grad():
+        t = interleaved(lambda side: models[side](**prefill), args.warmup, args.repeats)
+    tokens = args.batch * tokens_per_example(family)
+    add("prefill", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], t["samples"])
+
+    if family != "bert":
+        extra["generation_config"] = models["ours"].generation_config.to_diff_dict()
+        for batch in (1, 8):
+            prompt = make_inputs(family, batch, args.prompt, labels=False)
+            prompt.pop("decoder_input_ids", None)
+            outputs = {side: generate(models[side], prompt) for side in SIDES}
+            extra[f"same_generate_output_batch{batch}"] = torch.equal(outputs["native"], outputs["ours"])
+            t = interleaved(lambda side: generate(models[side], prompt),  # noqa: B023
+                            args.warmup, DECODE_REPEAT_FACTOR * args.repeats)
+            tokens = batch * args.new_tokens
+            add(f"decode batch {batch}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], t["samples"])
+
+    train = make_inputs(family, args.batch, args.seq, labels=True)
+    for model in models.values():
+        model.train()
+    flops = train_flops(models["native"], train)
+    extra["train_flops_per_step"] = flops
+    tokens = args.batch * tokens_per_example(family)
+    for dtype in ("fp32", "bf16"):
+        optimizers = {side: torch.optim.AdamW(models[side].parameters(), lr=1e-4) for side in SIDES}
+        t = interleaved(lambda side: train_step(models[side], optimizers[side], train, dtype == "bf16"),  # noqa: B023
+                        args.warmup, args.repeats)
+        add(f"train {dtype}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], t["samples"])
+        gflops = {side: flops / t[side] / 1e9 for side in SIDES}
+        add(f"train {dtype} achieved", "GFLOP/s", "higher", gflops["native"], gflops["ours"], t["samples"])
+        add(f"train {dtype} MFU", "% of mm", "higher", *(100 * gflops[side] * 1e9 / peaks[dtype] for side in SIDES),
+            t["samples"])
+
+    memory = measure_memory(family)
+    for workload in ("train fp32", "train bf16", "prefill"):
+        add(f"peak memory {workload}", "MiB", "lower", memory["native"][workload], memory["ours"][workload])
+    return rows, extra
+
+
+# ----------------------------------------------------------------------------------------------- report
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+                transformers=transformers.__version__, python=platform.python_version(),
+                date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
+
+
+def _number(value: float) -> str:
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
+def markdown(report: dict) -> str:
+    m, s, peaks = report["machine"], report["settings"], report["matmul_gflops"]
+    lines = [
+        "# Benchmarks: Scratch families vs native `transformers`", "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
+        f"transformers {m['transformers']}, Python {m['python']}; {m['date']}; "
+        f"load average at start {m['load_average'][0]:.2f}.",
+        f"Measured matmul ({s['mm_size']}x{s['mm_size']}), GFLOP/s: "
+        + ", ".join(f"{name} {value:.1f}" for name, value in peaks.items() if " " in name)
+        + "; MFU is against the faster of the two per dtype.",
+        f"Sizes: {s['layers']} layers (Marian {max(1, s['layers'] // 2)} + {max(1, s['layers'] // 2)}), width "
+        f"{s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; "
+        f"decode: prompt {s['prompt']}, {s['new_tokens']} new tokens; {s['warmup']} warm-up, "
+        f"median of {s['repeats']} interleaved repetitions. Written by `hf-scratch benchmark`; method:", "",
+        __doc__[__doc__.index("Every timing"):].strip(), "",
+        "| family | measurement | unit | better | native | ours | ours/native | paired |",
+        "|---|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in report["results"]:
+        paired = f"{min(r['paired_ratios']):.2f}-{max(r['paired_ratios']):.2f}" if r["paired_ratios"] else "-"
+        lines.append(f"| {r['family']} | {r['measurement']} | {r['unit']} | {r['better']} | {_number(r['native'])} "
+                     f"| {_number(r['ours'])} | {r['ratio']:.3f} | {paired} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if args.memory_worker:
+        memory_worker(*args.memory_worker)
+        return
+    transformers.logging.set_verbosity_error()
+    peaks = machine_matmul_flops()
+    report = dict(machine=machine(), settings={k: getattr(args, k) for k in SIZES["full"]},
+                  matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, results=[], details={})
+    for family in FAMILIES if args.family == "all" else (args.family,):
+        rows, report["details"][family] = bench_family(family, peaks)
+        report["results"] += rows
+    text = markdown(report)
+    print(text)
+    if args.write:
+        docs = Path("docs")
+        (docs / "benchmarks.md").write_text(text)
+        (docs / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {docs / 'benchmarks.md'} and benchmarks.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Publish a saved model folder to the Hugging Face Hub, or list what would be uploaded:
+
+    hf-scratch publish outputs/quickstart --repo-id USER/scratch-gpt-shakespeare --dry-run
+    hf auth login                                     # or export HF_TOKEN=...
+    hf-scratch publish outputs/quickstart --repo-id USER/scratch-gpt-shakespeare --private
+
+The folder needs config.json, the weights and the model code (`save_pretrained` writes them) and a README.md model
+card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not uploaded.
+"""
+
+import argparse
+from pathlib import Path
+
+from hf_scratch_transformer.hub import publish
+
+# ----------------------------------------------------------------------------------------------- arguments
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser.add_argument("folder", type=Path, help="a save_pretrained folder with its model card")
+parser.add_argument("--repo-id", required=True, help="the Hub model repository, USER/NAME (created if missing)")
+parser.add_argument("--private", action="store_true", help="create the repository as private")
+parser.add_argument("--dry-run", action="store_true", help="check the folder and list its files; upload nothing")
+parser.add_argument("--commit-message", default="Upload hf-scratch-transformer model")
+args = parser.parse_args()
+
+# ----------------------------------------------------------------------------------------------- publish
+try:
+    result = publish(
+        args.folder, args.repo_id, private=args.private, dry_run=args.dry_run, commit_message=args.commit_message
+    )
+except ValueError as error:  # an incomplete folder: say what is missing, without a traceback
+    parser.exit(1, f"error: {error}\n")
+if args.dry_run:
+    for path, size in result:
+        print(f"{size:>12,}  {path}")
+    print(f"{sum(size for _, size in result):>12,}  bytes in {len(result)} files would go to {args.repo_id} (dry run)")
+else:
+    print(f"published {args.folder} to {args.repo_id}: {result}")

@@ -1,0 +1,244 @@
+"""Train a Scratch model with `Trainer`: tokenizer, data, training, evaluation, a Hub-ready folder with model card
+and loss curve, then a reload through the Auto classes and a sample. The main job (`make quickstart`):
+
+    hf-scratch train                                   # causal LM on the embedded Tiny Shakespeare
+    hf-scratch train --task masked-lm --train-files my.txt --preset bert-prenorm --set num_hidden_layers=4
+    hf-scratch train --task seq2seq --preset transformer-base --recipe vaswani \\
+        --source-files ../shared/data/multi30k/train.en --target-files ../shared/data/multi30k/train.de \\
+        --validation-source ../shared/data/multi30k/val.en --validation-target ../shared/data/multi30k/val.de
+    hf-scratch train --model outputs/causal-lm/model --max-steps 200   # continue from a saved folder
+    hf-scratch train ... --resume                        # pick up the last checkpoint of an interrupted run
+
+Writes OUTPUT_DIR/model (weights, config, model code, tokenizer, README.md card, loss_curve.png,
+eval_results.json) and OUTPUT_DIR/checkpoints.
+"""
+
+import argparse
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    DataCollatorForSeq2Seq,
+    PreTrainedConfig,
+    Seq2SeqTrainingArguments,
+    TrainingArguments,
+    set_seed,
+)
+
+import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
+from hf_scratch_transformer import hub, training
+from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeSeq2SeqTrainer, CrashSafeTrainer
+from hf_scratch_transformer.cli.run_options import (
+    AUTO_MODEL,
+    DEFAULT_CORPUS,
+    DEFAULTS,
+    add_data_and_model_arguments,
+    add_run_safety_arguments,
+    claim_output_dir,
+    load_run_data,
+)
+from hf_scratch_transformer.presets import get_preset
+from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
+
+# The seeds' recipe (Vaswani et al., 2017, section 5.3-5.4): Noam warmup, Adam (0.9, 0.98, 1e-9), smoothing 0.1.
+RECIPES = {"vaswani": dict(lr_scheduler="inverse_sqrt", warmup_steps=4000, adam_beta2=0.98, adam_epsilon=1e-9,
+                           label_smoothing=0.1, max_grad_norm=1.0)}
+
+# ----------------------------------------------------------------------------------------------- arguments
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
+parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
+add_data_and_model_arguments(parser)
+optim = parser.add_argument_group("optimisation")
+optim.add_argument("--recipe", choices=sorted(RECIPES), help="the seeds' recipe; explicit flags below still win")
+optim.add_argument("--max-steps", type=int, default=600, help="default 600")
+optim.add_argument("--batch-size", type=int, default=16, help="sequences per device step (default 16)")
+optim.add_argument("--gradient-accumulation-steps", type=int, default=1)
+optim.add_argument("--learning-rate", type=float, default=1e-3, help="default 1e-3")
+optim.add_argument("--lr-scheduler", help="transformers scheduler name (default cosine; `inverse_sqrt` = Noam)")
+optim.add_argument("--warmup-steps", type=int, help="default 5%% of the steps")
+optim.add_argument("--adam-beta2", type=float, help="default 0.99")
+optim.add_argument("--adam-epsilon", type=float, help="default 1e-8")
+optim.add_argument("--weight-decay", type=float, default=0.01)
+optim.add_argument("--label-smoothing", type=float, help="default 0")
+optim.add_argument("--max-grad-norm", type=float, help="default 1.0")
+optim.add_argument("--bf16", action="store_true", help="bf16 autocast")
+run = parser.add_argument_group("run")
+run.add_argument("--eval-steps", type=int, help="default: 4 evaluations per run")
+run.add_argument("--max-eval-samples", type=int, help="evaluate on the first N validation sequences (default: all)")
+run.add_argument("--save-steps", type=int, help="checkpoint every N steps (default: as --eval-steps)")
+run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
+add_run_safety_arguments(run)
+run.add_argument("--num-beams", type=int, default=4, help="seq2seq evaluation and sample (default 4)")
+run.add_argument("--sample-prompt", default="ROMEO:", help="causal LM sample prompt")
+run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
+run.add_argument("--seed", type=int, default=1337)
+args = parser.parse_args()
+if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not (args.model or args.tokenizer):  # torchrun / accelerate launch
+    parser.error("with several processes each would train its own tokenizer: train one first "
+                 "(python -m tokenizer_training ...) and pass --tokenizer")
+
+recipe = RECIPES.get(args.recipe, {})
+optimisation = {
+    name: getattr(args, name) if getattr(args, name) is not None else recipe.get(name, default)
+    for name, default in [("lr_scheduler", "cosine"), ("warmup_steps", max(1, args.max_steps // 20)),
+                          ("adam_beta2", 0.99), ("adam_epsilon", 1e-8), ("label_smoothing", 0.0),
+                          ("max_grad_norm", 1.0)]
+}
+task = args.task
+output_dir = args.output_dir or Path("outputs") / task
+claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, int(os.environ.get("RANK", 0)) == 0)
+set_seed(args.seed)
+default_preset, default_kind, tokenizer_family = DEFAULTS[task]
+
+# ----------------------------------------------------------------------------------------------- data
+raw, tokenizer_texts = load_run_data(args)
+print(f"data: {len(raw['train'])} training and {len(raw['validation'])} validation examples")
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+if args.model or args.tokenizer:
+    tokenizer = AutoTokenizer.from_pretrained(args.model or args.tokenizer)
+else:
+    tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
+                                vocab_size=args.vocab_size, model_max_length=args.max_length)
+    print(f"tokenizer: trained {args.tokenizer_kind or default_kind}, {len(tokenizer)} tokens")
+
+# ----------------------------------------------------------------------------------------------- model
+if args.model:
+    model = AUTO_MODEL[task].from_pretrained(args.model)
+    preset = None
+else:
+    overrides = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.set)}
+    overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer)}
+    overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
+    if args.config:
+        config = AutoConfig.from_pretrained(args.config, **overrides)
+        preset = None
+    else:
+        preset = args.preset or default_preset
+        config = get_preset(preset, **overrides)
+    model = AUTO_MODEL[task].from_config(config)
+if model.config.vocab_size < len(tokenizer):
+    raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
+print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters")
+
+if task == "causal-lm":
+    datasets = {split: training.pack_for_causal_lm(texts, tokenizer, args.max_length) for split, texts in raw.items()}
+    collator = None  # packed blocks have equal length and carry their labels
+elif task == "masked-lm":
+    datasets = {split: training.tokenize_for_mlm(texts, tokenizer, args.max_length) for split, texts in raw.items()}
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)  # 80% [MASK], 10% random, 10% kept
+else:
+    datasets = {split: training.tokenize_for_seq2seq(pairs, tokenizer, args.max_length) for split, pairs in raw.items()}
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+
+if args.max_eval_samples:
+    kept = min(args.max_eval_samples, len(datasets["validation"]))
+    datasets["validation"] = datasets["validation"].select(range(kept))
+
+# ----------------------------------------------------------------------------------------------- training
+eval_steps = args.eval_steps or max(1, args.max_steps // 4)
+arguments = dict(
+    output_dir=str(output_dir / "checkpoints"),
+    max_steps=args.max_steps,
+    per_device_train_batch_size=args.batch_size,
+    per_device_eval_batch_size=args.batch_size,
+    gradient_accumulation_steps=args.gradient_accumulation_steps,
+    learning_rate=args.learning_rate,
+    lr_scheduler_type=optimisation["lr_scheduler"],
+    warmup_steps=optimisation["warmup_steps"],
+    adam_beta1=0.9,
+    adam_beta2=optimisation["adam_beta2"],
+    adam_epsilon=optimisation["adam_epsilon"],
+    weight_decay=args.weight_decay,
+    max_grad_norm=optimisation["max_grad_norm"],
+    bf16=args.bf16,
+    use_cpu=args.bf16 and not torch.cuda.is_available(),  # Trainer's bf16 on CPU must be asked for explicitly
+    eval_strategy="steps",
+    eval_steps=eval_steps,
+    save_strategy="steps",
+    save_steps=args.save_steps or eval_steps,
+    save_total_limit=2,
+    logging_steps=max(1, min(eval_steps, args.max_steps // 20)),
+    prediction_loss_only=task == "causal-lm",  # perplexity needs the loss only, not every logit
+    report_to=[],
+    seed=args.seed,
+)
+trainer_kwargs = dict(model=model, train_dataset=datasets["train"], eval_dataset=datasets["validation"],
+                      data_collator=collator, processing_class=tokenizer)
+if optimisation["label_smoothing"] > 0:
+    trainer_kwargs["compute_loss_func"] = training.smoothed_loss_function(task, optimisation["label_smoothing"])
+if task == "seq2seq":
+    arguments |= dict(predict_with_generate=True, generation_num_beams=args.num_beams,
+                      generation_max_length=args.max_length)
+    trainer = CrashSafeSeq2SeqTrainer(args=Seq2SeqTrainingArguments(**arguments),
+                             compute_metrics=training.translation_metrics(tokenizer), **trainer_kwargs)
+else:
+    if task == "masked-lm":
+        trainer_kwargs |= dict(compute_metrics=training.mlm_accuracy,
+                               preprocess_logits_for_metrics=training.argmax_logits)
+    trainer = CrashSafeTrainer(args=TrainingArguments(**arguments), **trainer_kwargs)
+if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone
+    parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but they found no device to train together "
+                 "on: on CPU set ACCELERATE_USE_CPU=1")
+try:
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
+    parser.error(str(error))
+
+# ----------------------------------------------------------------------------------------------- evaluation
+metrics = trainer.evaluate()
+results = {key.removeprefix("eval_"): value for key, value in metrics.items()
+           if key.removeprefix("eval_") in ("loss", "mlm_accuracy", "bleu", "chrf")}
+if task == "causal-lm":
+    results["perplexity"] = training.perplexity(results["loss"])
+print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
+
+# ----------------------------------------------------------------------------------------------- Hub-ready folder
+folder = output_dir / "model"
+trainer.save_model(str(folder))  # weights, config, model code (auto_map), tokenizer
+if not trainer.is_world_process_zero():  # the main process writes the rest of the folder
+    raise SystemExit(0)
+(folder / "eval_results.json").write_text(json.dumps(results, indent=2))
+training.plot_loss_curve(trainer.state.log_history, folder / "loss_curve.png", title=f"{preset or 'model'} {task}")
+files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
+dataset_name = args.dataset_name or args.dataset or ("tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem)
+knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
+hub.write_model_card(
+    folder, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset_name}", preset=preset,
+    config={key: value for key, value in model.config.to_dict().items() if key in knobs},
+    num_parameters=model.num_parameters(),
+    dataset=dataset_name,
+    dataset_description="Files: " + ", ".join(f"`{f.name}`" for f in files) if not args.dataset else "",
+    tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
+    hyperparameters={"max_steps": args.max_steps, "batch_size": args.batch_size * args.gradient_accumulation_steps,
+                     "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16},
+    eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
+)
+print(f"saved a Hub-ready folder: {folder}")
+
+# ----------------------------------------------------------------------------------------------- reload and sample
+reloaded = AUTO_MODEL[task].from_pretrained(folder).eval()
+tokenizer = AutoTokenizer.from_pretrained(folder)
+if task == "causal-lm":
+    inputs = tokenizer(args.sample_prompt, return_tensors="pt")
+    room = reloaded.config.max_position_embeddings - inputs.input_ids.shape[1]  # absolute positions run out
+    output = reloaded.generate(**inputs, max_new_tokens=min(80, room), do_sample=True, top_k=40, temperature=0.8)
+    print("sample from the reloaded model:\n" + tokenizer.decode(output[0], skip_special_tokens=True))
+elif task == "seq2seq":
+    source = raw["validation"][0]["source"]
+    output = reloaded.generate(**tokenizer(source, return_tensors="pt"), num_beams=args.num_beams, max_new_tokens=60)
+    print(f"source: {source}\ntranslation: {tokenizer.decode(output[0], skip_special_tokens=True)}")
+else:
+    text = raw["validation"][0]["text"].split("\n")[0]
+    words = text.split()
+    masked = " ".join(words[:-1] + [tokenizer.mask_token]) if words else tokenizer.mask_token
+    logits = reloaded(**tokenizer(masked, return_tensors="pt")).logits[0]
+    position = tokenizer(masked).input_ids.index(tokenizer.mask_token_id)
+    print(f"fill-mask: {masked} -> {tokenizer.decode([int(logits[position].argmax())])}")

@@ -1,0 +1,321 @@
+"""Train a Scratch model with an Accelerate loop: mixed precision, gradient accumulation, clipping, an LR schedule,
+atomic checkpoints with exact resume, and any number of processes (DDP, FSDP). Data, tokenizer and model options
+are those of `hf-scratch train`.
+
+    hf-scratch train-accelerate                          # causal LM on the embedded Tiny Shakespeare
+    hf-scratch train-accelerate --mixed-precision bf16 --gradient-accumulation-steps 4 --label-smoothing 0.1
+    hf-scratch train-accelerate --task seq2seq --lr-scheduler inverse_sqrt --adam-betas 0.9 0.98 \\
+        --adam-epsilon 1e-9 --label-smoothing 0.1 --source-files train.en --target-files train.de  # the seeds' recipe
+    hf-scratch train-accelerate ... --resume             # continue from the newest checkpoint that verifies
+    accelerate launch --config_file configs/accelerate/ddp.yaml -m hf_scratch_transformer.cli.train_accelerate \\
+        --batch-size 8
+    accelerate launch --config_file configs/accelerate/fsdp.yaml -m hf_scratch_transformer.cli.train_accelerate \\
+        --preset gpt2-small
+    torchrun --nproc_per_node 2 -m hf_scratch_transformer.cli.train_accelerate --batch-size 8             # 2 GPUs
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 -m hf_scratch_transformer.cli.train_accelerate --cpu    # 2 CPUs
+
+--batch-size is per process and micro-step; the loss of a step is normalised over the labelled tokens of its whole
+global batch (all micro-steps, all processes), so 2 processes x batch 8 take the same steps as 1 process x batch 16.
+Writes OUTPUT_DIR/loss_curve.jsonl (one line per step), OUTPUT_DIR/checkpoints/step-N (atomic: see
+hf_scratch_transformer/checkpointing.py), OUTPUT_DIR/tokenizer and OUTPUT_DIR/model (save_pretrained, tokenizer,
+loss_curve.png, model card). See docs/distributed.md.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    DataCollatorForSeq2Seq,
+    DataCollatorWithPadding,
+    default_data_collator,
+    get_scheduler,
+)
+
+import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
+from hf_scratch_transformer import checkpointing, hub, training
+from hf_scratch_transformer.cli.run_options import (
+    AUTO_MODEL,
+    DEFAULT_CORPUS,
+    DEFAULTS,
+    add_data_and_model_arguments,
+    add_run_safety_arguments,
+    claim_output_dir,
+    load_run_data,
+)
+from hf_scratch_transformer.presets import get_preset
+from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
+
+# ----------------------------------------------------------------------------------------------- arguments
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
+parser.add_argument("--output-dir", type=Path, help="default: outputs/accelerate/<task>")
+add_data_and_model_arguments(parser)
+optim = parser.add_argument_group("optimisation")
+optim.add_argument("--max-steps", type=int, default=600, help="optimizer steps (default 600)")
+optim.add_argument("--batch-size", type=int, default=16, help="sequences per process and micro-step (default 16)")
+optim.add_argument("--gradient-accumulation-steps", type=int, default=1, help="micro-steps per step (default 1)")
+optim.add_argument("--learning-rate", type=float, default=1e-3, help="default 1e-3")
+optim.add_argument("--lr-scheduler", default="cosine", help="transformers' get_scheduler name (default cosine)")
+optim.add_argument("--warmup-steps", type=int, help="default 5%% of the steps")
+optim.add_argument("--adam-betas", type=float, nargs=2, default=[0.9, 0.99], help="default 0.9 0.99")
+optim.add_argument("--adam-epsilon", type=float, default=1e-8, help="default 1e-8")
+optim.add_argument("--weight-decay", type=float, default=0.01, help="on matrices and embeddings (default 0.01)")
+optim.add_argument("--label-smoothing", type=float, default=0.0, help="default 0")
+optim.add_argument("--max-grad-norm", type=float, default=1.0, help="clip gradients to this norm; 0: no clipping")
+optim.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
+                   help="default: the `accelerate launch` config, else no. bf16 runs on CPU and GPU, fp16 on GPU only")
+run = parser.add_argument_group("checkpoints and logging")
+run.add_argument("--save-steps", type=int, help="checkpoint every N steps (default: 4 per run) and at the end")
+run.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept (default 2)")
+run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies, if any")
+run.add_argument("--resume-from", type=Path, help="continue from this checkpoint folder")
+add_run_safety_arguments(run)
+run.add_argument("--stop-at-step", type=int, help="end this run after that step (checkpointed); the schedule still "
+                 "runs to --max-steps")
+run.add_argument("--max-eval-samples", type=int, help="final validation loss on the first N sequences (default: all)")
+run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
+run.add_argument("--seed", type=int, default=1337)
+run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
+args = parser.parse_args()
+
+task, accumulation = args.task, args.gradient_accumulation_steps
+output_dir = args.output_dir or Path("outputs/accelerate") / task
+checkpoints = output_dir / "checkpoints"
+accelerator = Accelerator(
+    cpu=args.cpu,
+    mixed_precision=args.mixed_precision,
+    # One optimizer step per `accumulation` micro-steps, also across epoch ends (the data is an endless stream).
+    gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=accumulation, sync_with_dataloader=False),
+    # The data order of epoch e is a permutation seeded by seed + e, the same in every process and every run.
+    dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+    step_scheduler_with_optimizer=False,  # stepped once per optimizer step below, whatever the process count
+)
+if accelerator.num_processes != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone
+    parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but Accelerate found no device to join them on: "
+                 "on CPU pass --cpu (or set ACCELERATE_USE_CPU=1).")
+if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+    parser.error("fp16 mixed precision needs a GPU (Accelerate pairs it with a GradScaler there); use bf16 on CPU.")
+claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
+                 accelerator.is_main_process)
+try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
+    if args.resume_from:
+        resume, manifest = args.resume_from, checkpointing.verify_checkpoint(args.resume_from)
+    else:
+        resume = checkpointing.latest_checkpoint(checkpoints, report=accelerator.print) if args.resume else None
+        manifest = checkpointing.verify_checkpoint(resume, verify_checksums=False) if resume else None  # verified
+except checkpointing.CheckpointError as error:
+    parser.error(str(error))
+if args.resume and not resume:
+    accelerator.print(f"no checkpoint in {checkpoints}: starting from step 0")
+default_preset, default_kind, tokenizer_family = DEFAULTS[task]
+
+# ----------------------------------------------------------------------------------------------- data
+with accelerator.main_process_first():  # the main process fills the `datasets` cache, the others then read it
+    raw, tokenizer_texts = load_run_data(args)
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+# Trained once, by the main process, into OUTPUT_DIR/tokenizer; the other processes and resumed runs load it there
+# (WordPiece and Unigram training is not deterministic, so retraining could change the vocabulary).
+tokenizer_dir = output_dir / "tokenizer"
+with accelerator.main_process_first():
+    if args.model or args.tokenizer or (resume and tokenizer_dir.is_dir()) or not accelerator.is_main_process:
+        tokenizer = AutoTokenizer.from_pretrained(args.model or args.tokenizer or tokenizer_dir)
+    else:
+        tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
+                                    vocab_size=args.vocab_size, model_max_length=args.max_length)
+        tokenizer.save_pretrained(tokenizer_dir)
+accelerator.print(f"data: {len(raw['train'])} training examples; tokenizer: {len(tokenizer)} tokens")
+
+# ----------------------------------------------------------------------------------------------- model
+set_seed(args.seed)  # the same initial weights in every process
+if args.model:
+    model, preset = AUTO_MODEL[task].from_pretrained(args.model), None
+else:
+    overrides = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.set)}
+    overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer)}
+    overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
+    preset = None if args.config else args.preset or default_preset
+    config = AutoConfig.from_pretrained(args.config, **overrides) if args.config else get_preset(preset, **overrides)
+    model = AUTO_MODEL[task].from_config(config)
+if model.config.vocab_size < len(tokenizer):
+    raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
+accelerator.print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters; "
+                  f"{accelerator.num_processes} x {accelerator.distributed_type.value}, {accelerator.mixed_precision}")
+
+with accelerator.main_process_first():
+    if task == "causal-lm":
+        prepare, collate = training.pack_for_causal_lm, default_data_collator  # equal blocks carrying their labels
+    elif task == "masked-lm":  # padded here, masked in the loop (see `to_device`)
+        prepare, collate = training.tokenize_for_mlm, DataCollatorWithPadding(tokenizer)
+    else:
+        prepare = training.tokenize_for_seq2seq
+        collate = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    datasets = {split: prepare(texts, tokenizer, args.max_length) for split, texts in raw.items()}
+kept = min(args.max_eval_samples or len(datasets["validation"]), len(datasets["validation"]))
+datasets["validation"] = datasets["validation"].select(range(kept))
+masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15) if task == "masked-lm" else None
+
+# ----------------------------------------------------------------------------------------------- optimisation
+# nanoGPT's groups: weight decay on matrices and embeddings, none on biases and norms.
+decay = [p for p in model.parameters() if p.dim() >= 2]
+no_decay = [p for p in model.parameters() if p.dim() < 2]
+optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}],
+                              lr=args.learning_rate, betas=tuple(args.adam_betas), eps=args.adam_epsilon)
+warmup_steps = args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20)
+scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
+                          num_training_steps=args.max_steps)
+# The loaders own a generator, so that starting an epoch never draws from the global RNG: dropout and MLM masking
+# then use it in step order only, and the RNG state a checkpoint saves is exactly what the next step needs.
+loader, eval_loader = (DataLoader(datasets[split], batch_size=args.batch_size, shuffle=split == "train",
+                                  drop_last=split == "train", collate_fn=collate, generator=torch.Generator())
+                       for split in ("train", "validation"))
+model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+loader, eval_loader = (accelerator.prepare_data_loader(d, device_placement=False) for d in (loader, eval_loader))
+if len(loader) == 0:
+    raise ValueError(f"{len(datasets['train'])} training sequences do not fill one batch per process.")
+
+layout = {key: getattr(args, key) for key in ("task", "batch_size", "gradient_accumulation_steps", "max_steps",
+                                             "max_length", "seed")} | {"num_processes": accelerator.num_processes}
+history, start_step = [], 0
+if resume:
+    try:
+        checkpointing.load_checkpoint(accelerator, resume, verify_checksums=False)  # model, optimizer, schedule, RNG
+    except checkpointing.CheckpointError as error:
+        parser.error(str(error))
+    start_step = manifest["step"]
+    history = [json.loads(line) for line in (Path(resume) / "loss_curve.jsonl").read_text().splitlines()]
+    changed = {key: (manifest["metadata"].get(key), value) for key, value in layout.items()
+               if manifest["metadata"].get(key) != value}  # (checkpoint's, now)
+    accelerator.print(f"resumed from {resume} at step {start_step}" + (f"; changed settings {changed} make the steps "
+                      "differ from an uninterrupted run" if changed else ""))
+else:
+    set_seed(args.seed, device_specific=True)  # dropout and masks of its own in each process
+
+
+def micro_batches(start: int):
+    """This process's micro-batches from number `start` on, epoch after epoch. Epoch e's order depends on e alone,
+    so a resumed run skips to its position (`skip_first_batches`, without loading the skipped data) and sees
+    exactly the batches an uninterrupted run would."""
+    epoch, skip = divmod(start, len(loader))
+    while True:
+        loader.set_epoch(epoch)
+        yield from accelerator.skip_first_batches(loader, skip) if skip else loader
+        epoch, skip = epoch + 1, 0
+
+
+def to_device(batch: dict) -> dict:
+    """MLM masking (80/10/10) happens here rather than in the DataLoader, which fetches one batch ahead: the global
+    RNG is then drawn in step order, so restoring it from a checkpoint resumes the same masks."""
+    if masker is not None:
+        batch["input_ids"], batch["labels"] = masker.torch_mask_tokens(batch["input_ids"],
+                                                                       batch.pop("special_tokens_mask"))
+    return {key: value.to(accelerator.device) for key, value in batch.items()}
+
+
+def count_labels(labels: torch.Tensor) -> torch.Tensor:
+    """Labelled tokens; the causal LM's first label is never predicted (labels shift inside the model)."""
+    return (labels[:, 1:] if task == "causal-lm" else labels).ne(-100).sum()
+
+
+def summed_loss(batch: dict, epsilon: float) -> torch.Tensor:
+    """The loss summed over the batch's labelled tokens, label-smoothed when epsilon > 0."""
+    if epsilon == 0:  # the model's own loss (sparse MLM prediction projects only the labelled positions)
+        return model(**batch, num_items_in_batch=1).loss
+    labels = batch.pop("labels")
+    return training.label_smoothed_loss(model(**batch).logits, labels, epsilon, shift=task == "causal-lm",
+                                        num_items_in_batch=1)
+
+
+# ----------------------------------------------------------------------------------------------- training loop
+stop = min(args.max_steps, args.stop_at_step or args.max_steps)
+save_steps = args.save_steps or max(1, args.max_steps // 4)
+log_file = output_dir / "loss_curve.jsonl"
+if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
+stream = micro_batches(start_step * accumulation)
+progress = tqdm(total=args.max_steps, initial=start_step, disable=not accelerator.is_main_process, desc="training")
+model.train()
+for step in range(start_step + 1, stop + 1):
+    batches = [to_device(next(stream)) for _ in range(accumulation)]
+    # Labelled tokens in the whole global batch (all micro-steps, all processes), as Trainer's num_items_in_batch.
+    num_items = accelerator.reduce(sum(count_labels(batch["labels"]) for batch in batches), "sum").clamp(min=1)
+    step_loss = torch.zeros((), device=accelerator.device)
+    for batch in batches:
+        with accelerator.accumulate(model):
+            loss = summed_loss(batch, args.label_smoothing) / num_items
+            # `backward` divides by the accumulation steps and DDP averages over processes: undo both, so that the
+            # gradient is that of the mean loss over the global batch's tokens.
+            accelerator.backward(loss * accumulation * accelerator.num_processes)
+            step_loss += loss.detach()
+    assert accelerator.sync_gradients, "the last micro-step must synchronise the gradients"
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm) if args.max_grad_norm else None
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    if not accelerator.optimizer_step_was_skipped:  # fp16: the GradScaler skips steps with inf/nan gradients
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    record = {"step": step, "loss": accelerator.reduce(step_loss, "sum").item(), "lr": lr, "tokens": num_items.item(),
+              "grad_norm": None if grad_norm is None else float(grad_norm)}
+    history.append(record)
+    if accelerator.is_main_process:
+        with log_file.open("a") as log:
+            log.write(json.dumps(record) + "\n")
+    progress.update(1)
+    progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
+    if step % save_steps == 0 or step == stop:
+        checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
+                                      extra_files={"loss_curve.jsonl": log_file.read_text()}
+                                      if accelerator.is_main_process else None)
+progress.close()
+if stop < args.max_steps:
+    accelerator.print(f"stopped after step {stop} of {args.max_steps}; continue with --resume")
+    accelerator.end_training()
+    raise SystemExit(0)
+
+# ----------------------------------------------------------------------------------------------- evaluation
+model.eval()
+total = torch.zeros(2, device=accelerator.device)  # summed loss, labelled tokens
+with torch.no_grad():
+    for batch in map(to_device, eval_loader):
+        total += torch.stack([summed_loss(batch, 0.0).float(), count_labels(batch["labels"]).float()])
+total = accelerator.reduce(total, "sum")
+results = {"eval_loss": (total[0] / total[1]).item()} if total[1] else {}  # none without validation data
+if results and task == "causal-lm":
+    results["perplexity"] = training.perplexity(results["eval_loss"])
+accelerator.print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
+
+# ----------------------------------------------------------------------------------------------- final model
+folder = output_dir / "model"
+state_dict = accelerator.get_state_dict(model)  # every process takes part (FSDP gathers the shards)
+accelerator.unwrap_model(model).save_pretrained(folder, is_main_process=accelerator.is_main_process,
+                                                save_function=accelerator.save, state_dict=state_dict)
+if accelerator.is_main_process:
+    tokenizer.save_pretrained(folder)
+    history.append({"step": args.max_steps, **results})
+    training.plot_loss_curve(history, folder / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
+    files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
+    dataset = args.dataset_name or args.dataset or ("tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem)
+    unwrapped = accelerator.unwrap_model(model)
+    hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
+                       "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
+                           "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
+                           "max_grad_norm")}, "warmup_steps": warmup_steps}
+    hub.write_model_card(folder, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
+                         preset=preset, config=unwrapped.config.to_dict(), num_parameters=unwrapped.num_parameters(),
+                         dataset=dataset, tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
+                         hyperparameters=hyperparameters, eval_results=results)
+    accelerator.print(f"saved {folder}")
+accelerator.end_training()

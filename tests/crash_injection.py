@@ -1,0 +1,80 @@
+"""Run a training command with a SIGKILL at a chosen instant, as a crash or an impatient user would:
+
+    python crash_injection.py POINT N hf_scratch_transformer.cli.train_accelerate ARGS...
+
+POINT says where the N-th occurrence (counted from 1) kills the process:
+    step     before the N-th optimizer step runs
+    state    inside the N-th save: every file of the state written, no manifest yet
+    rename   inside the N-th save: manifest written, just before the folder gets its final name
+    delete   inside the N-th checkpoint deletion (pruning, or a step the run left): renamed aside, one file removed
+
+The real code runs unchanged; only the functions named above are wrapped.
+"""
+
+import os
+import runpy
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from hf_scratch_transformer import checkpointing
+
+
+def die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_on_call(owner, name: str, when, count: int) -> None:
+    """Wrap `owner.name` so that its `count`-th call for which `when(*args)` holds kills the process first."""
+    original, calls = getattr(owner, name), [0]
+
+    def wrapper(*args, **kwargs):
+        if when(*args):
+            calls[0] += 1
+            if calls[0] == count:
+                die()
+        return original(*args, **kwargs)
+
+    setattr(owner, name, wrapper)
+
+
+def kill_inside_deletion(count: int) -> None:
+    """The `count`-th removal of a `.deleted` folder deletes one file, then the process dies."""
+    original, calls = shutil.rmtree, [0]
+
+    def rmtree(path, *args, **kwargs):
+        if str(path).endswith(checkpointing.DELETED_SUFFIX) and Path(path).exists() and not kwargs.get("ignore_errors"):
+            calls[0] += 1
+            if calls[0] == count:
+                next(p for p in sorted(Path(path).rglob("*")) if p.is_file()).unlink()
+                die()
+        return original(path, *args, **kwargs)
+
+    shutil.rmtree = rmtree
+
+
+def main() -> None:
+    point, count, module, *arguments = sys.argv[1:]
+    count = int(count)
+    if point == "step":
+        kill_on_call(torch.optim.AdamW, "step", lambda *args: True, count)
+    elif point == "state":
+        kill_on_call(checkpointing, "write_manifest", lambda *args: True, count)
+    elif point == "rename":
+        # the commit renames a folder to its final name (removals rename one to `.deleted`)
+        kill_on_call(os, "replace", lambda source, target, *rest: Path(source).is_dir()
+                     and not str(target).endswith(checkpointing.DELETED_SUFFIX), count)
+    elif point == "delete":
+        kill_inside_deletion(count)
+    else:
+        raise SystemExit(f"unknown kill point {point!r}")
+    sys.argv = [module, *arguments]
+    runpy.run_module(module, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

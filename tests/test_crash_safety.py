@@ -1,0 +1,158 @@
+"""Runs that survive crashes and mistakes, on both entry points (`hf-scratch train` on Trainer, `hf-scratch
+train-accelerate`): a tiny run killed with SIGKILL again and again (inside a save, before its commit, inside a
+deletion, between steps), each time resumed, ends bit for bit as the uninterrupted run; leftovers never block a
+save; corrupt or unloadable state is an error naming the file; an earlier run is never replaced unless asked."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_scratch_transformer import checkpointing
+from tokenizer_training import train_tokenizer
+
+HERE = Path(__file__).resolve().parent
+TINY = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
+COMMON = ["--max-length", "32", "--max-eval-samples", "8", "--batch-size", "4", "--max-steps", "10", "--save-steps",
+          "2", *TINY]
+# entry point -> (module, its own options, checkpoint prefix); both keep 2 checkpoints
+ENTRY_POINTS = {
+    "accelerate": ("hf_scratch_transformer.cli.train_accelerate",
+                   ["--gradient-accumulation-steps", "2", "--keep-checkpoints", "2"], checkpointing.ACCELERATE_PREFIX),
+    "trainer": ("hf_scratch_transformer.cli.train", ["--eval-steps", "2", "--sample-prompt", "the"],
+                checkpointing.TRAINER_PREFIX),
+}
+# (kill point, occurrence) in turn, each run resuming the one before (see crash_injection.py). With saves every 2
+# steps and 2 kept: state of step 4; deletion of the two planted checkpoints (below), then inside the prune of
+# step 2; commit of step 8; between steps 8 and 9.
+KILLS = [("state", 2), ("delete", 3), ("rename", 1), ("step", 3)]
+
+
+def command(entry: str, workspace: Path, output: Path, *extra, kill: tuple[str, int] | None = None) -> list[str]:
+    module, options, _ = ENTRY_POINTS[entry]
+    launcher = [sys.executable, str(HERE / "crash_injection.py"), kill[0], str(kill[1]), module] if kill else \
+        [sys.executable, "-m", module]
+    data = ["--train-files", workspace / "corpus.txt", "--tokenizer", workspace / "tokenizer"]
+    return [*launcher, *map(str, [*data, *COMMON, *options, "--output-dir", output, *extra])]
+
+
+def run(arguments: list[str], cwd: Path, returncode: int = 0) -> str:
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == returncode, output[-4000:]
+    return output
+
+
+def loss_curve(entry: str, output: Path) -> list:
+    if entry == "accelerate":
+        return (output / "loss_curve.jsonl").read_text().splitlines()
+    state = json.loads((output / "checkpoints/checkpoint-10/trainer_state.json").read_text())
+    return [(record["step"], record["loss"]) for record in state["log_history"] if "loss" in record]
+
+
+def plant_broken_checkpoints(folder: Path, prefix: str) -> None:
+    """What the former non-atomic deletion left behind: a step-5 without manifest, and a step-7 whose manifest is
+    there but one of its files is not."""
+    (folder / f"{prefix}-5").mkdir()
+    shutil.copytree(folder / f"{prefix}-2", folder / f"{prefix}-7")
+    checkpointing.write_manifest(folder / f"{prefix}-7", 7)
+    next(p for p in sorted((folder / f"{prefix}-7").iterdir()) if p.name != checkpointing.MANIFEST).unlink()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("crash")
+    generator = torch.Generator().manual_seed(0)
+    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
+    sentences = [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
+                 for _ in range(110)]
+    (folder / "corpus.txt").write_text("\n\n".join(sentences))
+    train_tokenizer("bpe", "decoder", files=[folder / "corpus.txt"], vocab_size=300).save_pretrained(
+        folder / "tokenizer")
+    return folder
+
+
+@pytest.fixture(scope="module", params=list(ENTRY_POINTS))
+def uninterrupted(request, workspace):
+    entry = request.param
+    run(command(entry, workspace, workspace / f"{entry}-full"), workspace)
+    return entry, workspace / f"{entry}-full"
+
+
+@pytest.mark.slow
+def test_a_run_killed_again_and_again_ends_exactly_as_the_uninterrupted_run(workspace, uninterrupted):
+    entry, full = uninterrupted
+    prefix = ENTRY_POINTS[entry][2]
+    output, folder = workspace / f"{entry}-killed", workspace / f"{entry}-killed" / "checkpoints"
+    for number, kill in enumerate(KILLS):
+        resume = ["--resume"] if number else []
+        stdout = run(command(entry, workspace, output, *resume, kill=kill), workspace, returncode=-signal.SIGKILL)
+        for path in checkpointing.checkpoints(folder, prefix):  # every checkpoint under its final name is whole
+            if path.name not in (f"{prefix}-5", f"{prefix}-7"):
+                checkpointing.verify_checkpoint(path)
+        if number == 0:
+            assert sorted(p.name for p in folder.iterdir()) == [f"{prefix}-2", f"{prefix}-4.tmp"]
+            plant_broken_checkpoints(folder, prefix)
+        if number == 1:
+            assert f"skipping {prefix}-7: " in stdout and "the file" in stdout and "is missing" in stdout
+            assert f"skipping {prefix}-5: " in stdout and "has no COMPLETE.json" in stdout
+            assert (folder / f"{prefix}-2.deleted").is_dir(), "killed inside the prune of step 2"
+    stdout = run(command(entry, workspace, output, "--resume"), workspace)
+    assert f"{prefix}-8" in stdout  # resumed from the newest complete checkpoint
+    assert sorted(p.name for p in folder.iterdir()) == [f"{prefix}-10", f"{prefix}-8"], "no leftovers remain"
+    assert loss_curve(entry, output) == loss_curve(entry, full)
+    expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
+    assert expected.keys() == resumed.keys()
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
+
+
+def test_a_new_run_refuses_an_output_folder_that_holds_an_earlier_one(workspace, uninterrupted):
+    entry, full = uninterrupted
+    before = {path: path.stat().st_mtime_ns for path in full.rglob("*")}
+    stderr = run(command(entry, workspace, full), workspace, returncode=2)
+    assert f"{full} holds an earlier run" in stderr and "--resume" in stderr and "--overwrite-output-dir" in stderr
+    assert {path: path.stat().st_mtime_ns for path in full.rglob("*")} == before, "nothing was touched"
+
+
+def test_overwrite_output_dir_starts_again_without_the_earlier_checkpoints(workspace, uninterrupted):
+    entry, full = uninterrupted
+    output = workspace / f"{entry}-overwritten"
+    shutil.copytree(full, output)
+    (output / "checkpoints" / f"{ENTRY_POINTS[entry][2]}-12").mkdir()  # a later step of the earlier run
+    run(command(entry, workspace, output, "--overwrite-output-dir", "--max-steps", "4"), workspace)
+    assert [p.name for p in checkpointing.checkpoints(output / "checkpoints", ENTRY_POINTS[entry][2])] == \
+        [f"{ENTRY_POINTS[entry][2]}-2", f"{ENTRY_POINTS[entry][2]}-4"]
+
+
+def test_a_corrupt_or_unloadable_state_is_an_error_naming_the_file(workspace, uninterrupted, tmp_path):
+    entry, full = uninterrupted
+    prefix = ENTRY_POINTS[entry][2]
+    rng_file = "random_states_0.pkl" if entry == "accelerate" else "rng_state.pth"
+    optimizer_file = "optimizer.bin" if entry == "accelerate" else "optimizer.pt"
+
+    def damaged(name: str, damage) -> Path:
+        output = tmp_path / name
+        shutil.copytree(full, output)
+        shutil.rmtree(output / "checkpoints" / f"{prefix}-10")
+        damage(output / "checkpoints" / f"{prefix}-8")
+        return output
+
+    def missing_optimizer(path: Path) -> None:
+        (path / optimizer_file).unlink()
+
+    def unloadable_rng(path: Path) -> None:  # the checksum matches (the manifest is rewritten): only loading tells
+        (path / rng_file).write_bytes(b"not a pickle")
+        checkpointing.write_manifest(path, 8)
+
+    stderr = run(command(entry, workspace, damaged("no-optimizer", missing_optimizer), "--resume"), workspace, 2)
+    assert "None of the 1 checkpoints" in stderr and f"the file {optimizer_file} is missing" in stderr
+    stderr = run(command(entry, workspace, damaged("bad-rng", unloadable_rng), "--resume"), workspace, 2)
+    assert f"the random state {rng_file} cannot be loaded" in stderr
