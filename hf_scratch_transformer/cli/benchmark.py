@@ -218,8 +218,14 @@ def interleaved(run, warmup: int, repeats: int) -> dict:
 
 
 def matmul_flops(product, dtype: torch.dtype) -> float:
+    """FLOP/s of `product` on two square matrices; 0 where the kernel does not exist for `dtype` on this CPU (oneDNN
+    has no bf16 inner product without AVX-512 bf16 or AMX)."""
     n = args.mm_size
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    try:
+        product(a, b)
+    except RuntimeError:
+        return 0.0
     times = []
     for _ in range(10):
         start = time.perf_counter()

@@ -1,0 +1,67 @@
+"""What a user who only ran `pip install` has: the wheel built from this checkout, installed into a fresh virtual
+environment (its dependencies are the test environment's, reached through a `.pth` file: no download), runs the
+main job through the installed `hf-scratch` command from a folder outside the checkout, and the folder it writes
+is complete (weights, model card from the packaged template, loss plot) and reloads; `publish --dry-run` accepts it."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(command: list, cwd: Path, env: dict | None = None) -> str:
+    result = subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=600, check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, dict]:
+    """(the fresh environment's bin folder, an environment for running from it)."""
+    work = tmp_path_factory.mktemp("installed")
+    # Built from a copy: setuptools' build/ folder in a checkout can hold files that no longer exist.
+    source = shutil.copytree(ROOT, work / "source", ignore=shutil.ignore_patterns(
+        ".git", ".venv", "outputs", "build", "*.egg-info", ".hf_conformance", "__pycache__"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", work / "dist", source],
+        cwd=work)
+    wheel = next((work / "dist").glob("hf_scratch_transformer-*.whl"))
+    venv.create(work / "env", with_pip=False)
+    bin_dir = work / "env" / ("Scripts" if os.name == "nt" else "bin")
+    site = Path(run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], work).strip())
+    # The test environment's packages (torch, transformers, ...) after the wheel's own: the editable install of
+    # this checkout there is a finder that a plain path entry does not load, so the package comes from the wheel.
+    (site / "test_environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    run([sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--no-deps", "--no-index", "-q",
+         wheel], cwd=work)
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+    return bin_dir, env
+
+
+@pytest.mark.slow
+def test_the_installed_command_runs_the_main_job_outside_the_checkout(installed, tmp_path):
+    bin_dir, env = installed
+    where = run([bin_dir / "python", "-c", "import hf_scratch_transformer; print(hf_scratch_transformer.__file__)"],
+                tmp_path, env)
+    assert str(ROOT) not in where and "site-packages" in where, "the package must come from the wheel"
+    assert "train-accelerate" in run([bin_dir / "hf-scratch", "--help"], tmp_path, env)
+
+    stdout = run([bin_dir / "hf-scratch", "train", "--max-steps", "2", "--batch-size", "2", "--max-length", "32",
+                  "--vocab-size", "300", "--max-eval-samples", "4", "--set", "num_hidden_layers=1", "hidden_size=32",
+                  "num_attention_heads=2", "intermediate_size=64"], tmp_path, env)  # the embedded default corpus
+    folder = tmp_path / "outputs/causal-lm/model"
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md", "loss_curve.png",
+                 "modeling_scratch_decoder.py"):
+        assert (folder / name).is_file(), name
+    assert "tiny_shakespeare" in (folder / "README.md").read_text(), "the card is rendered from the packaged template"
+    assert "sample from the reloaded model:" in stdout
+    listing = run([bin_dir / "hf-scratch", "publish", folder, "--repo-id", "someone/tiny", "--dry-run"], tmp_path, env)
+    assert "model.safetensors" in listing and "README.md" in listing
