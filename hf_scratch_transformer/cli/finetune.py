@@ -27,13 +27,14 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
-    Trainer,
     TrainingArguments,
     set_seed,
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_transformer import training
+from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer
+from hf_scratch_transformer.cli.run_options import add_run_safety_arguments, claim_output_dir
 from hf_scratch_transformer.conversion import from_hf
 
 NATIVE_LMS = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM}
@@ -58,9 +59,12 @@ parser.add_argument("--max-steps", type=int, default=-1, help="overrides --epoch
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--learning-rate", type=float, default=5e-5)
 parser.add_argument("--seed", type=int, default=42)
+parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
+add_run_safety_arguments(parser)
 args = parser.parse_args()
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
+claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir)
 
 # ----------------------------------------------------------------------------------------------- data
 if (args.train_file is None) == (args.dataset is None):
@@ -128,7 +132,7 @@ collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classificat
             else DataCollatorForTokenClassification(tokenizer))
 
 # ----------------------------------------------------------------------------------------------- training
-trainer = Trainer(
+trainer = CrashSafeTrainer(
     model=model,
     args=TrainingArguments(
         output_dir=str(output_dir / "checkpoints"), num_train_epochs=args.epochs, max_steps=args.max_steps,
@@ -139,7 +143,10 @@ trainer = Trainer(
     train_dataset=datasets["train"], eval_dataset=datasets["validation"], data_collator=collator,
     processing_class=tokenizer, compute_metrics=training.classification_metrics,
 )
-trainer.train()
+try:
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
+    parser.error(str(error))
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
            if key in ("eval_loss", "eval_accuracy", "eval_f1")}
 print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
