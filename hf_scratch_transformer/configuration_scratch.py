@@ -30,9 +30,21 @@ def _check_positive(name: str, value) -> None:
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
 
+def _check_number(name: str, value) -> None:
+    # An int is a fine float (JSON writes 0.0 as 0); a bool or a string ("0.1") would fail later, naming no field.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"`{name}` must be a number, got {value!r} ({type(value).__name__}).")
+
+
 def _check_probability(name: str, value) -> None:
+    _check_number(name, value)
     if not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1), got {value!r}.")
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
 
 
 class ScratchConfigBase(PreTrainedConfig):
@@ -122,10 +134,13 @@ class ScratchConfigBase(PreTrainedConfig):
             raise ValueError(f"sinusoidal positions need an even `hidden_size`, got {self.hidden_size}.")
         for name in ("dropout", "attention_dropout", "activation_dropout", "embedding_dropout"):
             _check_probability(name, getattr(self, name))
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")
-        if self.initializer_range <= 0:
-            raise ValueError(f"`initializer_range` must be positive, got {self.initializer_range}.")
+        for name in ("layer_norm_eps", "initializer_range"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if value <= 0:
+                raise ValueError(f"`{name}` must be positive, got {value!r}.")
+        for name in ("final_norm", "use_bias", "scale_embeddings", "embedding_norm"):
+            _check_bool(name, getattr(self, name))
 
 
 class ScratchDecoderConfig(ScratchConfigBase):
@@ -176,6 +191,8 @@ class ScratchEncoderConfig(ScratchConfigBase):
         _check_positive("num_hidden_layers", self.num_hidden_layers)
         if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ValueError(f"`type_vocab_size` must be a non-negative integer, got {self.type_vocab_size!r}.")
+        for name in ("sparse_prediction", "mlm_transform"):
+            _check_bool(name, getattr(self, name))
         if self.classifier_dropout is not None:
             _check_probability("classifier_dropout", self.classifier_dropout)
         super().__post_init__(**kwargs)
@@ -213,6 +230,8 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     def __post_init__(self, **kwargs):
         _check_positive("encoder_layers", self.encoder_layers)
         _check_positive("decoder_layers", self.decoder_layers)
+        for name in ("share_embeddings", "output_bias"):
+            _check_bool(name, getattr(self, name))
         if self.encoder_vocab_size is not None:
             _check_positive("encoder_vocab_size", self.encoder_vocab_size)
             if self.share_embeddings:

@@ -1,7 +1,7 @@
 """Hub publishing (SPEC section 8): a model card rendered from `model_cards/template.md`, the list of files a
 saved folder would upload, and the upload itself through `huggingface_hub`.
 
-No model file imports this module, so it never travels to the Hub; it needs `huggingface_hub`, not torch.
+No model file imports this module, so it never travels to the Hub.
 """
 
 import json
@@ -11,6 +11,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects
+
+from .modeling_scratch_common import safetensors_error
 
 TEMPLATE = files("hf_scratch_transformer.model_cards") / "template.md"  # package data (pyproject.toml)
 
@@ -151,15 +153,20 @@ def _code_files(folder: Path, config: dict) -> list[str]:
     return sorted(found)
 
 
+def _weight_files(folder: Path) -> list[str]:
+    """`model.safetensors`, or when sharded, every shard its index names."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted(set(json.loads(index.read_text("utf-8"))["weight_map"].values()))
+    return ["model.safetensors"]
+
+
 def _missing_files(folder: Path) -> list[str]:
     """What a Hub model needs and `folder` lacks: config, weights, card and model code."""
     if not (folder / "config.json").is_file():
         return ["config.json"]
     config = json.loads((folder / "config.json").read_text("utf-8"))
-    weights, index = ["model.safetensors"], folder / "model.safetensors.index.json"
-    if index.is_file():  # sharded: every shard the index names
-        weights = sorted(set(json.loads(index.read_text("utf-8"))["weight_map"].values()))
-    needed = ["README.md", *weights, *_code_files(folder, config)]
+    needed = ["README.md", *_weight_files(folder), *_code_files(folder, config)]
     return [name for name in needed if not (folder / name).is_file()]
 
 
@@ -177,6 +184,10 @@ def upload_plan(folder) -> list[tuple[str, int]]:
             f"{folder} is not ready for the Hub, missing: {', '.join(missing)} (save the model with save_pretrained, "
             "which writes the weights and the model code, and the card with write_model_card)"
         )
+    for name in _weight_files(folder):  # a truncated copy (full disk, interrupted save) must not be published
+        corrupt = safetensors_error(folder / name)
+        if corrupt:
+            raise corrupt
     paths = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
     # The same filter as upload_folder, so that the plan is what gets uploaded.
     kept = filter_repo_objects(paths, ignore_patterns=IGNORE_PATTERNS)

@@ -7,6 +7,8 @@ per forward and passes them to every layer.
 """
 
 import copy
+import json
+import os
 from functools import partial
 
 import torch
@@ -40,6 +42,48 @@ def check_labels_shape(labels: torch.Tensor | None, inputs: torch.Tensor | None,
         )
 
 
+def check_inputs_shape(inputs: torch.Tensor, name: str, dims: int) -> None:
+    """Ids must be (batch, length) and embeddings (batch, length, hidden), neither empty: an unbatched input would
+    fail deep inside with an index error, an empty one in a reshape inside attention."""
+    if inputs.dim() == dims and 0 not in inputs.shape[:2]:
+        return
+    expected = "(batch_size, sequence_length, hidden_size)" if dims == 3 else "(batch_size, sequence_length)"
+    hint = f" For one sequence, add the batch dimension: `{name}[None]`." if inputs.dim() == dims - 1 else ""
+    raise ValueError(
+        f"`{name}` must have shape {expected}, with at least one sequence and one token, got {tuple(inputs.shape)}."
+        + hint
+    )
+
+
+def _safetensors_problem(path) -> str | None:
+    """What makes `path` an incomplete or corrupt safetensors file, or None. The format: an 8-byte little-endian
+    header length, a JSON header giving each tensor's byte range in the data, then the data, which must end
+    exactly where the file ends (so a truncated copy fails here)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        header_length = int.from_bytes(handle.read(8), "little")
+        if size < 8 or 8 + header_length > size:
+            return f"its {size} bytes are too few for its header"
+        try:
+            header = json.loads(handle.read(header_length))
+            data_end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"),
+                           default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):  # not JSON, or not the safetensors one
+            return "its header is not a safetensors header"
+    data_length = size - 8 - header_length
+    if data_end != data_length:
+        return f"its header describes {data_end} bytes of tensor data, but the file holds {data_length}"
+    return None
+
+
+def safetensors_error(path) -> ValueError | None:
+    """A ValueError naming `path` and what is wrong with it when it is not a complete safetensors file, else None."""
+    problem = _safetensors_problem(path)
+    if problem is None:
+        return None
+    return ValueError(f"{path} is not a complete safetensors file: {problem}. Save or download it again.")
+
+
 class ScratchPreTrainedModel(PreTrainedModel):
     """Initialisation and the transformers feature flags common to every Scratch model."""
 
@@ -64,6 +108,19 @@ class ScratchPreTrainedModel(PreTrainedModel):
                 **copy.deepcopy(config.family_custom_pipelines), **(getattr(config, "custom_pipelines", None) or {})
             }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @staticmethod
+    def _load_pretrained_model(model, state_dict, checkpoint_files, *args, **kwargs):
+        """transformers' loading step of `from_pretrained`. A truncated or corrupt weights file fails inside
+        safetensors with an error that names no file: name it (SPEC section 10)."""
+        try:
+            return PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files, *args, **kwargs)
+        except Exception as error:
+            for file in checkpoint_files or ():
+                corrupt = file.endswith(".safetensors") and safetensors_error(file)
+                if corrupt:
+                    raise corrupt from error
+            raise
 
     @property
     def loss_function(self):
@@ -142,7 +199,10 @@ class ScratchTransformer(ScratchPreTrainedModel):
         super().__init__(config)
         self.is_causal = is_causal
         self.has_cross_attention = has_cross_attention
-        self.embeddings = ScratchEmbeddings(config, vocab_size, type_vocab_size)
+        # What errors call the inputs: the encoder-decoder passes its decoder `decoder_input_ids` / `..._embeds`.
+        prefix = "decoder_" if has_cross_attention else ""
+        self.input_names = (f"{prefix}input_ids", f"{prefix}inputs_embeds")
+        self.embeddings = ScratchEmbeddings(config, vocab_size, type_vocab_size, input_name=self.input_names[0])
         self.layers = nn.ModuleList(
             [ScratchBlock(config, i, is_causal=is_causal, has_cross_attention=has_cross_attention)
              for i in range(num_layers)]
@@ -179,11 +239,13 @@ class ScratchTransformer(ScratchPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        ids_name, embeds_name = self.input_names
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+            raise ValueError(f"Pass exactly one of `{ids_name}` or `{embeds_name}`.")
         if self.has_cross_attention and encoder_hidden_states is None:
             raise ValueError("This decoder attends to an encoder: pass `encoder_hidden_states`.")
-        inputs = input_ids if input_ids is not None else inputs_embeds
+        inputs, name, dims = (input_ids, ids_name, 2) if input_ids is not None else (inputs_embeds, embeds_name, 3)
+        check_inputs_shape(inputs, name, dims)
         if not self.is_causal:
             use_cache, past_key_values = False, None  # a bidirectional stack has nothing to cache
         if use_cache and past_key_values is None:

@@ -27,6 +27,7 @@ from .modeling_scratch_common import (
 # imports relatively); saved configs declare it in `custom_pipelines`.
 from .pipeline_scratch_text2text import ScratchText2TextPipeline  # noqa: F401
 from .scratch_linear import ScratchLinear
+from .scratch_loss import check_label_ids
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
@@ -178,11 +179,17 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
     ) -> Seq2SeqLMOutput:
         """`labels` (B, T) are the target ids (-100 = ignore); without `decoder_input_ids` they are shifted right
         behind `decoder_start_token_id` to make them. With `labels` no cache is made (`use_cache` is ignored)."""
+        no_decoder_inputs = decoder_input_ids is None and decoder_inputs_embeds is None
         if labels is not None:
             # A loss needs no cache, and filling one copies every layer's keys and values (as Marian and BART do).
             use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
+            if no_decoder_inputs:
+                check_label_ids(labels, self.config.vocab_size)  # before they become ids, so the error names them
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        elif no_decoder_inputs:
+            raise ValueError(
+                "Pass `decoder_input_ids` or `decoder_inputs_embeds`, or `labels` to make them from (shifted right)."
+            )
         check_labels_shape(labels, decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds)
         outputs = self.model(
             input_ids=input_ids,

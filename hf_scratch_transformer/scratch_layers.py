@@ -165,12 +165,22 @@ class ScratchBlock(GradientCheckpointingLayer):
         return self._add_residual(hidden_states, update, self.mlp_norm)
 
 
+def value_range(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """(min, max) of an id tensor, read in one pass, for the range checks of SPEC section 10; None when there is
+    nothing to read, or while compiling (reading a value would break the graph)."""
+    if torch.compiler.is_compiling() or tensor.numel() == 0:
+        return None
+    low, high = torch.aminmax(tensor)
+    return int(low), int(high)
+
+
 class ScratchEmbeddings(nn.Module):
     """input ids (B, T) -> (B, T, hidden): token embedding [x sqrt(hidden)] + token type + absolute position,
     then an optional norm and dropout. Rotary and ALiBi positions act inside attention instead."""
 
-    def __init__(self, config, vocab_size: int, type_vocab_size: int = 0):
+    def __init__(self, config, vocab_size: int, type_vocab_size: int = 0, input_name: str = "input_ids"):
         super().__init__()
+        self.input_name = input_name  # what errors call the ids: the seq2seq decoder's are `decoder_input_ids`
         self.max_positions = config.max_position_embeddings
         self.embed_tokens = nn.Embedding(vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
@@ -187,24 +197,40 @@ class ScratchEmbeddings(nn.Module):
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
         """Out-of-range ids would index garbage or crash deep inside; name the problem instead (SPEC section 10)."""
-        if torch.compiler.is_compiling() or input_ids.numel() == 0:
-            return
         vocab_size = self.embed_tokens.weight.shape[0]  # tying may swap in a resized matrix
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= vocab_size:
+        span = value_range(input_ids)
+        if span and (span[0] < 0 or span[1] >= vocab_size):
             raise ValueError(
-                f"`input_ids` must lie in [0, {vocab_size - 1}] (the vocabulary size is {vocab_size}), got values "
-                f"from {low} to {high}. Does the tokenizer match the model?"
+                f"`{self.input_name}` must lie in [0, {vocab_size - 1}] (the vocabulary size is {vocab_size}), got "
+                f"values from {span[0]} to {span[1]}. Does the tokenizer match the model?"
             )
 
     def check_positions(self, position_ids: torch.Tensor) -> None:
-        if self.embed_positions is None or torch.compiler.is_compiling() or position_ids.numel() == 0:
-            return
-        if int(position_ids.max()) >= self.max_positions:
+        # A negative id would index the table from its end (sinusoidal) or crash inside `nn.Embedding` (learned).
+        span = value_range(position_ids)
+        if span and span[0] < 0:
+            raise ValueError(f"`position_ids` must not be negative, got values from {span[0]} to {span[1]}.")
+        if span and span[1] >= self.max_positions:
             raise ValueError(
-                f"The input reaches position {int(position_ids.max())}, but this model has "
+                f"The input reaches position {span[1]}, but this model has "
                 f"`max_position_embeddings={self.max_positions}` absolute positions; shorten or truncate the input."
             )
+
+    def check_token_types(self, token_type_ids: torch.Tensor) -> None:
+        # Without a token-type table, all-zero types change nothing and pass (tokenizers send them by default).
+        type_vocab_size = self.token_type_embeddings.num_embeddings if self.token_type_embeddings is not None else 0
+        span = value_range(token_type_ids)
+        if not span or 0 <= span[0] <= span[1] < max(type_vocab_size, 1):
+            return
+        if not type_vocab_size:
+            raise ValueError(
+                "`token_type_ids` were given, but this model has no token types (`type_vocab_size=0`); "
+                "leave them out or build the model with `type_vocab_size`."
+            )
+        raise ValueError(
+            f"`token_type_ids` must lie in [0, {type_vocab_size - 1}] (`type_vocab_size={type_vocab_size}`), got "
+            f"values from {span[0]} to {span[1]}."
+        )
 
     def forward(
         self,
@@ -217,15 +243,12 @@ class ScratchEmbeddings(nn.Module):
             self.check_ids(input_ids)
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.embed_scale
+        if token_type_ids is not None:
+            self.check_token_types(token_type_ids)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros(hidden_states.shape[:2], dtype=torch.long, device=hidden_states.device)
             hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
-        elif token_type_ids is not None and not torch.compiler.is_compiling() and bool(token_type_ids.any()):
-            raise ValueError(
-                "`token_type_ids` were given, but this model has no token types (`type_vocab_size=0`); "
-                "leave them out or build the model with `type_vocab_size`."
-            )
         if self.embed_positions is not None:
             self.check_positions(position_ids)
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)

@@ -71,6 +71,23 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
     return total / (labels != ignore_index).sum()  # the mean over counted rows; 0 / 0 = nan, as F.cross_entropy
 
 
+def check_label_ids(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> None:
+    """Labels must be integer token ids in [0, vocab_size) or `ignore_index`: a float or out-of-range label would
+    otherwise fail inside the loss's gather (CPU) or a device-side assert (CUDA), naming neither (SPEC section 10).
+    The range is read from the data, so it is not checked while compiling or under `torch.func` transforms."""
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"`labels` must be integer token ids, got dtype {labels.dtype}.")
+    if torch.compiler.is_compiling() or under_torch_func(labels) or labels.numel() == 0:
+        return
+    low, high = torch.aminmax(labels.masked_fill(labels == ignore_index, 0))
+    if low < 0 or high >= vocab_size:
+        wrong = labels[(labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))].unique()
+        raise ValueError(
+            f"`labels` must lie in [0, {vocab_size - 1}] (the vocabulary size is {vocab_size}) or be {ignore_index} "
+            f"(ignored), got {wrong[:5].tolist()}{' ...' if len(wrong) > 5 else ''}."
+        )
+
+
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_items_in_batch=None,
             ignore_index: int = -100, shift_labels: torch.Tensor | None = None, *, shift: bool, **kwargs):
     """transformers' `ForCausalLMLoss` (shift=True: position t predicts label t + 1, or `shift_labels` as given)
@@ -79,6 +96,7 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_ite
     if shift and shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     targets = (shift_labels if shift else labels).reshape(-1).to(logits.device)
+    check_label_ids(targets, vocab_size, ignore_index)
     if num_items_in_batch is None:
         return cross_entropy(logits.reshape(-1, vocab_size), targets, ignore_index, "mean")
     total = cross_entropy(logits.reshape(-1, vocab_size), targets, ignore_index, "sum")

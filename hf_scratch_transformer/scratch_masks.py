@@ -25,9 +25,19 @@ def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, length: int) -> None:
-    """A 2D mask must be (batch, length); a prepared 4D mask is passed through unchecked, as transformers does."""
-    if mask is None or mask.dim() == 4:
+def check_padding_mask(
+    name: str, mask: torch.Tensor | None, batch_size: int, length: int, scores_shape: tuple[int, int, int, int]
+) -> None:
+    """A 2D mask must be (batch, length). A prepared 4D mask reaches attention as it is (as in transformers), so it
+    must broadcast to the attention scores, `scores_shape` = (batch, heads, queries, keys)."""
+    if mask is None:
+        return
+    if mask.dim() == 4:
+        if any(size not in (1, full) for size, full in zip(mask.shape, scores_shape, strict=True)):
+            raise ValueError(
+                f"`{name}` given as a 4D mask must broadcast to (batch_size, num_heads, query_length, key_length) = "
+                f"{tuple(scores_shape)}, got {tuple(mask.shape)}."
+            )
         return
     if mask.dim() != 2 or mask.shape[0] != batch_size or (mask.shape[1] != length and not _is_compiling()):
         raise ValueError(
@@ -68,7 +78,10 @@ def build_self_attention_mask(
     """Mask for the self-attention of every layer of one stack. inputs_embeds: (batch, q_len, hidden)."""
     batch_size, q_len = inputs_embeds.shape[:2]
     past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-    check_padding_mask("attention_mask", attention_mask, batch_size, past_length + q_len)
+    # The keys attention will see: past and current tokens, or what a static / sliding-window cache holds.
+    key_length = past_key_values.get_mask_sizes(q_len, 0)[0] if past_key_values is not None else q_len
+    scores_shape = (batch_size, config.num_attention_heads, q_len, key_length)
+    check_padding_mask("attention_mask", attention_mask, batch_size, past_length + q_len, scores_shape)
     # One new token over an unpadded dynamic cache sees every key. (Static and sliding-window caches hold keys
     # it must not see; ALiBi adds its bias through the mask.)
     sliding_window = getattr(config, "sliding_window", None)
@@ -117,9 +130,9 @@ def build_cross_attention_mask(
     encoder_attention_mask: torch.Tensor | None,
 ):
     """Mask over the encoder's tokens for every cross-attention layer: padding only."""
-    check_padding_mask(
-        "encoder_attention_mask", encoder_attention_mask, inputs_embeds.shape[0], encoder_hidden_states.shape[1]
-    )
+    batch_size, q_len, key_length = inputs_embeds.shape[0], inputs_embeds.shape[1], encoder_hidden_states.shape[1]
+    scores_shape = (batch_size, config.num_attention_heads, q_len, key_length)
+    check_padding_mask("encoder_attention_mask", encoder_attention_mask, batch_size, key_length, scores_shape)
     if _every_key_visible(config, encoder_attention_mask):
         return None
     return create_bidirectional_mask(

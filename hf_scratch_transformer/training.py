@@ -14,6 +14,8 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from torch.nn import functional as F
 
+from tokenizer_training import check_text_file
+
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
 
 # ---------------------------------------------------------------------------------------------- data
@@ -28,6 +30,8 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
     if (files is None) == (dataset is None):
         raise ValueError("Give either training files or a dataset name, not both or neither.")
     if files is not None:
+        for path in [*files, *(validation_files or [])]:
+            check_text_file(path)  # `datasets` reports an empty or binary file without naming it
         data_files = {"train": list(files)} | ({"validation": list(validation_files)} if validation_files else {})
         raw = load_dataset("text", data_files=data_files, sample_by="paragraph")
     else:
@@ -35,7 +39,8 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
         if text_column not in raw["train"].column_names:
             raise ValueError(f"Dataset {dataset!r} has no column {text_column!r}: {raw['train'].column_names}")
         raw = raw.rename_column(text_column, "text") if text_column != "text" else raw
-    return _with_validation(raw, validation_split, seed)
+    source = ", ".join(map(str, files)) if files is not None else f"dataset {dataset!r}"
+    return _with_validation(raw, validation_split, seed, source, "paragraph (blank-line separated)")
 
 
 def load_parallel(source_files: list[str] | None = None, target_files: list[str] | None = None,
@@ -49,16 +54,18 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
             if column not in raw["train"].column_names:
                 raise ValueError(f"Dataset {dataset!r} has no column {column!r}: {raw['train'].column_names}")
         raw = raw.rename_columns({source_column: "source", target_column: "target"})
-        return _with_validation(raw, validation_split, seed)
+        return _with_validation(raw, validation_split, seed, f"dataset {dataset!r}", "pair")
     if not source_files or not target_files:
         raise ValueError("Give source and target training files (or a dataset name).")
     splits = {"train": _read_pairs(source_files, target_files)}
     if validation_source and validation_target:
         splits["validation"] = _read_pairs(validation_source, validation_target)
-    return _with_validation(DatasetDict(splits), validation_split, seed)
+    return _with_validation(DatasetDict(splits), validation_split, seed, ", ".join(map(str, source_files)), "line")
 
 
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
+    for path in [*source_files, *target_files]:
+        check_text_file(path)
     sources = [line for f in source_files for line in Path(f).read_text(encoding="utf-8").splitlines()]
     targets = [line for f in target_files for line in Path(f).read_text(encoding="utf-8").splitlines()]
     if len(sources) != len(targets):
@@ -66,9 +73,16 @@ def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
     return Dataset.from_dict({"source": sources, "target": targets})
 
 
-def _with_validation(raw: DatasetDict, validation_split: float, seed: int) -> DatasetDict:
+def _with_validation(raw: DatasetDict, validation_split: float, seed: int, source: str, unit: str) -> DatasetDict:
+    """`raw`'s own validation split, or one split off its training data; `source` and `unit` (what one example
+    is) name the data in errors."""
     if "validation" in raw:
         return DatasetDict(train=raw["train"], validation=raw["validation"])
+    if raw["train"].num_rows < 2:  # `train_test_split` needs an example on each side, and names no file
+        raise ValueError(
+            f"{source} holds {raw['train'].num_rows} training example(s), one per {unit}: too few to split off a "
+            "validation set. Give more data, or validation data of its own."
+        )
     split = raw["train"].train_test_split(test_size=validation_split, seed=seed)
     return DatasetDict(train=split["train"], validation=split["test"])
 

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from .trainers import FAMILIES, KINDS, train
 
-__all__ = ["padded_vocab_size", "special_token_ids", "train_tokenizer"]
+__all__ = ["check_text_file", "padded_vocab_size", "special_token_ids", "train_tokenizer"]
 
 
 def train_tokenizer(
@@ -83,12 +83,31 @@ def special_token_ids(tokenizer) -> dict:
     return ids
 
 
+def check_text_file(path: str | Path, block_size: int = 1 << 20) -> None:
+    """Raise ValueError naming `path` unless it is UTF-8 text with something besides whitespace: trainers would
+    otherwise fail midway with a bare UnicodeDecodeError, or quietly learn from nothing. The file is streamed in
+    blocks of `block_size` characters, so a check costs one read of it and little memory."""
+    has_text = False
+    try:
+        with open(path, encoding="utf-8") as handle:
+            while block := handle.read(block_size):
+                if "\0" in block:
+                    raise ValueError(f"{path} is not a text file: it holds NUL bytes (binary data?).")
+                has_text = has_text or not block.isspace()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error.reason}; binary data?); convert it to UTF-8.") from error
+    if not has_text:
+        raise ValueError(f"{path} holds no text: it is empty or has blank lines only.")
+
+
 def _file_lines(files: list[str | Path]) -> Iterator[str]:
     if not files:
         raise ValueError("`files` is empty; give at least one text file.")
     missing = [str(path) for path in files if not Path(path).is_file()]
     if missing:  # checked up front: the generator below would only fail midway through training
         raise FileNotFoundError(f"Training text files not found: {', '.join(missing)}")
+    for path in files:
+        check_text_file(path)
 
     def lines():
         for path in files:

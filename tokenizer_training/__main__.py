@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from tokenizer_training import padded_vocab_size, train_tokenizer
+from tokenizer_training import check_text_file, padded_vocab_size, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
@@ -50,6 +50,8 @@ if args.dataset is not None:
     if path.is_file():
         if path.suffix not in builders:
             parser.error(f"--dataset {path}: unknown file type; use one of {', '.join(builders)}")
+        if path.suffix == ".txt":
+            check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
         dataset = datasets.load_dataset(builders[path.suffix], data_files=str(path), split=args.split)
     else:
         dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)

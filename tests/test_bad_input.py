@@ -1,0 +1,238 @@
+"""Bad input gets a ValueError that names the problem (SPEC section 10), never a deep IndexError, RuntimeError or
+UnicodeDecodeError, and never a silently wrong result: positions, labels, input shapes, prepared masks, token
+types, config field types, training text files and weights files."""
+
+import json
+import re
+
+import pytest
+import torch
+from tiny_models import FAMILIES, VOCAB, lm_inputs, tiny_config, tiny_lm
+
+from hf_scratch_transformer import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig, hub, training
+from tokenizer_training import train_tokenizer
+
+# ---------------------------------------------------------------------------------------------- model inputs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("position_embedding_type", ["sinusoidal", "learned"])
+def test_negative_position_ids_are_a_clear_error(family, position_embedding_type):
+    # Sinusoidal positions used to read the table from its end: a wrong result, no error.
+    model = tiny_lm(family, position_embedding_type=position_embedding_type)
+    ids = torch.randint(3, VOCAB, (1, 4))
+    name = "decoder_position_ids" if family == "seq2seq" else "position_ids"
+    with pytest.raises(ValueError, match="`position_ids` must not be negative, got values from -1 to 2"):
+        model(input_ids=ids, labels=ids, **{name: torch.tensor([[-1, 0, 1, 2]])})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("wrong", [VOCAB, -5])
+def test_labels_outside_the_vocabulary_are_a_clear_error(family, wrong):
+    model, inputs = tiny_lm(family), lm_inputs(family)
+    # In seq2seq, labels shifted right become the decoder inputs: the error must still name `labels`. (The
+    # causal LM never reads position 0, which the shift drops.)
+    inputs["labels"][0, 1] = wrong
+    inputs["labels"][1, 1] = -100  # ignored labels are fine
+    with pytest.raises(ValueError, match=rf"`labels` must lie in \[0, {VOCAB - 1}\].*got \[{wrong}\]"):
+        model(**inputs)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_float_labels_are_a_clear_error(family):
+    model, inputs = tiny_lm(family), lm_inputs(family)
+    with pytest.raises(ValueError, match="`labels` must be integer token ids, got dtype torch.float32"):
+        model(**{**inputs, "labels": inputs["labels"].float()})
+
+
+def test_seq2seq_without_decoder_inputs_or_labels_names_them():
+    model = tiny_lm("seq2seq")
+    with pytest.raises(ValueError, match="`decoder_input_ids`.*`labels`"):
+        model(input_ids=lm_inputs("seq2seq")["input_ids"])
+    with pytest.raises(ValueError, match="`decoder_input_ids` must have shape"):
+        model.model(input_ids=lm_inputs("seq2seq")["input_ids"], decoder_input_ids=torch.tensor([3, 4]))
+    with pytest.raises(ValueError, match="`decoder_input_ids` must lie in"):
+        model(input_ids=lm_inputs("seq2seq")["input_ids"], decoder_input_ids=torch.tensor([[3, VOCAB]]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", [(0, 4), (2, 0)])
+def test_empty_inputs_are_a_clear_error(family, shape):
+    with pytest.raises(ValueError, match=r"`input_ids` must have shape .*got " + re.escape(str(shape))):
+        extra = {"decoder_input_ids": torch.ones(1, 1, dtype=torch.long)} if family == "seq2seq" else {}
+        tiny_lm(family)(input_ids=torch.zeros(shape, dtype=torch.long), **extra)
+
+
+def test_unbatched_inputs_are_a_clear_error():
+    model = tiny_lm("decoder")
+    with pytest.raises(ValueError, match=r"`input_ids` must have shape .*add the batch dimension: `input_ids\[None\]`"):
+        model(input_ids=torch.tensor([3, 4, 5]))
+    with pytest.raises(ValueError, match=r"`inputs_embeds` must have shape \(batch_size, sequence_length, hidden_size"):
+        model(inputs_embeds=torch.zeros(3, 32))
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_prepared_4d_mask_of_the_wrong_size_is_a_clear_error(family):
+    model = tiny_lm(family)
+    ids = torch.randint(3, VOCAB, (2, 4))
+    with pytest.raises(ValueError, match=r"`attention_mask` given as a 4D mask must broadcast to .* = \(2, 4, 4, 4\)"):
+        model(input_ids=ids, attention_mask=torch.ones(2, 1, 3, 3, dtype=torch.bool))
+    # A mask of the right size, or one that broadcasts, still works: the causal mask written out gives the same.
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask = mask.tril() if family == "decoder" else mask
+    masked = model(input_ids=ids, attention_mask=mask[None, None]).logits
+    torch.testing.assert_close(masked, model(input_ids=ids).logits)
+
+
+def test_prepared_4d_encoder_mask_of_the_wrong_size_is_a_clear_error():
+    model = tiny_lm("seq2seq")
+    ids = torch.randint(3, VOCAB, (1, 5))
+    with pytest.raises(ValueError, match="`encoder_attention_mask` given as a 4D mask"):
+        model.model.decoder(
+            input_ids=ids[:, :3], encoder_hidden_states=torch.zeros(1, 5, 32),
+            encoder_attention_mask=torch.ones(1, 1, 3, 4, dtype=torch.bool),
+        )
+
+
+@pytest.mark.parametrize("wrong", [2, -1])
+def test_token_types_outside_type_vocab_size_are_a_clear_error(wrong):
+    model = tiny_lm("encoder", type_vocab_size=2)
+    ids = torch.randint(3, VOCAB, (1, 4))
+    with pytest.raises(ValueError, match=r"`token_type_ids` must lie in \[0, 1\] \(`type_vocab_size=2`\)"):
+        model(input_ids=ids, token_type_ids=torch.tensor([[0, 1, wrong, 0]]))
+    model(input_ids=ids, token_type_ids=torch.tensor([[0, 1, 1, 0]]))
+
+
+# ---------------------------------------------------------------------------------------------- config types
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("dropout", "0.1", "`dropout` must be a number, got '0.1' (str)"),
+        ("attention_dropout", None, "`attention_dropout` must be a number, got None"),
+        ("layer_norm_eps", None, "`layer_norm_eps` must be a number, got None"),
+        ("layer_norm_eps", "1e-5", "`layer_norm_eps` must be a number, got '1e-5'"),
+        ("initializer_range", True, "`initializer_range` must be a number, got True"),
+        ("use_bias", "yes", "`use_bias` must be True or False, got 'yes'"),
+        ("final_norm", 1, "`final_norm` must be True or False, got 1"),
+    ],
+)
+def test_config_fields_of_the_wrong_type_are_named(field, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ScratchDecoderConfig(**{field: value})
+
+
+def test_family_config_flags_of_the_wrong_type_are_named():
+    with pytest.raises(ValueError, match="`mlm_transform` must be True or False"):
+        ScratchEncoderConfig(mlm_transform="no")
+    with pytest.raises(ValueError, match="`classifier_dropout` must be a number"):
+        ScratchEncoderConfig(classifier_dropout="0.1")
+    with pytest.raises(ValueError, match="`share_embeddings` must be True or False"):
+        ScratchSeq2SeqConfig(share_embeddings=None)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_integer_floats_still_load_from_json(family, tmp_path):
+    config = tiny_config(family, dropout=0, attention_dropout=0, initializer_range=1, layer_norm_eps=1)
+    config.save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert stored["dropout"] == 0 and stored["layer_norm_eps"] == 1
+    assert type(config).from_pretrained(tmp_path).to_dict() == config.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------- text files
+
+BAD_TEXT = {
+    "empty.txt": (b"", "holds no text"),
+    "blank.txt": (b"\n \n\t\n\n", "holds no text"),
+    "nul.txt": (b"some text\x00with a NUL\n", "NUL bytes"),
+    "binary.txt": (b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "not UTF-8 text"),
+    "latin1.txt": ("café\n".encode("latin-1"), "not UTF-8 text"),
+}
+
+
+@pytest.fixture
+def bad_text(tmp_path):
+    """`bad_text(name)`: the path of one of the BAD_TEXT files, and the words its error must hold."""
+
+    def make(name):
+        content, message = BAD_TEXT[name]
+        (tmp_path / name).write_bytes(content)
+        return str(tmp_path / name), message
+
+    return make
+
+
+@pytest.mark.parametrize("name", list(BAD_TEXT))
+def test_tokenizer_training_names_a_bad_text_file(bad_text, name):
+    path, message = bad_text(name)
+    with pytest.raises(ValueError, match=rf"{name} .*{message}"):
+        train_tokenizer("bpe", "decoder", files=[path], vocab_size=300)
+
+
+@pytest.mark.parametrize("name", list(BAD_TEXT))
+def test_training_data_loaders_name_a_bad_text_file(bad_text, tmp_path, name):
+    path, message = bad_text(name)
+    good = tmp_path / "good.txt"
+    good.write_text("one\n\ntwo\n\nthree\n")
+    with pytest.raises(ValueError, match=rf"{name} .*{message}"):
+        training.load_texts([path])
+    with pytest.raises(ValueError, match=rf"{name} .*{message}"):
+        training.load_texts([str(good)], validation_files=[path])
+    with pytest.raises(ValueError, match=rf"{name} .*{message}"):
+        training.load_parallel([str(good)], [path])
+
+
+def test_training_data_too_small_to_split_off_validation_is_named(tmp_path):
+    one = tmp_path / "one.txt"
+    one.write_text("a single line\n")
+    with pytest.raises(ValueError, match=r"one.txt holds 1 training example\(s\), one per paragraph.*validation"):
+        training.load_texts([str(one)])
+    with pytest.raises(ValueError, match=r"one.txt holds 1 training example\(s\), one per line.*validation"):
+        training.load_parallel([str(one)], [str(one)])
+    assert training.load_texts([str(one)], validation_files=[str(one)])["validation"].num_rows == 1
+
+
+# ---------------------------------------------------------------------------------------------- weights files
+
+
+def _corrupt(path, how: str) -> None:
+    data = path.read_bytes()
+    corrupted = {"truncated": data[: len(data) // 2], "header": data[:8] + b"{not json" + data[17:], "tiny": data[:4]}
+    path.write_bytes(corrupted[how])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny decoder saved for the Hub (weights, code, card), and the model's class."""
+    folder = tmp_path_factory.mktemp("saved")
+    model = tiny_lm("decoder")
+    model.save_pretrained(folder)
+    hub.write_model_card(
+        folder, task="causal-lm", model_name="someone/tiny", preset=None, config=model.config.to_dict(),
+        num_parameters=model.num_parameters(), dataset="tiny", hyperparameters={}, eval_results={},
+    )
+    return folder, type(model)
+
+
+@pytest.mark.parametrize(
+    "how,message",
+    [("truncated", "header describes .* bytes of tensor data, but the file holds"),
+     ("header", "header is not a safetensors header"),
+     ("tiny", "4 bytes are too few for its header")],
+)
+def test_corrupt_weights_are_named_when_publishing_and_loading(saved, tmp_path, how, message):
+    source, model_class = saved
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for path in source.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    assert hub.upload_plan(folder)  # complete before the damage
+    _corrupt(folder / "model.safetensors", how)
+    expected = rf"model.safetensors is not a complete safetensors file: .*{message}"
+    with pytest.raises(ValueError, match=expected):
+        hub.publish(folder, "someone/tiny", dry_run=True)
+    with pytest.raises(ValueError, match=expected) as error:
+        model_class.from_pretrained(folder)
+    assert error.value.__cause__ is not None  # safetensors' own error, kept as the cause
