@@ -213,7 +213,7 @@ def test_accelerate_configs_load_and_fsdp_wraps_the_block_of_every_family():
 class FakeAccelerator:
     """What `save_checkpoint` / `load_checkpoint` use of an Accelerator; `fail_after` files simulates a kill."""
 
-    is_main_process = True
+    is_main_process, process_index = True, 0
 
     def __init__(self, fail_after: int | None = None):
         self.fail_after, self.loaded = fail_after, None
@@ -225,10 +225,14 @@ class FakeAccelerator:
         for index, name in enumerate(["model.safetensors", "optimizer.bin", "random_states_0.pkl"]):
             if index == self.fail_after:
                 raise KeyboardInterrupt("killed while saving")
-            (Path(output_dir) / name).write_bytes(bytes(range(256)) * (index + 1))
+            if name.startswith("random_states"):  # what load_checkpoint checks was restored
+                torch.save({"torch_manual_seed": torch.get_rng_state()}, Path(output_dir) / name)
+            else:
+                (Path(output_dir) / name).write_bytes(bytes(range(256)) * (index + 1))
 
     def load_state(self, input_dir):
         self.loaded = input_dir
+        torch.set_rng_state(torch.load(Path(input_dir) / "random_states_0.pkl")["torch_manual_seed"])
 
 
 def test_checkpoints_are_written_atomically_with_a_manifest(tmp_path):
