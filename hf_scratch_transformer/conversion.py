@@ -1,18 +1,25 @@
-"""Native `transformers` models -> Scratch models with the same outputs: `from_hf(model)` converts a
-`GPT2LMHeadModel`, `BertForMaskedLM` or `MarianMTModel` (configuration and weights).
+"""Native `transformers` models <-> Scratch models with the same outputs, in both directions.
 
-Each source has one explicit table from our parameter names to theirs; fused projections (our QKV) are
-concatenations of their separate ones, and GPT-2's Conv1D weights are transposed. Every native tensor must be
-used exactly once (tied copies are named as such), and every one of ours filled: a mismatch is an error, never a
-silently half-converted model. No model file imports this module.
+- `from_hf(model)` converts a native `GPT2LMHeadModel`, `LlamaForCausalLM` (and `MistralForCausalLM`,
+  `Qwen2ForCausalLM`), `BertForMaskedLM` or `MarianMTModel` into the matching Scratch model.
+- `to_hf(model)` is its inverse: `ScratchDecoderForCausalLM` -> `GPT2LMHeadModel` or `LlamaForCausalLM`
+  (`MistralForCausalLM` with a sliding window), `ScratchEncoderForMaskedLM` -> `BertForMaskedLM`,
+  `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`. A model with knobs that no native class computes
+  exactly gets one `ValueError` naming every such knob and the value that would export. Never an approximate export.
+
+Each native family is one `_Family` read both ways. Its weight table pairs each of our tensors with the native
+tensor(s): the same tensor, GPT-2's Conv1D (stored transposed), or native projections stacked along the output rows
+into one of our fused ones (QKV, gate|up). In its config tables, `renamed` fields are copied both ways and `fixed`
+knobs are what the native architecture always is: `from_hf` sets them, `to_hf` requires them. Every source tensor
+must be used exactly once (tied copies count as their source) and every target parameter filled, shapes checked:
+a mismatch is an error, never a silently half-converted model. No model file imports this module.
 """
 
-from collections.abc import Callable
-
 import torch
-from transformers import PreTrainedModel
+import transformers
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
 from .modeling_scratch_decoder import ScratchDecoderForCausalLM
 from .modeling_scratch_encoder import ScratchEncoderForMaskedLM
 from .modeling_scratch_seq2seq import ScratchSeq2SeqForConditionalGeneration
@@ -29,6 +36,12 @@ ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
 }
+# our `hidden_act` -> the name `to_hf` writes: the first one listed above ("gelu_new" is GPT-2's own name for it)
+NATIVE_ACTIVATIONS = {ours: theirs for theirs, ours in reversed(ACTIVATIONS.items())}
+# RoPE types that Scratch's rotary embedding computes: like Llama's, it looks the frequencies up in transformers'
+# ROPE_INIT_FUNCTIONS, reading the same config fields (`rope_parameters`, `head_dim`, `max_position_embeddings`), and
+# updates them in `dynamic_rope_update`. So every scaling type Llama runs gives the same cos/sin tables here.
+ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
 
 
 def _activation(name: str) -> str:
@@ -37,38 +50,82 @@ def _activation(name: str) -> str:
     return ACTIVATIONS[name]
 
 
-def _unsupported(condition: bool, what: str) -> None:
-    if condition:
-        raise ValueError(f"Cannot convert: {what} has no Scratch equivalent.")
+def _refuse(problems: list[str], what: str) -> None:
+    """Raise once for everything in a native model that has no Scratch equivalent."""
+    if problems:
+        raise ValueError(f"Cannot convert this {what}: " + "; ".join(problems) + " (no Scratch equivalent).")
 
 
-class _Checkpoint:
-    """A native state dict from which every tensor must be taken once (or skipped, saying why)."""
+# ---------------------------------------------------------------------------------------------- weight tables
+
+SAME, CONV1D, STACKED = "same", "conv1d", "stacked"
+Entry = tuple[str, str | tuple[str, ...], str]  # (our name, native name or names, how they relate)
+
+
+def _same(ours: str, theirs: str, bias: bool = True) -> list[Entry]:
+    """Weight (and bias) of a module laid out alike on both sides: Linear, LayerNorm, RMSNorm, Embedding."""
+    entries = [(f"{ours}.weight", f"{theirs}.weight", SAME)]
+    return entries + [(f"{ours}.bias", f"{theirs}.bias", SAME)] if bias else entries
+
+
+def _conv1d(ours: str, theirs: str) -> list[Entry]:
+    """GPT-2's Conv1D stores its weight (in, out); nn.Linear wants (out, in). Biases agree."""
+    return [(f"{ours}.weight", f"{theirs}.weight", CONV1D), (f"{ours}.bias", f"{theirs}.bias", SAME)]
+
+
+def _stacked(ours: str, theirs: list[str], bias: bool) -> list[Entry]:
+    """One of our fused projections = the native ones stacked along the output rows, in the order given."""
+    entries = [(f"{ours}.weight", tuple(f"{name}.weight" for name in theirs), STACKED)]
+    return entries + [(f"{ours}.bias", tuple(f"{name}.bias" for name in theirs), STACKED)] if bias else entries
+
+
+class _StateDict:
+    """A model's state dict from which every tensor must be read once. A tied copy counts as read: it is its
+    source (transformers' `all_tied_weights_keys` names such copies)."""
 
     def __init__(self, model: PreTrainedModel):
         self.tensors = {k: v.detach() for k, v in model.state_dict().items()}  # `_load` copies them
-        self.taken: set[str] = set()
+        self.read = set(model.all_tied_weights_keys)
+        self.model_name = type(model).__name__
 
     def take(self, key: str) -> torch.Tensor:
-        self.taken.add(key)
+        self.read.add(key)
         return self.tensors[key]
 
-    def transposed(self, key: str) -> torch.Tensor:
-        """GPT-2's Conv1D stores (in, out); nn.Linear wants (out, in)."""
-        return self.take(key).t().contiguous()
-
-    def concat(self, *keys: str) -> torch.Tensor:
-        """Separate projections stacked along the output dimension: our fused QKV / KV."""
-        return torch.cat([self.take(key) for key in keys], dim=0)
-
     def skip(self, key: str) -> None:
-        """A tensor the native forward does not read on its own: a tied copy, or an unused matrix."""
-        self.taken.add(key)
+        """A tensor the forward pass never reads (said why where it is called)."""
+        self.read.add(key)
 
-    def check_all_taken(self) -> None:
-        left = sorted(set(self.tensors) - self.taken)
+    def check_all_read(self) -> None:
+        left = sorted(set(self.tensors) - self.read)
         if left:
-            raise ValueError(f"Conversion left native tensors unused: {left}")
+            raise ValueError(f"Conversion left tensors of the {self.model_name} unused: {left}")
+
+
+def _native_to_ours(entries: list[Entry], source: _StateDict) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for ours, theirs, how in entries:
+        if how == STACKED:
+            tensors[ours] = torch.cat([source.take(name) for name in theirs], dim=0)
+        elif how == CONV1D:
+            tensors[ours] = source.take(theirs).t().contiguous()
+        else:
+            tensors[ours] = source.take(theirs)
+    return tensors
+
+
+def _ours_to_native(entries: list[Entry], source: _StateDict, native: PreTrainedModel) -> dict[str, torch.Tensor]:
+    rows = {name: p.shape[0] for name, p in native.named_parameters(remove_duplicate=False)}
+    tensors = {}
+    for ours, theirs, how in entries:
+        tensor = source.take(ours)
+        if how == STACKED:  # split along the rows, at the native sizes
+            tensors |= dict(zip(theirs, tensor.split([rows[name] for name in theirs]), strict=True))
+        elif how == CONV1D:
+            tensors[theirs] = tensor.t().contiguous()
+        else:
+            tensors[theirs] = tensor
+    return tensors
 
 
 def _load(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
@@ -86,241 +143,528 @@ def _load(model: PreTrainedModel, tensors: dict[str, torch.Tensor]) -> None:
             expected[name].copy_(tensor)
 
 
-def _linear(ours: str, tensor: Callable[[str], torch.Tensor], theirs: str, bias: bool = True) -> dict:
-    entries = {f"{ours}.weight": tensor(f"{theirs}.weight")}
-    if bias:
-        entries[f"{ours}.bias"] = tensor(f"{theirs}.bias")
-    return entries
+# ---------------------------------------------------------------------------------------------- families
 
 
-def _norm(ours: str, source: _Checkpoint, theirs: str) -> dict:
-    return {f"{ours}.weight": source.take(f"{theirs}.weight"), f"{ours}.bias": source.take(f"{theirs}.bias")}
+class _Family:
+    """One native architecture and the Scratch knobs that compute exactly what it computes."""
+
+    name = ""  # how refusals name the native side
+    ours: type[PreTrainedModel]
+    renamed: dict[str, str] = {}  # our config field -> the native one; the same value both ways
+    fixed: dict[str, object] = {}  # our knobs the native architecture has no choice about
+
+    def from_native(self, native: PreTrainedModel) -> dict:
+        """Our config's values for `native`, beyond `fixed` (refusing what has no Scratch equivalent)."""
+        raise NotImplementedError
+
+    def our_config(self, native: PreTrainedModel):
+        values = {ours: getattr(native.config, theirs) for ours, theirs in self.renamed.items()}
+        return self.ours.config_class(**values, **self.fixed, **self.from_native(native))
+
+    def blockers(self, config) -> list[str]:
+        """Each knob of `config` that keeps this family from computing the same function, with what would fit."""
+        return [f"`{knob}={getattr(config, knob)!r}` (needs {value!r})"
+                for knob, value in self.fixed.items() if getattr(config, knob) != value]
+
+    def native_model(self, config) -> PreTrainedModel:
+        """An (untrained) native model of the same architecture as `config`."""
+        raise NotImplementedError
+
+    def renamed_values(self, config) -> dict:
+        return {theirs: getattr(config, ours) for ours, theirs in self.renamed.items()}
+
+    def weights(self, config) -> list[Entry]:
+        raise NotImplementedError
+
+    def extra_from_native(self, native, source: _StateDict, config, entries: list[Entry]) -> dict:
+        """Our tensors outside the weight table (and native ones it leaves unread on purpose), native -> ours."""
+        return {}
+
+    def extra_to_native(self, model, source: _StateDict, native, tensors: dict) -> None:
+        """Tensors outside the weight table, ours -> native."""
 
 
-# ---------------------------------------------------------------------------------------------- GPT-2
+def _non_gated_activation(config, target: str) -> list[str]:
+    if config.hidden_act in NATIVE_ACTIVATIONS:
+        return []
+    return [f"`hidden_act={config.hidden_act!r}` ({target} has no gated feed-forward: needs one of "
+            f"{', '.join(map(repr, sorted(NATIVE_ACTIVATIONS)))})"]
 
 
-def _gpt2(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
-    c = native.config
-    _unsupported(c.scale_attn_by_inverse_layer_idx, "scale_attn_by_inverse_layer_idx=True")
-    _unsupported(not c.scale_attn_weights, "scale_attn_weights=False")
-    _unsupported(c.add_cross_attention, "add_cross_attention=True")
-    config = ScratchDecoderConfig(
-        vocab_size=c.vocab_size,
-        num_hidden_layers=c.n_layer,
-        hidden_size=c.n_embd,
-        num_attention_heads=c.n_head,
-        intermediate_size=c.n_inner or 4 * c.n_embd,
-        hidden_act=_activation(c.activation_function),
-        max_position_embeddings=c.n_positions,
-        position_embedding_type="learned",
-        norm_position="pre",
-        layer_norm_eps=c.layer_norm_epsilon,
-        final_norm=True,
-        use_bias=True,
-        dropout=c.resid_pdrop,
-        attention_dropout=c.attn_pdrop,
-        activation_dropout=0.0,
-        embedding_dropout=c.embd_pdrop,
-        tie_word_embeddings=c.tie_word_embeddings,
-        initializer_range=c.initializer_range,
-        bos_token_id=c.bos_token_id,
-        eos_token_id=c.eos_token_id,
-        pad_token_id=c.pad_token_id,
-    )
-    src = _Checkpoint(native)
-    t = {
-        "model.embeddings.embed_tokens.weight": src.take("transformer.wte.weight"),
-        "model.embeddings.embed_positions.weight": src.take("transformer.wpe.weight"),
-        **_norm("model.final_norm", src, "transformer.ln_f"),
+def _multi_head(config, target: str) -> list[str]:
+    if config.num_key_value_heads == config.num_attention_heads:
+        return []
+    return [f"`num_key_value_heads={config.num_key_value_heads}` ({target} has no grouped-query attention: needs "
+            f"num_key_value_heads == num_attention_heads = {config.num_attention_heads})"]
+
+
+class _GPT2(_Family):
+    name = "GPT2LMHeadModel"
+    ours = ScratchDecoderForCausalLM
+    renamed = {
+        "vocab_size": "vocab_size",
+        "num_hidden_layers": "n_layer",
+        "hidden_size": "n_embd",
+        "num_attention_heads": "n_head",
+        "max_position_embeddings": "n_positions",
+        "layer_norm_eps": "layer_norm_epsilon",
+        "dropout": "resid_pdrop",
+        "attention_dropout": "attn_pdrop",
+        "embedding_dropout": "embd_pdrop",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "initializer_range": "initializer_range",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "pad_token_id": "pad_token_id",
     }
-    for i in range(c.n_layer):
-        ours, theirs = f"model.layers.{i}", f"transformer.h.{i}"
-        t |= _norm(f"{ours}.attn_norm", src, f"{theirs}.ln_1")
-        t |= {f"{ours}.self_attn.qkv_proj.weight": src.transposed(f"{theirs}.attn.c_attn.weight"),
-              f"{ours}.self_attn.qkv_proj.bias": src.take(f"{theirs}.attn.c_attn.bias")}
-        t |= {f"{ours}.self_attn.o_proj.weight": src.transposed(f"{theirs}.attn.c_proj.weight"),
-              f"{ours}.self_attn.o_proj.bias": src.take(f"{theirs}.attn.c_proj.bias")}
-        t |= _norm(f"{ours}.mlp_norm", src, f"{theirs}.ln_2")
-        t |= {f"{ours}.mlp.up_proj.weight": src.transposed(f"{theirs}.mlp.c_fc.weight"),
-              f"{ours}.mlp.up_proj.bias": src.take(f"{theirs}.mlp.c_fc.bias")}
-        t |= {f"{ours}.mlp.down_proj.weight": src.transposed(f"{theirs}.mlp.c_proj.weight"),
-              f"{ours}.mlp.down_proj.bias": src.take(f"{theirs}.mlp.c_proj.bias")}
-    if config.tie_word_embeddings:
-        src.skip("lm_head.weight")
-    else:
-        t["lm_head.weight"] = src.take("lm_head.weight")
-    return ScratchDecoderForCausalLM(config), t, src
-
-
-# ---------------------------------------------------------------------------------------------- BERT
-
-
-def _bert(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
-    c = native.config
-    _unsupported(getattr(c, "position_embedding_type", "absolute") != "absolute", "relative position embeddings")
-    _unsupported(c.is_decoder, "a BERT decoder")
-    config = ScratchEncoderConfig(
-        vocab_size=c.vocab_size,
-        num_hidden_layers=c.num_hidden_layers,
-        hidden_size=c.hidden_size,
-        num_attention_heads=c.num_attention_heads,
-        intermediate_size=c.intermediate_size,
-        hidden_act=_activation(c.hidden_act),
-        max_position_embeddings=c.max_position_embeddings,
-        position_embedding_type="learned",
-        type_vocab_size=c.type_vocab_size,
-        norm_position="post",
-        layer_norm_eps=c.layer_norm_eps,
-        final_norm=False,
-        embedding_norm=True,
-        mlm_transform=True,
-        use_bias=True,
-        dropout=c.hidden_dropout_prob,
-        attention_dropout=c.attention_probs_dropout_prob,
-        activation_dropout=0.0,
-        embedding_dropout=c.hidden_dropout_prob,
-        tie_word_embeddings=c.tie_word_embeddings,
-        initializer_range=c.initializer_range,
-        pad_token_id=c.pad_token_id,
-    )
-    src = _Checkpoint(native)
-    emb = "bert.embeddings"
-    t = {
-        "model.embeddings.embed_tokens.weight": src.take(f"{emb}.word_embeddings.weight"),
-        "model.embeddings.embed_positions.weight": src.take(f"{emb}.position_embeddings.weight"),
-        "model.embeddings.token_type_embeddings.weight": src.take(f"{emb}.token_type_embeddings.weight"),
-        **_norm("model.embeddings.norm", src, f"{emb}.LayerNorm"),
+    fixed = {
+        "position_embedding_type": "learned",
+        "norm_type": "layernorm",
+        "norm_position": "pre",
+        "final_norm": True,
+        "embedding_norm": False,
+        "scale_embeddings": False,
+        "use_bias": True,
+        "sliding_window": None,
     }
-    for i in range(c.num_hidden_layers):
-        ours, theirs = f"model.layers.{i}", f"bert.encoder.layer.{i}"
-        qkv = [f"{theirs}.attention.self.{name}" for name in ("query", "key", "value")]
-        t |= {f"{ours}.self_attn.qkv_proj.weight": src.concat(*(f"{k}.weight" for k in qkv)),
-              f"{ours}.self_attn.qkv_proj.bias": src.concat(*(f"{k}.bias" for k in qkv))}
-        t |= _linear(f"{ours}.self_attn.o_proj", src.take, f"{theirs}.attention.output.dense")
-        t |= _norm(f"{ours}.attn_norm", src, f"{theirs}.attention.output.LayerNorm")
-        t |= _linear(f"{ours}.mlp.up_proj", src.take, f"{theirs}.intermediate.dense")
-        t |= _linear(f"{ours}.mlp.down_proj", src.take, f"{theirs}.output.dense")
-        t |= _norm(f"{ours}.mlp_norm", src, f"{theirs}.output.LayerNorm")
-    t |= _linear("head_transform.dense", src.take, "cls.predictions.transform.dense")
-    t |= _norm("head_transform.norm", src, "cls.predictions.transform.LayerNorm")
-    t["lm_head.bias"] = src.take("cls.predictions.bias")
-    src.skip("cls.predictions.decoder.bias")  # the same tensor as cls.predictions.bias
-    if config.tie_word_embeddings:
-        src.skip("cls.predictions.decoder.weight")
-    else:
-        t["lm_head.weight"] = src.take("cls.predictions.decoder.weight")
-    return ScratchEncoderForMaskedLM(config), t, src
+
+    def from_native(self, native) -> dict:
+        c = native.config
+        _refuse([what for bad, what in [
+            (c.scale_attn_by_inverse_layer_idx, "scale_attn_by_inverse_layer_idx=True"),
+            (not c.scale_attn_weights, "scale_attn_weights=False"),
+            (c.add_cross_attention, "add_cross_attention=True"),
+        ] if bad], self.name)
+        return dict(
+            intermediate_size=c.n_inner or 4 * c.n_embd,
+            hidden_act=_activation(c.activation_function),
+            activation_dropout=0.0,  # GPT-2 has no dropout inside its MLP
+        )
+
+    def blockers(self, config) -> list[str]:
+        return super().blockers(config) + _non_gated_activation(config, self.name) + _multi_head(config, self.name)
+
+    def native_model(self, config):
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            **self.renamed_values(config),
+            n_inner=config.intermediate_size,
+            activation_function=NATIVE_ACTIVATIONS[config.hidden_act],
+        ))
+
+    def weights(self, config) -> list[Entry]:
+        t = (_same("model.embeddings.embed_tokens", "transformer.wte", bias=False)
+             + _same("model.embeddings.embed_positions", "transformer.wpe", bias=False)
+             + _same("model.final_norm", "transformer.ln_f"))
+        for i in range(config.num_hidden_layers):
+            ours, theirs = f"model.layers.{i}", f"transformer.h.{i}"
+            t += _same(f"{ours}.attn_norm", f"{theirs}.ln_1")
+            t += _conv1d(f"{ours}.self_attn.qkv_proj", f"{theirs}.attn.c_attn")  # already fused, q | k | v
+            t += _conv1d(f"{ours}.self_attn.o_proj", f"{theirs}.attn.c_proj")
+            t += _same(f"{ours}.mlp_norm", f"{theirs}.ln_2")
+            t += _conv1d(f"{ours}.mlp.up_proj", f"{theirs}.mlp.c_fc")
+            t += _conv1d(f"{ours}.mlp.down_proj", f"{theirs}.mlp.c_proj")
+        return t + ([] if config.tie_word_embeddings else _same("lm_head", "lm_head", bias=False))
 
 
-# ---------------------------------------------------------------------------------------------- Marian
+class _Llama(_Family):
+    """Llama, and the two relatives that share its parameter names: Mistral (a sliding window, no biases) and Qwen2
+    (biases on q, k and v only). `to_hf` writes Llama, or Mistral when there is a sliding window."""
+
+    name = "LlamaForCausalLM / MistralForCausalLM"
+    ours = ScratchDecoderForCausalLM
+    renamed = {
+        "vocab_size": "vocab_size",
+        "num_hidden_layers": "num_hidden_layers",
+        "hidden_size": "hidden_size",
+        "num_attention_heads": "num_attention_heads",
+        "num_key_value_heads": "num_key_value_heads",
+        "intermediate_size": "intermediate_size",
+        "max_position_embeddings": "max_position_embeddings",
+        "layer_norm_eps": "rms_norm_eps",
+        "attention_dropout": "attention_dropout",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "initializer_range": "initializer_range",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "pad_token_id": "pad_token_id",
+    }
+    fixed = {
+        "position_embedding_type": "rope",
+        "norm_type": "rmsnorm",
+        "norm_position": "pre",
+        "final_norm": True,
+        "embedding_norm": False,
+        "scale_embeddings": False,
+        # Llama's MLP is down(act(gate) * up) for any `hidden_act`, but vLLM's Llama refuses other activations and
+        # llama.cpp's hard-codes SiLU: a GEGLU exported as Llama would fail or run wrong there. Only SwiGLU exports.
+        "hidden_act": "swiglu",
+    }
+
+    def from_native(self, native) -> dict:
+        c, problems = native.config, []
+        if c.hidden_act != "silu":
+            problems.append(f"hidden_act={c.hidden_act!r} (only 'silu', our `swiglu`, converts both ways)")
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads  # Qwen2 has none
+        if head_dim != c.hidden_size // c.num_attention_heads:
+            problems.append(f"head_dim={head_dim} != hidden_size / num_attention_heads "
+                            f"(Scratch derives the head size from them)")
+        rope = dict(c.rope_parameters)
+        if rope.get("rope_type", "default") not in ROPE_TYPES:
+            problems.append(f"rope_type={rope['rope_type']!r} (supported: {', '.join(ROPE_TYPES)})")
+        # Mistral slides its window in every layer, Qwen2 in those its `layer_types` say (from `max_window_layers`
+        # on); Scratch slides in all layers or none.
+        sliding_window = getattr(c, "sliding_window", None)
+        if c.model_type == "qwen2" and sliding_window is not None:
+            if set(c.layer_types) == {"full_attention"}:
+                sliding_window = None
+            elif set(c.layer_types) != {"sliding_attention"}:
+                problems.append(f"a sliding window in some layers only (layer_types={c.layer_types})")
+        _refuse(problems, type(native).__name__)
+        return dict(
+            rope_parameters=rope,
+            sliding_window=sliding_window,
+            # One `use_bias` covers every projection. Qwen2 biases q, k and v only, and Llama can bias attention or
+            # MLP alone: those projections get zero biases (`extra_from_native`), which changes no output.
+            use_bias=any(key.endswith(".bias") for key in native.state_dict()),
+            dropout=0.0,  # Llama has no residual, embedding or MLP dropout
+            embedding_dropout=0.0,
+            activation_dropout=0.0,
+        )
+
+    def blockers(self, config) -> list[str]:
+        problems = super().blockers(config)
+        if config.sliding_window is not None and config.use_bias:
+            problems.append(f"`sliding_window={config.sliding_window}` with `use_bias=True` (MistralForCausalLM, "
+                            "the Llama with a sliding window, has no biases: needs use_bias=False or no window)")
+        return problems
+
+    def native_model(self, config):
+        values = dict(self.renamed_values(config), hidden_act="silu", rope_parameters=dict(config.rope_parameters))
+        if config.sliding_window is not None:
+            return transformers.MistralForCausalLM(
+                transformers.MistralConfig(**values, sliding_window=config.sliding_window))
+        return transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**values, attention_bias=config.use_bias, mlp_bias=config.use_bias))
+
+    def weights(self, config) -> list[Entry]:
+        bias = config.use_bias
+        t = _same("model.embeddings.embed_tokens", "model.embed_tokens", bias=False)
+        for i in range(config.num_hidden_layers):
+            ours, theirs = f"model.layers.{i}", f"model.layers.{i}"
+            t += _same(f"{ours}.attn_norm", f"{theirs}.input_layernorm", bias=False)
+            t += _stacked(f"{ours}.self_attn.qkv_proj", [f"{theirs}.self_attn.{p}_proj" for p in "qkv"], bias)
+            t += _same(f"{ours}.self_attn.o_proj", f"{theirs}.self_attn.o_proj", bias)
+            t += _same(f"{ours}.mlp_norm", f"{theirs}.post_attention_layernorm", bias=False)
+            t += _stacked(f"{ours}.mlp.up_proj", [f"{theirs}.mlp.gate_proj", f"{theirs}.mlp.up_proj"], bias)
+            t += _same(f"{ours}.mlp.down_proj", f"{theirs}.mlp.down_proj", bias)
+        t += _same("model.final_norm", "model.norm", bias=False)
+        return t + ([] if config.tie_word_embeddings else _same("lm_head", "lm_head", bias=False))
+
+    def extra_from_native(self, native, source, config, entries) -> dict:
+        """A bias the native model does not have is a zero bias (see `use_bias` in `from_native`)."""
+        for _, theirs, _ in entries:
+            for name in (theirs if isinstance(theirs, tuple) else (theirs,)):
+                if name.endswith(".bias") and name not in source.tensors:
+                    weight = source.tensors[name.removesuffix(".bias") + ".weight"]
+                    source.tensors[name] = weight.new_zeros(weight.shape[0])
+        return {}
 
 
-def _marian_attention(src: _Checkpoint, ours: str, theirs: str, cross: bool) -> dict:
-    q, k, v = (f"{theirs}.{name}_proj" for name in ("q", "k", "v"))
+class _Bert(_Family):
+    name = "BertForMaskedLM"
+    ours = ScratchEncoderForMaskedLM
+    renamed = {
+        "vocab_size": "vocab_size",
+        "num_hidden_layers": "num_hidden_layers",
+        "hidden_size": "hidden_size",
+        "num_attention_heads": "num_attention_heads",
+        "intermediate_size": "intermediate_size",
+        "max_position_embeddings": "max_position_embeddings",
+        "layer_norm_eps": "layer_norm_eps",
+        "dropout": "hidden_dropout_prob",
+        "attention_dropout": "attention_probs_dropout_prob",
+        "classifier_dropout": "classifier_dropout",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "initializer_range": "initializer_range",
+        "pad_token_id": "pad_token_id",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+    }
+    fixed = {
+        "position_embedding_type": "learned",
+        "norm_type": "layernorm",
+        "norm_position": "post",
+        "final_norm": False,
+        "embedding_norm": True,
+        "mlm_transform": True,
+        "scale_embeddings": False,
+        "use_bias": True,
+    }
+
+    def from_native(self, native) -> dict:
+        c = native.config
+        _refuse([what for bad, what in [
+            (getattr(c, "position_embedding_type", "absolute") != "absolute", "relative position embeddings"),
+            (c.is_decoder, "a BERT decoder"),
+        ] if bad], self.name)
+        return dict(
+            hidden_act=_activation(c.hidden_act),
+            type_vocab_size=0 if _no_token_types(native) else c.type_vocab_size,
+            activation_dropout=0.0,  # BERT has no dropout inside its MLP
+            embedding_dropout=c.hidden_dropout_prob,
+        )
+
+    def blockers(self, config) -> list[str]:
+        return super().blockers(config) + _non_gated_activation(config, self.name) + _multi_head(config, self.name)
+
+    def native_model(self, config):
+        return transformers.BertForMaskedLM(transformers.BertConfig(
+            **self.renamed_values(config),
+            hidden_act=NATIVE_ACTIVATIONS[config.hidden_act],
+            type_vocab_size=max(config.type_vocab_size, 1),  # see `extra_to_native`
+        ))
+
+    def weights(self, config) -> list[Entry]:
+        emb = "bert.embeddings"
+        t = (_same("model.embeddings.embed_tokens", f"{emb}.word_embeddings", bias=False)
+             + _same("model.embeddings.embed_positions", f"{emb}.position_embeddings", bias=False)
+             + _same("model.embeddings.norm", f"{emb}.LayerNorm"))
+        if config.type_vocab_size:
+            t += _same("model.embeddings.token_type_embeddings", f"{emb}.token_type_embeddings", bias=False)
+        for i in range(config.num_hidden_layers):
+            ours, theirs = f"model.layers.{i}", f"bert.encoder.layer.{i}"
+            t += _stacked(f"{ours}.self_attn.qkv_proj", [f"{theirs}.attention.self.{p}" for p in
+                                                         ("query", "key", "value")], bias=True)
+            t += _same(f"{ours}.self_attn.o_proj", f"{theirs}.attention.output.dense")
+            t += _same(f"{ours}.attn_norm", f"{theirs}.attention.output.LayerNorm")
+            t += _same(f"{ours}.mlp.up_proj", f"{theirs}.intermediate.dense")
+            t += _same(f"{ours}.mlp.down_proj", f"{theirs}.output.dense")
+            t += _same(f"{ours}.mlp_norm", f"{theirs}.output.LayerNorm")
+        t += _same("head_transform.dense", "cls.predictions.transform.dense")
+        t += _same("head_transform.norm", "cls.predictions.transform.LayerNorm")
+        # BERT's forward adds `decoder.bias`. Tied, it is `cls.predictions.bias`; untied, a separate parameter.
+        if config.tie_word_embeddings:
+            return t + [("lm_head.bias", "cls.predictions.bias", SAME)]
+        return t + _same("lm_head", "cls.predictions.decoder")
+
+    def extra_from_native(self, native, source, config, entries) -> dict:
+        if not config.tie_word_embeddings:
+            source.skip("cls.predictions.bias")  # untied, BERT's forward never reads it
+        if not config.type_vocab_size:
+            source.skip("bert.embeddings.token_type_embeddings.weight")  # one zero row: adds nothing
+        return {}
+
+    def extra_to_native(self, model, source, native, tensors) -> None:
+        if not model.config.tie_word_embeddings:
+            tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]  # as a tied BERT has it
+        if not model.config.type_vocab_size:
+            # BERT always adds a token-type row (type 0 by default); a single zero row adds nothing, as ours does.
+            tensors["bert.embeddings.token_type_embeddings.weight"] = native.bert.embeddings.token_type_embeddings\
+                .weight.detach().new_zeros(1, model.config.hidden_size)
+
+
+def _no_token_types(native) -> bool:
+    """A BERT with one all-zero token-type row: what `to_hf` writes for a Scratch encoder without token types."""
+    weight = native.bert.embeddings.token_type_embeddings.weight
+    return weight.shape[0] == 1 and not weight.detach().any()
+
+
+class _Marian(_Family):
+    name = "MarianMTModel"
+    ours = ScratchSeq2SeqForConditionalGeneration
+    renamed = {
+        "encoder_layers": "encoder_layers",
+        "decoder_layers": "decoder_layers",
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "intermediate_size": "encoder_ffn_dim",
+        "max_position_embeddings": "max_position_embeddings",
+        "dropout": "dropout",
+        "attention_dropout": "attention_dropout",
+        "activation_dropout": "activation_dropout",
+        "scale_embeddings": "scale_embedding",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "initializer_range": "init_std",
+        "pad_token_id": "pad_token_id",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "decoder_start_token_id": "decoder_start_token_id",
+    }
+    fixed = {
+        "position_embedding_type": "sinusoidal",
+        "sinusoidal_layout": "split",  # all sines, then all cosines
+        "norm_type": "layernorm",
+        "norm_position": "post",
+        "layer_norm_eps": 1e-5,  # nn.LayerNorm's default, which Marian uses
+        "final_norm": False,
+        "embedding_norm": False,
+        "use_bias": True,
+    }
+
+    def from_native(self, native) -> dict:
+        c = native.config
+        _refuse([what for bad, what in [
+            (c.encoder_attention_heads != c.decoder_attention_heads, "different encoder and decoder head counts"),
+            (c.encoder_ffn_dim != c.decoder_ffn_dim, "different encoder and decoder FFN sizes"),
+        ] if bad], self.name)
+        target_vocab = c.vocab_size if c.share_encoder_decoder_embeddings else (c.decoder_vocab_size or c.vocab_size)
+        return dict(
+            vocab_size=target_vocab,
+            encoder_vocab_size=None if target_vocab == c.vocab_size else c.vocab_size,
+            hidden_act=_activation(c.activation_function),
+            embedding_dropout=c.dropout,  # Marian drops out embeddings + positions with `dropout` too
+            # transformers 5 ties Marian's embeddings only under `tie_word_embeddings`: with it off, encoder,
+            # decoder and output matrices are separate parameters even when `share_encoder_decoder_embeddings` is set.
+            share_embeddings=c.share_encoder_decoder_embeddings and c.tie_word_embeddings,
+            output_bias=bool(native.final_logits_bias.any()),  # a zero bias (Marian's default) adds nothing
+        )
+
+    def blockers(self, config) -> list[str]:
+        problems = super().blockers(config) + _non_gated_activation(config, self.name) + _multi_head(config, self.name)
+        if config.decoder_start_token_id is None:
+            problems.append("`decoder_start_token_id=None` (MarianConfig needs an id)")
+        if config.share_embeddings and not config.tie_word_embeddings:
+            problems.append("`share_embeddings=True` with `tie_word_embeddings=False` (Marian shares encoder and "
+                            "decoder embeddings only together with the output head: needs both or neither)")
+        return problems
+
+    def native_model(self, config):
+        shared = config.share_embeddings
+        return transformers.MarianMTModel(transformers.MarianConfig(
+            **self.renamed_values(config),
+            vocab_size=config.source_vocab_size,
+            decoder_vocab_size=config.vocab_size,
+            share_encoder_decoder_embeddings=shared,
+            decoder_attention_heads=config.num_attention_heads,
+            decoder_ffn_dim=config.intermediate_size,
+            activation_function=NATIVE_ACTIVATIONS[config.hidden_act],
+            forced_eos_token_id=None,  # MarianConfig's default (0) would disagree with the generation config
+        ))
+
+    def weights(self, config) -> list[Entry]:
+        t = []
+        for stack, layers in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
+            for i in range(layers):
+                ours = theirs = f"model.{stack}.layers.{i}"
+                t += _marian_attention(f"{ours}.self_attn", f"{theirs}.self_attn", cross=False)
+                t += _same(f"{ours}.attn_norm", f"{theirs}.self_attn_layer_norm")
+                if stack == "decoder":
+                    t += _marian_attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn", cross=True)
+                    t += _same(f"{ours}.cross_attn_norm", f"{theirs}.encoder_attn_layer_norm")
+                t += _same(f"{ours}.mlp.up_proj", f"{theirs}.fc1")
+                t += _same(f"{ours}.mlp.down_proj", f"{theirs}.fc2")
+                t += _same(f"{ours}.mlp_norm", f"{theirs}.final_layer_norm")
+        if config.share_embeddings:  # one matrix, `model.shared`; the encoder's, decoder's and head are tied to it
+            t += _same("model.decoder.embeddings.embed_tokens", "model.shared", bias=False)
+        else:
+            t += _same("model.encoder.embeddings.embed_tokens", "model.encoder.embed_tokens", bias=False)
+            t += _same("model.decoder.embeddings.embed_tokens", "model.decoder.embed_tokens", bias=False)
+        return t + ([] if config.tie_word_embeddings else _same("lm_head", "lm_head", bias=False))
+
+    def extra_from_native(self, native, source, config, entries) -> dict:
+        _check_marian_positions(source)
+        if not config.share_embeddings and "model.shared.weight" in source.tensors:
+            source.skip("model.shared.weight")  # kept by Marian, read by nothing when not tied
+        bias = source.take("final_logits_bias").reshape(-1)  # a (1, V) buffer
+        return {"lm_head.bias": bias} if config.output_bias else {}
+
+    def extra_to_native(self, model, source, native, tensors) -> None:
+        native_tensors = _StateDict(native)
+        _check_marian_positions(native_tensors)  # Marian computes its own; they must be ours
+        for stack in ("encoder", "decoder"):
+            key = f"model.{stack}.embed_positions.weight"
+            tensors[key] = native_tensors.tensors[key]
+        if model.config.output_bias:
+            with torch.no_grad():
+                native.final_logits_bias.copy_(source.take("lm_head.bias")[None])
+
+
+def _marian_attention(ours: str, theirs: str, cross: bool) -> list[Entry]:
+    q, k, v = (f"{theirs}.{p}_proj" for p in "qkv")
     if cross:
-        t = _linear(f"{ours}.q_proj", src.take, q)
-        t |= {f"{ours}.kv_proj.weight": src.concat(f"{k}.weight", f"{v}.weight"),
-              f"{ours}.kv_proj.bias": src.concat(f"{k}.bias", f"{v}.bias")}
+        t = _same(f"{ours}.q_proj", q) + _stacked(f"{ours}.kv_proj", [k, v], bias=True)
     else:
-        t = {f"{ours}.qkv_proj.weight": src.concat(f"{q}.weight", f"{k}.weight", f"{v}.weight"),
-             f"{ours}.qkv_proj.bias": src.concat(f"{q}.bias", f"{k}.bias", f"{v}.bias")}
-    return t | _linear(f"{ours}.o_proj", src.take, f"{theirs}.out_proj")
+        t = _stacked(f"{ours}.qkv_proj", [q, k, v], bias=True)
+    return t + _same(f"{ours}.o_proj", f"{theirs}.out_proj")
 
 
-def _marian_stack(src: _Checkpoint, stack: str, layers: int) -> dict:
-    positions = src.take(f"model.{stack}.embed_positions.weight")
-    table = sinusoidal_table(*positions.shape, layout="split")
-    if not torch.allclose(positions.float(), table, atol=1e-5):
-        raise ValueError(f"model.{stack}.embed_positions.weight is not the sinusoid table Scratch computes.")
-    t = {}
-    for i in range(layers):
-        ours, theirs = f"model.{stack}.layers.{i}", f"model.{stack}.layers.{i}"
-        t |= _marian_attention(src, f"{ours}.self_attn", f"{theirs}.self_attn", cross=False)
-        t |= _norm(f"{ours}.attn_norm", src, f"{theirs}.self_attn_layer_norm")
-        if stack == "decoder":
-            t |= _marian_attention(src, f"{ours}.cross_attn", f"{theirs}.encoder_attn", cross=True)
-            t |= _norm(f"{ours}.cross_attn_norm", src, f"{theirs}.encoder_attn_layer_norm")
-        t |= _linear(f"{ours}.mlp.up_proj", src.take, f"{theirs}.fc1")
-        t |= _linear(f"{ours}.mlp.down_proj", src.take, f"{theirs}.fc2")
-        t |= _norm(f"{ours}.mlp_norm", src, f"{theirs}.final_layer_norm")
-    return t
+def _check_marian_positions(source: _StateDict) -> None:
+    for stack in ("encoder", "decoder"):
+        key = f"model.{stack}.embed_positions.weight"
+        positions = source.take(key)
+        if not torch.allclose(positions.float(), sinusoidal_table(*positions.shape, layout="split"), atol=1e-5):
+            raise ValueError(f"{key} is not the sinusoid table Scratch computes.")
 
 
-def _marian(native) -> tuple[PreTrainedModel, dict, _Checkpoint]:
-    c = native.config
-    _unsupported(c.encoder_attention_heads != c.decoder_attention_heads, "different encoder and decoder head counts")
-    _unsupported(c.encoder_ffn_dim != c.decoder_ffn_dim, "different encoder and decoder FFN sizes")
-    # transformers 5 ties Marian's embeddings only under `tie_word_embeddings`: with it off, encoder, decoder and
-    # output matrices are separate parameters even when `share_encoder_decoder_embeddings` is set.
-    shared = c.share_encoder_decoder_embeddings and c.tie_word_embeddings
-    target_vocab = c.vocab_size if c.share_encoder_decoder_embeddings else (c.decoder_vocab_size or c.vocab_size)
-    src = _Checkpoint(native)
-    final_logits_bias = src.take("final_logits_bias").reshape(-1)
-    config = ScratchSeq2SeqConfig(
-        vocab_size=target_vocab,
-        encoder_vocab_size=None if target_vocab == c.vocab_size else c.vocab_size,
-        encoder_layers=c.encoder_layers,
-        decoder_layers=c.decoder_layers,
-        hidden_size=c.d_model,
-        num_attention_heads=c.encoder_attention_heads,
-        intermediate_size=c.encoder_ffn_dim,
-        hidden_act=_activation(c.activation_function),
-        max_position_embeddings=c.max_position_embeddings,
-        position_embedding_type="sinusoidal",
-        sinusoidal_layout="split",
-        norm_position="post",
-        layer_norm_eps=1e-5,  # nn.LayerNorm's default, which Marian uses
-        final_norm=False,
-        use_bias=True,
-        dropout=c.dropout,
-        attention_dropout=c.attention_dropout,
-        activation_dropout=c.activation_dropout,
-        embedding_dropout=c.dropout,  # Marian drops out embeddings + positions with `dropout` too
-        scale_embeddings=c.scale_embedding,
-        share_embeddings=shared,
-        tie_word_embeddings=c.tie_word_embeddings,
-        output_bias=bool(final_logits_bias.any()),
-        initializer_range=c.init_std,
-        pad_token_id=c.pad_token_id,
-        bos_token_id=c.bos_token_id,
-        eos_token_id=c.eos_token_id,
-        decoder_start_token_id=c.decoder_start_token_id,
-    )
-    t = _marian_stack(src, "encoder", c.encoder_layers) | _marian_stack(src, "decoder", c.decoder_layers)
-    if shared:
-        t["model.decoder.embeddings.embed_tokens.weight"] = src.take("model.shared.weight")
-        for copy in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
-            src.skip(copy)
-    else:
-        t["model.encoder.embeddings.embed_tokens.weight"] = src.take("model.encoder.embed_tokens.weight")
-        t["model.decoder.embeddings.embed_tokens.weight"] = src.take("model.decoder.embed_tokens.weight")
-        if "model.shared.weight" in src.tensors:
-            src.skip("model.shared.weight")  # kept by Marian, read by nothing when not tied
-    if config.tie_word_embeddings:
-        src.skip("lm_head.weight")
-    else:
-        t["lm_head.weight"] = src.take("lm_head.weight")
-    if config.output_bias:
-        t["lm_head.bias"] = final_logits_bias
-    return ScratchSeq2SeqForConditionalGeneration(config), t, src
+GPT2, LLAMA, BERT, MARIAN = _GPT2(), _Llama(), _Bert(), _Marian()
+# native class -> its family, for `from_hf`
+CONVERTERS = {
+    "GPT2LMHeadModel": GPT2,
+    "LlamaForCausalLM": LLAMA,
+    "MistralForCausalLM": LLAMA,
+    "Qwen2ForCausalLM": LLAMA,
+    "BertForMaskedLM": BERT,
+    "MarianMTModel": MARIAN,
+}
+# our class -> the families `to_hf` tries, in order (the first the knobs fit is used)
+EXPORTS = {
+    ScratchDecoderForCausalLM: (GPT2, LLAMA),
+    ScratchEncoderForMaskedLM: (BERT,),
+    ScratchSeq2SeqForConditionalGeneration: (MARIAN,),
+}
 
 
-CONVERTERS = {"GPT2LMHeadModel": _gpt2, "BertForMaskedLM": _bert, "MarianMTModel": _marian}
+def _finish(source: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel:
+    """The source's generation settings, device, dtype and train/eval mode on the converted model."""
+    if source.can_generate() and target.can_generate():
+        target.generation_config = GenerationConfig.from_dict(source.generation_config.to_dict())
+    return target.to(device=source.device, dtype=source.dtype).train(source.training)
 
 
 def from_hf(model: PreTrainedModel) -> PreTrainedModel:
-    """The Scratch model equivalent to a native `GPT2LMHeadModel`, `BertForMaskedLM` or `MarianMTModel`: same
-    weights, same outputs, the native generation settings; in the native model's train/eval mode."""
+    """The Scratch model equivalent to a native model of `CONVERTERS`: same weights, same outputs, the native
+    generation settings, device, dtype and train/eval mode."""
     name = type(model).__name__
     if name not in CONVERTERS:
         raise ValueError(f"Cannot convert a {name}; supported: {', '.join(CONVERTERS)}.")
-    scratch, tensors, source = CONVERTERS[name](model)
-    source.check_all_taken()
+    family = CONVERTERS[name]
+    config = family.our_config(model)
+    entries = family.weights(config)
+    source = _StateDict(model)
+    tensors = family.extra_from_native(model, source, config, entries)
+    tensors |= _native_to_ours(entries, source)
+    source.check_all_read()
+    scratch = family.ours(config)
     _load(scratch, tensors)
-    if getattr(model, "generation_config", None) is not None and scratch.can_generate():
-        scratch.generation_config = model.generation_config.__class__.from_dict(model.generation_config.to_dict())
-    return scratch.train(model.training)
+    return _finish(model, scratch)
 
 
-__all__ = ["from_hf", "CONVERTERS"]
+def to_hf(model: PreTrainedModel) -> PreTrainedModel:
+    """The native `transformers` model that computes exactly what `model` computes (see `EXPORTS`), with the same
+    weights, generation settings, device, dtype and train/eval mode; saved, it loads anywhere with the plain Auto
+    classes, no remote code. Raises a `ValueError` naming every knob that no native class has, per candidate class."""
+    families = EXPORTS.get(type(model))
+    if families is None:
+        raise ValueError(f"Cannot export a {type(model).__name__}; supported: "
+                         f"{', '.join(cls.__name__ for cls in EXPORTS)}.")
+    blockers = {family.name: family.blockers(model.config) for family in families}
+    family = next((family for family in families if not blockers[family.name]), None)
+    if family is None:
+        lines = "\n".join(f"  as {name}: " + "; ".join(problems) for name, problems in blockers.items())
+        raise ValueError(
+            f"Cannot export this {type(model).__name__} exactly: no native class computes what these knobs compute.\n"
+            f"{lines}\nEach of these knobs changes what the model computes: a model trained with the values asked for "
+            f"exports, this one has no exact native equivalent."
+        )
+    native = family.native_model(model.config)
+    entries = family.weights(model.config)
+    source = _StateDict(model)
+    tensors = _ours_to_native(entries, source, native)
+    family.extra_to_native(model, source, native, tensors)
+    source.check_all_read()
+    _load(native, tensors)
+    return _finish(model, native)
+
+
+__all__ = ["from_hf", "to_hf", "CONVERTERS", "EXPORTS"]

@@ -1,7 +1,10 @@
-"""`scripts/convert_hf_checkpoint.py` end to end, as a user runs it: tiny native GPT-2, BERT and Marian models saved
-with `save_pretrained`, converted in a subprocess, reloaded through the Auto classes with the native logits (1e-4);
-and the refusals (an unsupported model, a missing folder, config or weight) exit non-zero naming the problem."""
+"""`hf-scratch convert` (and its wrapper `scripts/convert_hf_checkpoint.py`) end to end, as a user runs it: tiny native
+GPT-2, Llama, BERT and Marian models saved with `save_pretrained`, converted in a subprocess, reloaded through the Auto
+classes with the native logits (1e-4); a Scratch folder exported the other way, loading with the plain Auto classes;
+and the refusals (an unsupported model, a missing folder, config or weight, a knob with no native equivalent, a
+contradicting --to) exit non-zero naming the problem, writing nothing."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import tiny_lm
 from tiny_native import ATOL, VOCAB, bert, gpt2, marian
 from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import (
@@ -24,9 +28,18 @@ from transformers import (
 import hf_scratch_transformer as hst
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "convert_hf_checkpoint.py"
+
+
 def run_script(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, str(SCRIPT), *map(str, args)]
+    return subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=300)
+
+
+def run_command(*args) -> subprocess.CompletedProcess:
+    """`hf-scratch convert ...`, through the same dispatcher as the installed command."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "hf_scratch_transformer.cli", "convert", *map(str, args)]
     return subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -80,10 +93,71 @@ def test_converted_folder_reloads_with_native_logits(family, tmp_path):
         assert output_ids == source_ids
 
 
+def _llama(vocab_size: int = VOCAB) -> LlamaForCausalLM:
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=37, vocab_size=vocab_size, max_position_embeddings=64, bos_token_id=1,
+                         eos_token_id=2, rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0})
+    return LlamaForCausalLM(config).eval()
+
+
+def test_saved_llama_folder_converts_with_the_command(tmp_path):
+    source, output = tmp_path / "llama", tmp_path / "scratch"
+    tokenizer = byte_level_bpe()
+    native = _llama(vocab_size=len(tokenizer))
+    native.generation_config.max_new_tokens = 13
+    native.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+
+    result = run_command(source, output)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "LlamaForCausalLM -> ScratchDecoderForCausalLM" in result.stdout
+
+    ours = AutoModelForCausalLM.from_pretrained(output).eval()
+    assert type(ours) is hst.ScratchDecoderForCausalLM and ours.config.rope_parameters["rope_type"] == "linear"
+    assert ours.generation_config.max_new_tokens == 13
+    inputs = _inputs("decoder")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
+    assert AutoTokenizer.from_pretrained(output)("To be").input_ids == tokenizer("To be").input_ids
+
+
+def test_scratch_folder_exports_to_a_native_folder(tmp_path):
+    """The other direction, detected from `model_type`: the result needs neither the package nor remote code
+    (`test_export_native.py` loads such folders in a process without the package)."""
+    source, output = tmp_path / "scratch", tmp_path / "native"
+    tokenizer = byte_level_bpe()
+    ours = tiny_lm("decoder", vocab_size=len(tokenizer), position_embedding_type="rope", norm_type="rmsnorm",
+                   hidden_act="swiglu", use_bias=False, num_key_value_heads=2, tie_word_embeddings=False)
+    ours.generation_config.max_new_tokens = 13
+    ours.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+
+    result = run_command(source, output, "--to", "native")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ScratchDecoderForCausalLM -> LlamaForCausalLM" in result.stdout and "parity check passed" in result.stdout
+
+    assert json.loads((output / "config.json").read_text())["model_type"] == "llama"
+    assert "auto_map" not in json.loads((output / "config.json").read_text())
+    native = AutoModelForCausalLM.from_pretrained(output).eval()
+    assert type(native) is LlamaForCausalLM and native.generation_config.max_new_tokens == 13
+    inputs = _inputs("decoder")
+    with torch.no_grad():
+        torch.testing.assert_close(native(**inputs).logits, ours(**inputs).logits, atol=ATOL, rtol=0)
+    assert AutoTokenizer.from_pretrained(output)("To be").input_ids == tokenizer("To be").input_ids
+
+
+def _unsupported_folder(path: Path) -> Path:
+    (path / "config.json").write_text(json.dumps({"model_type": "opt", "architectures": ["OPTForCausalLM"]}))
+    return path
+
+
+def _scratch_alibi_folder(path: Path) -> Path:
+    tiny_lm("decoder", position_embedding_type="alibi").save_pretrained(path)
+    return path
+
+
 def _llama_folder(path: Path) -> Path:
-    config = LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4, intermediate_size=37,
-                         vocab_size=VOCAB)
-    LlamaForCausalLM(config).save_pretrained(path)
+    _llama().save_pretrained(path)
     return path
 
 
@@ -107,17 +181,21 @@ def _folder_without_config(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("make_source, expected", [
-    (_llama_folder, ["model_type='llama'", "LlamaForCausalLM", "supported: gpt2 (GPT2LMHeadModel)"]),
-    (lambda path: path / "missing", ["does not exist"]),
-    (_folder_without_config, ["no config.json"]),
-    (_gpt2_without_a_weight, ["lacks weights", "transformer.h.1.mlp.c_fc.weight"]),
-    (_gpt2_with_a_larger_tokenizer, ["the tokenizer has", "more than the model's vocabulary (99)"]),
-], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "tokenizer-too-large"])
-def test_bad_sources_are_refused_with_a_clear_message(make_source, expected, tmp_path):
+@pytest.mark.parametrize("make_source, options, expected", [
+    (_unsupported_folder, [], ["model_type='opt'", "OPTForCausalLM", "supported: gpt2 (GPT2LMHeadModel)",
+                               "llama (LlamaForCausalLM)", "scratch_decoder (ScratchDecoderForCausalLM)"]),
+    (lambda path: path / "missing", [], ["does not exist"]),
+    (_folder_without_config, [], ["no config.json"]),
+    (_gpt2_without_a_weight, [], ["lacks weights", "transformer.h.1.mlp.c_fc.weight"]),
+    (_gpt2_with_a_larger_tokenizer, [], ["the tokenizer has", "more than the model's vocabulary (99)"]),
+    (_scratch_alibi_folder, [], ["Cannot export", "position_embedding_type='alibi'"]),
+    (_llama_folder, ["--to", "native"], ["--to native", "native LlamaForCausalLM", "converts to Scratch only"]),
+], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "tokenizer-too-large",
+        "knob-without-native-equivalent", "contradicting-direction"])
+def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path):
     source = tmp_path / "source"
     source.mkdir()
-    result = run_script(make_source(source), tmp_path / "output")
+    result = run_script(make_source(source), tmp_path / "output", *options)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     for fragment in expected:

@@ -16,7 +16,7 @@ COMMANDS = {
     "train-accelerate": ("hf_scratch_transformer.cli.train_accelerate", "train with an Accelerate loop (DDP, FSDP)"),
     "finetune": ("hf_scratch_transformer.cli.finetune", "fine-tune a saved model for text or token classification"),
     "tokenizer": ("tokenizer_training", "train a tokenizer for a model family"),
-    "convert": ("hf_scratch_transformer.cli.convert", "convert a saved native GPT-2 / BERT / Marian folder"),
+    "convert": ("hf_scratch_transformer.cli.convert", "convert a saved folder to or from a native family"),
     "publish": ("hf_scratch_transformer.cli.publish", "publish a saved model folder to the Hub (or --dry-run)"),
     "benchmark": ("hf_scratch_transformer.cli.benchmark", "measure speed and memory side by side with native models"),
 }

@@ -1,0 +1,348 @@
+"""`to_hf` and `from_hf` are inverses on every pair: GPT-2, Llama, Mistral (and Qwen2 one way), BERT and Marian.
+
+On tiny randomly initialised models (weights perturbed so that biases and norms are not their trivial init): logits
+equal to 1e-4 in fp32, the same greedy and beam-search tokens, and round trips that give back the exact state dict
+and config. The exported folder loads with the plain Auto classes in a process where `hf_scratch_transformer`
+cannot be imported. Every knob without a native equivalent is named in one `ValueError`.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from tiny_models import BOS, EOS, PAD, VOCAB, tiny_lm
+from tiny_native import ATOL, bert, gpt2, marian
+from transformers import (
+    BertForMaskedLM,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianMTModel,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+import hf_scratch_transformer as hst
+from hf_scratch_transformer.conversion import from_hf, to_hf
+
+# Our knobs that equal each native architecture (the tiny configs are pre-norm, LayerNorm, biases, final norm).
+GPT2_KNOBS = dict(position_embedding_type="learned", hidden_act="gelu_tanh")
+LLAMA_KNOBS = dict(position_embedding_type="rope", norm_type="rmsnorm", hidden_act="swiglu", use_bias=False,
+                   layer_norm_eps=1e-6)
+BERT_KNOBS = dict(norm_position="post", final_norm=False, embedding_norm=True, mlm_transform=True, type_vocab_size=2)
+MARIAN_KNOBS = dict(position_embedding_type="sinusoidal", sinusoidal_layout="split", norm_position="post",
+                    final_norm=False, scale_embeddings=True, output_bias=True)
+
+# id: (family, our config overrides, the native class `to_hf` must give)
+EXPORTS = {
+    "gpt2": ("decoder", GPT2_KNOBS, GPT2LMHeadModel),
+    "gpt2-relu-untied": ("decoder", {**GPT2_KNOBS, "hidden_act": "relu", "tie_word_embeddings": False},
+                         GPT2LMHeadModel),
+    "llama-gqa-untied": ("decoder", {**LLAMA_KNOBS, "num_key_value_heads": 2, "tie_word_embeddings": False},
+                         LlamaForCausalLM),
+    "llama-biases-tied": ("decoder", {**LLAMA_KNOBS, "use_bias": True}, LlamaForCausalLM),
+    "llama-yarn": ("decoder", {**LLAMA_KNOBS, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0, "original_max_position_embeddings": 32}},
+        LlamaForCausalLM),
+    "mistral-window": ("decoder", {**LLAMA_KNOBS, "num_key_value_heads": 1, "sliding_window": 4}, MistralForCausalLM),
+    "bert": ("encoder", BERT_KNOBS, BertForMaskedLM),
+    "bert-no-token-types-untied": ("encoder", {**BERT_KNOBS, "type_vocab_size": 0, "tie_word_embeddings": False},
+                                   BertForMaskedLM),
+    "marian-shared": ("seq2seq", MARIAN_KNOBS, MarianMTModel),
+    "marian-two-vocabularies": ("seq2seq", {**MARIAN_KNOBS, "share_embeddings": False, "encoder_vocab_size": 120},
+                                MarianMTModel),
+    "marian-untied": ("seq2seq", {**MARIAN_KNOBS, "share_embeddings": False, "tie_word_embeddings": False,
+                                  "output_bias": False, "hidden_act": "gelu"}, MarianMTModel),
+}
+GENERATIVE = [name for name, (family, _, _) in EXPORTS.items() if family != "encoder"]
+
+
+def _perturb(model):
+    """Trained-looking weights: biases and norms away from 0 and 1. Computed tables (Marian's sinusoids) stay."""
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    return model
+
+
+def _ours(name):
+    family, overrides, _ = EXPORTS[name]
+    return _perturb(tiny_lm(family, **overrides))
+
+
+def _inputs(family, length=9):
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, length), generator=generator)
+    mask = torch.ones_like(ids)
+    if family == "decoder":
+        mask[1, :3], ids[1, :3] = 0, PAD  # left padding
+    else:
+        mask[1, -3:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = torch.cat([torch.full((2, 1), BOS), ids[:, :4]], dim=1)
+    return inputs
+
+
+def _assert_same_logits(a, b, family):
+    inputs = _inputs(family)
+    with torch.no_grad():
+        torch.testing.assert_close(a(**inputs).logits, b(**inputs).logits, atol=ATOL, rtol=0)
+
+
+def _assert_same_state_dict(a, b):
+    left, right = a.state_dict(), b.state_dict()
+    assert left.keys() == right.keys()
+    for key in left:
+        assert torch.equal(left[key], right[key]), key
+
+
+def _assert_same_generation(a, b, family):
+    inputs = _inputs(family, length=6)
+    inputs.pop("decoder_input_ids", None)
+    for kwargs in (dict(do_sample=False), dict(num_beams=3, length_penalty=0.7, num_return_sequences=2)):
+        expected = a.generate(**inputs, max_new_tokens=8, min_new_tokens=8, **kwargs)
+        actual = b.generate(**inputs, max_new_tokens=8, min_new_tokens=8, **kwargs)
+        assert torch.equal(actual, expected), kwargs
+
+
+# ---------------------------------------------------------------------------------------------- ours -> native
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_export_computes_the_same_and_converts_back_exactly(name):
+    family, _, native_class = EXPORTS[name]
+    ours = _ours(name)
+    native = to_hf(ours)
+    assert type(native) is native_class and not native.training
+    _assert_same_logits(ours, native, family)
+    back = from_hf(native)
+    assert type(back) is type(ours)
+    _assert_same_state_dict(back, ours)
+    assert back.config.to_dict() == ours.config.to_dict()
+
+
+@pytest.mark.parametrize("name", GENERATIVE)
+def test_export_generates_the_same_tokens(name):
+    ours = _ours(name)
+    _assert_same_generation(ours, to_hf(ours), EXPORTS[name][0])
+
+
+def test_export_keeps_generation_config_dtype_and_mode():
+    ours = _ours("llama-gqa-untied")
+    ours.generation_config.num_beams, ours.generation_config.max_new_tokens = 3, 11
+    native = to_hf(ours.to(torch.bfloat16).train())
+    assert native.dtype == torch.bfloat16 and native.training
+    assert (native.generation_config.num_beams, native.generation_config.max_new_tokens) == (3, 11)
+    assert native.generation_config.eos_token_id == EOS
+
+
+# ---------------------------------------------------------------------------------------------- native -> ours
+
+
+def _llama(**overrides):
+    values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=PAD,
+                  bos_token_id=BOS, eos_token_id=EOS)
+    return LlamaForCausalLM(LlamaConfig(**{**values, **overrides})).eval()
+
+
+def _mistral(**overrides):
+    values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64, sliding_window=4,
+                  pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    return MistralForCausalLM(MistralConfig(**{**values, **overrides})).eval()
+
+
+def _qwen2(**overrides):
+    values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=PAD,
+                  bos_token_id=BOS, eos_token_id=EOS)
+    return Qwen2ForCausalLM(Qwen2Config(**{**values, **overrides})).eval()
+
+
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=16)
+# id: (native factory, family, the class `to_hf(from_hf(...))` gives back)
+IMPORTS = {
+    "gpt2": (gpt2, "decoder", GPT2LMHeadModel),
+    "llama": (lambda: _llama(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE), "decoder", LlamaForCausalLM),
+    "llama-attention-bias": (lambda: _llama(attention_bias=True), "decoder", LlamaForCausalLM),
+    "mistral": (_mistral, "decoder", MistralForCausalLM),
+    # Qwen2 biases q, k and v only: ours has one `use_bias`, so the rest become zero biases, and it exports as a
+    # Llama with biases everywhere (the same function; Qwen2 is not an export target).
+    "qwen2": (_qwen2, "decoder", LlamaForCausalLM),
+    "qwen2-all-layers-sliding": (lambda: _qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=0),
+                                 "decoder", None),
+    "bert": (bert, "encoder", BertForMaskedLM),
+    "marian": (marian, "seq2seq", MarianMTModel),
+}
+
+
+@pytest.mark.parametrize("name", IMPORTS)
+def test_import_computes_the_same_and_converts_back(name):
+    make_native, family, back_class = IMPORTS[name]
+    native = _perturb(make_native())
+    ours = from_hf(native)
+    _assert_same_logits(native, ours, family)
+    if family != "encoder":
+        _assert_same_generation(native, ours, family)
+    if back_class is None:  # Qwen2's window with its q/k/v biases: no export target, said so
+        with pytest.raises(ValueError, match="sliding_window=4` with `use_bias=True"):
+            to_hf(ours)
+        return
+    back = to_hf(ours)
+    assert type(back) is back_class
+    if back_class is type(native) and not name.startswith("llama-attention"):
+        _assert_same_state_dict(back, native)
+    else:  # the zero biases ours added are there now
+        _assert_same_logits(native, back, family)
+
+
+@pytest.mark.parametrize("rope", [
+    dict(rope_type="linear", factor=2.0),
+    dict(rope_type="dynamic", factor=2.0),
+    dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=16),
+    dict(rope_type="longrope", short_factor=[1.0] * 4, long_factor=[2.0, 3.0, 4.0, 5.0],
+         original_max_position_embeddings=16),
+    dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_max_position_embeddings=16),
+    dict(rope_type="proportional", partial_rotary_factor=0.5),
+], ids=lambda rope: rope["rope_type"])
+def test_llama_rope_scaling_types_convert(rope):
+    """Past the original context (16) and, for `dynamic`, past `max_position_embeddings` (32)."""
+    native = _perturb(_llama(max_position_embeddings=32, rope_parameters={"rope_theta": 1000.0, **rope}))
+    ours = from_hf(native)
+    assert ours.config.rope_parameters == native.config.rope_parameters
+    ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, native(ids).logits, atol=ATOL, rtol=0)
+    assert torch.equal(ours.generate(ids[:, :12], max_new_tokens=24, min_new_tokens=24, do_sample=False),
+                       native.generate(ids[:, :12], max_new_tokens=24, min_new_tokens=24, do_sample=False))
+
+
+def _unknown_rope_type():
+    native = _llama()
+    native.config.rope_parameters = {"rope_type": "mrope", "rope_theta": 10000.0}
+    return native
+
+
+@pytest.mark.parametrize("make_native, fragments", [
+    (_unknown_rope_type, ["rope_type='mrope'", "supported: default, linear"]),
+    (lambda: _llama(head_dim=16), ["head_dim=16"]),
+    (lambda: _llama(hidden_act="gelu", head_dim=16), ["hidden_act='gelu'", "head_dim=16"]),  # both, in one error
+    (lambda: _qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=1), ["some layers only"]),
+], ids=["rope-type", "head-dim", "two-at-once", "qwen2-some-layers-sliding"])
+def test_llama_family_options_without_equivalent_are_refused(make_native, fragments):
+    with pytest.raises(ValueError) as error:
+        from_hf(make_native())
+    for fragment in fragments:
+        assert fragment in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("family, overrides, fragments", [
+    ("decoder", dict(position_embedding_type="alibi"), ["position_embedding_type='alibi'` (needs 'learned')",
+                                                         "position_embedding_type='alibi'` (needs 'rope')"]),
+    ("decoder", dict(position_embedding_type="sinusoidal"), ["position_embedding_type='sinusoidal'"]),
+    ("decoder", {**GPT2_KNOBS, "norm_position": "post"}, ["norm_position='post'` (needs 'pre')"]),
+    ("decoder", {**GPT2_KNOBS, "final_norm": False}, ["final_norm=False"]),
+    ("decoder", {**GPT2_KNOBS, "use_bias": False}, ["use_bias=False` (needs True)"]),
+    ("decoder", {**GPT2_KNOBS, "scale_embeddings": True}, ["scale_embeddings=True"]),
+    ("decoder", {**GPT2_KNOBS, "embedding_norm": True}, ["embedding_norm=True"]),
+    ("decoder", {**GPT2_KNOBS, "num_key_value_heads": 2}, ["num_key_value_heads=2", "no grouped-query"]),
+    ("decoder", {**GPT2_KNOBS, "sliding_window": 4}, ["sliding_window=4` (needs None)"]),
+    ("decoder", {**LLAMA_KNOBS, "hidden_act": "geglu"}, ["hidden_act='geglu'` (needs 'swiglu')",
+                                                         "has no gated feed-forward"]),
+    ("decoder", {**LLAMA_KNOBS, "norm_type": "layernorm"}, ["norm_type='layernorm'` (needs 'rmsnorm')"]),
+    ("decoder", {**LLAMA_KNOBS, "sliding_window": 4, "use_bias": True}, ["sliding_window=4` with `use_bias=True"]),
+    ("encoder", {**BERT_KNOBS, "norm_position": "pre"}, ["norm_position='pre'` (needs 'post')"]),
+    ("encoder", {**BERT_KNOBS, "mlm_transform": False}, ["mlm_transform=False"]),
+    ("encoder", {**BERT_KNOBS, "embedding_norm": False}, ["embedding_norm=False"]),
+    ("encoder", {**BERT_KNOBS, "hidden_act": "geglu"}, ["hidden_act='geglu'"]),
+    ("encoder", {**BERT_KNOBS, "position_embedding_type": "sinusoidal"}, ["position_embedding_type='sinusoidal'"]),
+    ("seq2seq", {**MARIAN_KNOBS, "sinusoidal_layout": "interleaved"}, ["sinusoidal_layout='interleaved'"]),
+    ("seq2seq", {**MARIAN_KNOBS, "layer_norm_eps": 1e-6}, ["layer_norm_eps=1e-06` (needs 1e-05)"]),
+    ("seq2seq", {**MARIAN_KNOBS, "norm_position": "pre", "final_norm": True}, ["norm_position='pre'",
+                                                                                "final_norm=True"]),
+    ("seq2seq", {**MARIAN_KNOBS, "num_key_value_heads": 1}, ["num_key_value_heads=1"]),
+    ("seq2seq", {**MARIAN_KNOBS, "decoder_start_token_id": None}, ["decoder_start_token_id=None"]),
+], ids=str)
+def test_knobs_without_native_equivalent_are_named(family, overrides, fragments):
+    model = tiny_lm(family, **overrides)
+    with pytest.raises(ValueError, match="Cannot export") as error:
+        to_hf(model)
+    for fragment in fragments:
+        assert fragment in str(error.value)
+
+
+def test_all_blockers_are_named_in_one_error():
+    model = tiny_lm("decoder", position_embedding_type="alibi", norm_position="post", hidden_act="geglu")
+    with pytest.raises(ValueError) as error:
+        to_hf(model)
+    message = str(error.value)
+    for fragment in ("as GPT2LMHeadModel:", "as LlamaForCausalLM / MistralForCausalLM:", "alibi",
+                     "norm_position='post'", "hidden_act='geglu'", "norm_type='layernorm'"):
+        assert fragment in message
+
+
+def test_only_language_model_heads_export():
+    with pytest.raises(ValueError, match="Cannot export a ScratchDecoderModel; supported: ScratchDecoderForCausalLM"):
+        to_hf(hst.ScratchDecoderModel(tiny_lm("decoder", **GPT2_KNOBS).config))
+
+
+# ---------------------------------------------------------------------------------------------- saved folders
+
+# Loads each exported folder with the plain Auto classes, in a process where hf_scratch_transformer cannot be
+# imported (as on a serving machine), and checks its class, its logits and its generation config.
+LOAD_WITHOUT_PACKAGE = """
+import importlib.abc, sys
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "hf_scratch_transformer":
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, NotInstalled())
+import torch, transformers
+for job in torch.load(sys.argv[1]):
+    model = getattr(transformers, job["auto_class"]).from_pretrained(job["folder"]).eval()
+    assert type(model).__name__ == job["class"] and type(model).__module__.startswith("transformers.models.")
+    assert getattr(model.config, "auto_map", None) is None
+    with torch.no_grad():
+        torch.testing.assert_close(model(**job["inputs"]).logits, job["logits"], atol=1e-4, rtol=0)
+    if job["generates"]:
+        assert model.generation_config.max_new_tokens == 7, model.generation_config
+print("loaded", len(torch.load(sys.argv[1])))
+"""
+AUTO_CLASSES = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM",
+                "seq2seq": "AutoModelForSeq2SeqLM"}
+
+
+def test_exported_folders_load_with_plain_auto_classes_without_the_package(tmp_path):
+    jobs = []
+    for name in ("gpt2", "llama-gqa-untied", "mistral-window", "bert-no-token-types-untied", "marian-shared"):
+        family = EXPORTS[name][0]
+        ours = _ours(name)
+        if family != "encoder":
+            ours.generation_config.max_new_tokens = 7  # must reach the saved generation_config.json
+        native = to_hf(ours)
+        native.save_pretrained(tmp_path / name)
+        inputs = _inputs(family)
+        with torch.no_grad():
+            logits = ours(**inputs).logits
+        jobs.append({"folder": str(tmp_path / name), "auto_class": AUTO_CLASSES[family],
+                     "class": type(native).__name__, "inputs": inputs, "logits": logits,
+                     "generates": family != "encoder"})
+    torch.save(jobs, tmp_path / "jobs.pt")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(tmp_path / "jobs.pt")], cwd=tmp_path,
+                            capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"loaded {len(jobs)}" in result.stdout
