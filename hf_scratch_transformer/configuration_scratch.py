@@ -18,6 +18,8 @@ SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 INIT_SCHEMES = ("normal", "xavier")
+# What `PreTrainedConfig` reads as RoPE settings: kept on RoPE configs only.
+ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -70,9 +72,10 @@ class ScratchConfigBase(PreTrainedConfig):
     # Sinusoid table layout: "interleaved" (sin, cos, sin, ... as in the paper) or "split" (all sines, then all
     # cosines, as tensor2tensor, fairseq and Marian store it). The same frequencies either way.
     sinusoidal_layout: str = "interleaved"
-    # RoPE the native way: `rope_parameters` feeds transformers' ROPE_INIT_FUNCTIONS; `rope_theta=...` is
-    # accepted as a shorthand and folded into it by `PreTrainedConfig.__post_init__`.
-    rope_parameters: dict | None = None
+    # RoPE the native way: `rope_parameters` (a dict with `rope_type`, `rope_theta` and the scaling type's keys) feeds
+    # transformers' ROPE_INIT_FUNCTIONS; `rope_theta=...` (and the legacy `rope_scaling=...`) is accepted as a
+    # shorthand and folded into it by `PreTrainedConfig.__post_init__`. Not a field: the attribute exists only while
+    # `position_embedding_type="rope"` (see `_take_rope_parameters`).
     norm_type: str = "layernorm"
     norm_position: str = "pre"
     layer_norm_eps: float = 1e-5
@@ -86,6 +89,8 @@ class ScratchConfigBase(PreTrainedConfig):
     scale_embeddings: bool = False
     # A norm over the summed embeddings, before the first block (BERT, Cramming).
     embedding_norm: bool = False
+    # The output projection is the (target-side) token embedding matrix. In seq2seq this concerns the head only;
+    # sharing the encoder's and decoder's embeddings is `share_embeddings`.
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
     init_scheme: str = "normal"
@@ -102,7 +107,42 @@ class ScratchConfigBase(PreTrainedConfig):
         if self.activation_dropout is None:
             self.activation_dropout = self.dropout
         self._validate_common()
+        self._take_rope_parameters(kwargs)
         super().__post_init__(**kwargs)
+        if self.position_embedding_type == "rope":
+            try:  # transformers' check of the keys each `rope_type` needs, which raises KeyError
+                self.validate_rope()
+            except KeyError as error:
+                raise ValueError(f"`rope_parameters`: {error.args[0]}") from None
+
+    def _take_rope_parameters(self, kwargs: dict) -> None:
+        """`rope_parameters` exists on a RoPE config only, as on native configs: transformers (and its common tests)
+        takes any config that has the attribute for a rotary model. A RoPE config gets it before
+        `PreTrainedConfig.__post_init__`, which folds `rope_theta` / `rope_scaling` into it and standardizes it
+        (`{"rope_type": "default", "rope_theta": 10000.0}` when none is given). Other position types drop those keys,
+        as they always ignored them (configs saved before this change stored a default `rope_parameters`)."""
+        if self.position_embedding_type == "rope":
+            rope_parameters = kwargs.pop("rope_parameters", None)
+            if rope_parameters is not None and not isinstance(rope_parameters, dict):
+                raise ValueError(f"`rope_parameters` must be a dict, got {rope_parameters!r}.")
+            # A copy: standardizing adds keys, which must not land in the caller's dict.
+            self.rope_parameters = dict(rope_parameters) if rope_parameters is not None else None
+        else:
+            for key in ROPE_KEYS:
+                kwargs.pop(key, None)
+
+    def __setattr__(self, key, value):
+        """A change of `position_embedding_type` after construction adds the default `rope_parameters` (switching
+        to RoPE) or removes them (switching away), so that the attribute exists exactly on RoPE configs."""
+        super().__setattr__(key, value)
+        if key != "position_embedding_type" or not getattr(self, "_post_init_done", False):
+            return
+        has_rope_parameters = "rope_parameters" in self.__dict__
+        if value == "rope" and not has_rope_parameters:
+            self.rope_parameters = None
+            self.convert_rope_params_to_dict()
+        elif value != "rope" and has_rope_parameters:
+            del self.rope_parameters
 
     @property
     def head_dim(self) -> int:
@@ -220,7 +260,10 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     decoder_layers: int = 6
     # None = one vocabulary shared by source and target.
     encoder_vocab_size: int | None = None
-    # Encoder and decoder token embeddings are one matrix (needs a shared vocabulary).
+    # Encoder and decoder token embeddings are one matrix (needs a shared vocabulary): fairseq's
+    # `--share-all-embeddings` without the head. Independent of `tie_word_embeddings`, which ties the output
+    # projection to the decoder's embeddings (`--share-decoder-input-output-embed`): both = one matrix for all three;
+    # `share_embeddings` alone = one input matrix and an output head of its own.
     share_embeddings: bool = True
     # A bias on the output projection (Marian's `final_logits_bias`).
     output_bias: bool = False
@@ -239,9 +282,6 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
                     "`share_embeddings=True` needs one shared vocabulary: set `encoder_vocab_size=None` "
                     "or `share_embeddings=False`."
                 )
-        if self.share_embeddings and not self.tie_word_embeddings:
-            # transformers ties parameters only when `tie_word_embeddings` is set, so sharing depends on it.
-            raise ValueError("`share_embeddings=True` needs `tie_word_embeddings=True`.")
         super().__post_init__(**kwargs)
 
     @property

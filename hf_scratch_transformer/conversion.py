@@ -515,7 +515,8 @@ class _Marian(_Family):
             hidden_act=_activation(c.activation_function),
             embedding_dropout=c.dropout,  # Marian drops out embeddings + positions with `dropout` too
             # transformers 5 ties Marian's embeddings only under `tie_word_embeddings`: with it off, encoder,
-            # decoder and output matrices are separate parameters even when `share_encoder_decoder_embeddings` is set.
+            # decoder and output matrices are separate parameters even when `share_encoder_decoder_embeddings` is set
+            # (ours can share the two embeddings with an untied head, but Marian cannot, see `blockers`).
             share_embeddings=c.share_encoder_decoder_embeddings and c.tie_word_embeddings,
             output_bias=bool(native.final_logits_bias.any()),  # a zero bias (Marian's default) adds nothing
         )
@@ -526,7 +527,8 @@ class _Marian(_Family):
             problems.append("`decoder_start_token_id=None` (MarianConfig needs an id)")
         if config.share_embeddings and not config.tie_word_embeddings:
             problems.append("`share_embeddings=True` with `tie_word_embeddings=False` (Marian shares encoder and "
-                            "decoder embeddings only together with the output head: needs both or neither)")
+                            "decoder embeddings only together with the output head: needs `tie_word_embeddings=True` "
+                            "or `share_embeddings=False`)")
         return problems
 
     def native_model(self, config):

@@ -2,8 +2,9 @@
 `ScratchSeq2SeqForConditionalGeneration`. Both halves are the shared `ScratchTransformer`: the encoder
 bidirectional, the decoder causal with cross-attention over the encoder output.
 
-Embeddings: with `share_embeddings` the encoder and decoder token embeddings are one tied matrix (one shared
-vocabulary); with `tie_word_embeddings` the output projection is tied to the decoder's embeddings.
+Embeddings: two independent knobs, as fairseq's `--share-all-embeddings` and `--share-decoder-input-output-embed`.
+With `share_embeddings` the encoder and decoder token embeddings are one tied matrix (one shared vocabulary); with
+`tie_word_embeddings` the output projection is tied to the decoder's embeddings. Both: one matrix for all three.
 References: transformers' `BartModel` / `MarianMTModel` for the v5 conventions (EncoderDecoderCache, tying).
 """
 
@@ -46,9 +47,9 @@ class ScratchSeq2SeqPreTrainedModel(ScratchPreTrainedModel):
     config: ScratchSeq2SeqConfig
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
-        """`resize_token_embeddings` resizes the one vocabulary: a shared matrix (tying does the rest), or the two
-        matrices and the output projection when `share_embeddings=False`. Two vocabularies are refused, since
-        `config.vocab_size` is the target's."""
+        """`resize_token_embeddings` resizes the one vocabulary: the shared matrix or, when `share_embeddings=False`,
+        both matrices; then the output projection (which tying replaces when it is tied). Two vocabularies are
+        refused, since `config.vocab_size` is the target's."""
         if self.config.share_embeddings:
             return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         if self.config.encoder_vocab_size is not None:
@@ -72,12 +73,13 @@ class ScratchSeq2SeqPreTrainedModel(ScratchPreTrainedModel):
 class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
     """Encoder and decoder: source ids (B, S) and target ids (B, T) -> decoder hidden states (B, T, hidden)."""
 
+    _shared_embeddings_keys = {"encoder.embeddings.embed_tokens.weight": "decoder.embeddings.embed_tokens.weight"}
+
     def __init__(self, config: ScratchSeq2SeqConfig):
         super().__init__(config)
         if config.share_embeddings:
-            self._tied_weights_keys = {
-                "encoder.embeddings.embed_tokens.weight": "decoder.embeddings.embed_tokens.weight"
-            }
+            # Declared so that `save_pretrained` stores the shared matrix once, under the decoder's name.
+            self._tied_weights_keys = self._shared_embeddings_keys
         self.encoder = ScratchTransformer(
             config, num_layers=config.encoder_layers, vocab_size=config.source_vocab_size, is_causal=False
         )
@@ -85,6 +87,15 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
             config, num_layers=config.decoder_layers, vocab_size=config.vocab_size
         )
         self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        """transformers ties a model's `_tied_weights_keys` only under `config.tie_word_embeddings`, which here is
+        the output head's knob (the head's tie is declared by `ScratchSeq2SeqForConditionalGeneration`). Sharing the
+        encoder's and decoder's embeddings follows `share_embeddings` alone, so that each knob works without the
+        other, in `post_init`, `tie_weights`, `from_pretrained` and `resize_token_embeddings` alike."""
+        if all_submodels or not self.config.share_embeddings:
+            return super().get_expanded_tied_weights_keys(all_submodels)
+        return dict(self._shared_embeddings_keys)
 
     def get_input_embeddings(self) -> nn.Embedding:
         # With one shared matrix the decoder's is the one the others are tied to; otherwise the input is the source.

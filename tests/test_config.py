@@ -39,7 +39,8 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("encoder", dict(classifier_dropout=2.0), "classifier_dropout"),
         ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
         ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
-        ("seq2seq", dict(tie_word_embeddings=False), "tie_word_embeddings"),
+        ("decoder", dict(position_embedding_type="rope", rope_parameters="yarn"), "rope_parameters"),
+        ("decoder", dict(position_embedding_type="rope", rope_parameters={"rope_type": "linear"}), "rope_parameters"),
     ],
 )
 def test_invalid_family_knob_names_the_field(family, overrides, field):
@@ -68,6 +69,58 @@ def test_rope_scaling_types_are_accepted():
         "decoder", position_embedding_type="rope", rope_parameters={"rope_type": "linear", "factor": 2.0}
     )
     assert config.rope_parameters["rope_type"] == "linear"
+
+
+@pytest.mark.parametrize("position_embedding_type", ["sinusoidal", "learned", "alibi"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_only_rope_configs_have_rope_parameters(family, position_embedding_type, tmp_path):
+    """As on native configs: transformers (and its common tests) takes a config with `rope_parameters` for RoPE."""
+    config = tiny_config(family, position_embedding_type=position_embedding_type)
+    assert not hasattr(config, "rope_parameters")
+    config.save_pretrained(tmp_path)
+    assert "rope" not in (tmp_path / "config.json").read_text()
+    reloaded = AutoConfig.from_pretrained(tmp_path)
+    assert not hasattr(reloaded, "rope_parameters")
+    assert reloaded.to_diff_dict() == config.to_diff_dict()
+
+
+def test_rope_settings_of_other_position_types_are_dropped(tmp_path):
+    """Configs saved before `rope_parameters` became RoPE-only stored a default one; they load without it."""
+    stored = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "rope_theta": 500.0}
+    config = tiny_config("decoder", position_embedding_type="learned", **stored)
+    assert not hasattr(config, "rope_parameters") and not hasattr(config, "rope_theta")
+    assert not hasattr(ScratchDecoderConfig.from_dict({**config.to_dict(), **stored}), "rope_parameters")
+
+
+def test_changing_the_position_type_adds_or_removes_rope_parameters():
+    config = tiny_config("decoder", position_embedding_type="learned")
+    config.position_embedding_type = "rope"
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    config.position_embedding_type = "alibi"
+    assert not hasattr(config, "rope_parameters")
+
+
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [
+        {"rope_type": "default", "rope_theta": 500.0},
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+        {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+         "original_max_position_embeddings": 32},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 32},
+    ],
+    ids=lambda rope: rope["rope_type"],
+)
+def test_rope_parameters_of_every_type_survive_save_and_reload(rope_parameters, tmp_path):
+    given = dict(rope_parameters)
+    config = tiny_config("decoder", position_embedding_type="rope", rope_parameters=given)
+    assert given == rope_parameters, "the caller's dict is not modified"
+    assert config.rope_parameters["rope_type"] == rope_parameters["rope_type"]
+    config.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).rope_parameters == config.rope_parameters
 
 
 def test_seq2seq_num_hidden_layers_is_the_decoder_depth():

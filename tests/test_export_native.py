@@ -57,6 +57,7 @@ EXPORTS = {
                                 MarianMTModel),
     "marian-untied": ("seq2seq", {**MARIAN_KNOBS, "share_embeddings": False, "tie_word_embeddings": False,
                                   "output_bias": False, "hidden_act": "gelu"}, MarianMTModel),
+    "marian-separate-embeddings-tied-head": ("seq2seq", {**MARIAN_KNOBS, "share_embeddings": False}, MarianMTModel),
 }
 GENERATIVE = [name for name, (family, _, _) in EXPORTS.items() if family != "encoder"]
 
@@ -227,6 +228,16 @@ def test_llama_rope_scaling_types_convert(rope):
                        native.generate(ids[:, :12], max_new_tokens=24, min_new_tokens=24, do_sample=False))
 
 
+def test_marian_sharing_without_a_tied_head_imports_as_separate_matrices():
+    """transformers 5 shares Marian's embeddings only together with the head: `share_encoder_decoder_embeddings`
+    without `tie_word_embeddings` is separate encoder, decoder and output matrices, and so is the conversion."""
+    native = _perturb(marian(tie_word_embeddings=False))
+    ours = from_hf(native)
+    assert not ours.config.share_embeddings and not ours.config.tie_word_embeddings
+    _assert_same_logits(native, ours, "seq2seq")
+    _assert_same_generation(native, ours, "seq2seq")
+
+
 def _unknown_rope_type():
     native = _llama()
     native.config.rope_parameters = {"rope_type": "mrope", "rope_theta": 10000.0}
@@ -275,6 +286,8 @@ def test_llama_family_options_without_equivalent_are_refused(make_native, fragme
                                                                                 "final_norm=True"]),
     ("seq2seq", {**MARIAN_KNOBS, "num_key_value_heads": 1}, ["num_key_value_heads=1"]),
     ("seq2seq", {**MARIAN_KNOBS, "decoder_start_token_id": None}, ["decoder_start_token_id=None"]),
+    ("seq2seq", {**MARIAN_KNOBS, "tie_word_embeddings": False},
+     ["`share_embeddings=True` with `tie_word_embeddings=False`"]),
 ], ids=str)
 def test_knobs_without_native_equivalent_are_named(family, overrides, fragments):
     model = tiny_lm(family, **overrides)

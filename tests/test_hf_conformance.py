@@ -19,7 +19,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from parameterized import parameterized
 
 import hf_scratch_transformer
 from hf_scratch_transformer import (
@@ -172,11 +171,11 @@ class ScratchEncoderModelTester(_TinySizes):
 class ScratchSeq2SeqModelTester(_TinySizes):
     encoder_seq_length = decoder_seq_length = _TinySizes.seq_length
     pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
-    share_embeddings = True
 
     def get_config(self):
         # Vaswani et al. (preset "transformer-base"): post-norm, sinusoidal positions, ReLU, embeddings scaled by
-        # sqrt(hidden) and shared by encoder, decoder and output projection.
+        # sqrt(hidden) and shared by encoder, decoder and output projection. The untied-head tests set
+        # `tie_word_embeddings=False`, which unties the head only: encoder and decoder keep sharing.
         return ScratchSeq2SeqConfig(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -190,7 +189,7 @@ class ScratchSeq2SeqModelTester(_TinySizes):
             norm_position="post",
             final_norm=False,
             scale_embeddings=True,
-            share_embeddings=self.share_embeddings,
+            share_embeddings=True,
             dropout=0.1,
             attention_dropout=0.1,
             pad_token_id=self.pad_token_id,
@@ -222,8 +221,9 @@ class ScratchSeq2SeqModelTester(_TinySizes):
 # - test_sliding_window_mask needs a `use_sliding_window` switch (Mistral-style); ours is `sliding_window` alone;
 # - test_resize_position_vector_embeddings is opt-in (`test_resize_position_embeddings`), an API we do not offer;
 # - the other family's LM-head tests ("No decoder-only / sequence-to-sequence language modeling head");
-# - test_model_rope_scaling_frequencies without a rotary module, test_sdpa_can_dispatch_composite_models
-#   ("does not support SDPA" means "not composite");
+# - the RoPE tests on the encoder and seq2seq ("does not support RoPE scaling"): those configurations use absolute
+#   positions, so, as native configs without RoPE, they have no `rope_parameters`;
+# - test_sdpa_can_dispatch_composite_models ("does not support SDPA" means "not composite");
 # - test_can_capture_specific_layers_hidden_states on seq2seq: it reads `hidden_states`, which encoder-decoder
 #   outputs split into `encoder_hidden_states` / `decoder_hidden_states` (native BART skips it too).
 class _ScratchConformanceTest(ModelTesterMixin):
@@ -249,25 +249,13 @@ class _ScratchConformanceTest(ModelTesterMixin):
         pass
 
 
-class _AbsolutePositionsTest:
-    """For the families tested with absolute (learned or sinusoidal) positions."""
-
-    # Upstream takes any config with a `rope_parameters` field for a RoPE model (native ones without RoPE have no
-    # such field). Every Scratch config has it, read only with `position_embedding_type="rope"`; the test then
-    # feeds 1.5 x max_position_embeddings tokens, which an absolute position table rightly rejects.
-    @parameterized.expand([("linear",), ("dynamic",), ("yarn",)])
-    @unittest.skip("RoPE scaling test; this configuration uses absolute positions")
-    def test_model_rope_scaling_from_config(self, scaling_type):
-        pass
-
-
 class ScratchDecoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
     model_tester_class = ScratchDecoderModelTester
     config_class = ScratchDecoderConfig
     all_model_classes = (ScratchDecoderModel, ScratchDecoderForCausalLM, ScratchDecoderForSequenceClassification)
 
 
-class ScratchEncoderConformanceTest(_AbsolutePositionsTest, _ScratchConformanceTest, unittest.TestCase):
+class ScratchEncoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
     model_tester_class = ScratchEncoderModelTester
     config_class = ScratchEncoderConfig
     all_model_classes = (
@@ -278,24 +266,8 @@ class ScratchEncoderConformanceTest(_AbsolutePositionsTest, _ScratchConformanceT
     )
 
 
-class ScratchSeq2SeqConformanceTest(_AbsolutePositionsTest, _ScratchConformanceTest, unittest.TestCase):
+class ScratchSeq2SeqConformanceTest(_ScratchConformanceTest, unittest.TestCase):
     model_tester_class = ScratchSeq2SeqModelTester
     config_class = ScratchSeq2SeqConfig
     all_model_classes = (ScratchSeq2SeqModel, ScratchSeq2SeqForConditionalGeneration)
     is_encoder_decoder = True
-
-    # These tests untie the output projection by setting `config.tie_word_embeddings = False` after construction.
-    # With `share_embeddings=True` (one matrix for encoder, decoder and head; the config rejects it untied) that
-    # is an impossible state, as for BART, which skips the first test upstream. Untying needs separate
-    # embeddings, so run them with `share_embeddings=False`.
-    def test_load_save_without_tied_weights(self):
-        self.model_tester.share_embeddings = False
-        super().test_load_save_without_tied_weights()
-
-    def test_resize_embeddings_untied(self):
-        self.model_tester.share_embeddings = False
-        super().test_resize_embeddings_untied()
-
-    def test_resize_embeddings_untied_no_reinit_on_post_init(self):
-        self.model_tester.share_embeddings = False
-        super().test_resize_embeddings_untied_no_reinit_on_post_init()

@@ -208,6 +208,53 @@ def test_seq2seq_shares_encoder_and_decoder_embeddings_after_reload(tmp_path):
     assert encoder.get_input_embeddings().weight is decoder.get_input_embeddings().weight
 
 
+def _seq2seq_embedding_weights(model):
+    """(encoder embeddings, decoder embeddings, output head) of a seq2seq LM."""
+    stacks = model.model.encoder, model.model.decoder
+    return *(stack.get_input_embeddings().weight for stack in stacks), model.lm_head.weight
+
+
+SHARING_AND_TYING = [(True, True), (True, False), (False, True), (False, False)]
+
+
+@pytest.mark.parametrize("share_embeddings, tie_word_embeddings", SHARING_AND_TYING)
+def test_seq2seq_sharing_and_head_tying_are_independent(share_embeddings, tie_word_embeddings, tmp_path):
+    """fairseq's `--share-all-embeddings` and `--share-decoder-input-output-embed`: each knob works without the
+    other, after `from_pretrained` (head class and base model) as after construction."""
+    model = tiny_lm("seq2seq", share_embeddings=share_embeddings, tie_word_embeddings=tie_word_embeddings)
+    model.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert ("model.encoder.embeddings.embed_tokens.weight" in stored) is not share_embeddings
+    assert ("lm_head.weight" in stored) is not tie_word_embeddings
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    for loaded in (model, reloaded):
+        encoder, decoder, head = _seq2seq_embedding_weights(loaded)
+        assert (encoder is decoder) is share_embeddings
+        assert (head is decoder) is tie_word_embeddings
+    for original, loaded in zip(_seq2seq_embedding_weights(model), _seq2seq_embedding_weights(reloaded), strict=True):
+        torch.testing.assert_close(loaded, original, rtol=0, atol=0)
+    inputs = lm_inputs("seq2seq")
+    torch.testing.assert_close(reloaded(**inputs).logits, model(**inputs).logits, rtol=0, atol=0)
+    base = AutoModel.from_pretrained(tmp_path)
+    shared = base.encoder.get_input_embeddings().weight is base.decoder.get_input_embeddings().weight
+    assert shared is share_embeddings
+
+
+@pytest.mark.parametrize("share_embeddings, tie_word_embeddings", SHARING_AND_TYING)
+def test_seq2seq_resize_keeps_sharing_and_head_tying(share_embeddings, tie_word_embeddings, tmp_path):
+    model = tiny_lm("seq2seq", share_embeddings=share_embeddings, tie_word_embeddings=tie_word_embeddings)
+    model.resize_token_embeddings(VOCAB + 5, pad_to_multiple_of=64)
+    encoder, decoder, head = _seq2seq_embedding_weights(model)
+    assert model.config.vocab_size == encoder.shape[0] == decoder.shape[0] == head.shape[0] == 128
+    assert (encoder is decoder) is share_embeddings
+    assert (head is decoder) is tie_word_embeddings
+    ids = torch.tensor([[3, 120, 127]])
+    assert model(input_ids=ids, labels=ids).logits.shape == (1, 3, 128)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(reloaded(input_ids=ids, labels=ids).logits, model(input_ids=ids, labels=ids).logits)
+
+
 def test_base_model_loads_from_a_head_checkpoint(tmp_path):
     model = tiny_lm("decoder")
     model.save_pretrained(tmp_path)
