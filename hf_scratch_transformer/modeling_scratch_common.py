@@ -257,7 +257,8 @@ class ScratchTransformer(ScratchPreTrainedModel):
 
         hidden_states = self.embeddings(input_ids, inputs_embeds, position_ids, token_type_ids)  # (B, T, hidden)
         attention_mask = build_self_attention_mask(
-            self.config, hidden_states, attention_mask, past_key_values, position_ids, self.is_causal, self.alibi
+            self.config, hidden_states, attention_mask, past_key_values, position_ids, self.is_causal, self.alibi,
+            paged=kwargs.get("cache") is not None,  # continuous batching passes its `PagedAttentionCache` as `cache`
         )
         if self.has_cross_attention:
             encoder_attention_mask = build_cross_attention_mask(
@@ -273,6 +274,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
                 encoder_hidden_states,
                 attention_mask=attention_mask,
                 position_embeddings=position_embeddings,
+                position_ids=position_ids,  # as Llama: flash kernels find packed sequences by their position resets
                 past_key_values=past_key_values,
                 encoder_attention_mask=encoder_attention_mask,
                 **kwargs,

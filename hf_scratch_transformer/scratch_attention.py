@@ -8,6 +8,10 @@ Two hand-written back-ends with one signature, picked by `config._attn_implement
 `torch.nn.functional.scaled_dot_product_attention`. Any other name (flex, flash, kernels) is looked up in
 transformers' `ALL_ATTENTION_FUNCTIONS`. Masks arrive prepared (see `scratch_masks.py`): `None`, boolean
 (True = attend) or additive float, broadcastable to (B, H, T, S).
+
+Continuous batching (`generate_batch`, `transformers serve --continuous-batching`) packs every request into one row
+(B = 1) and passes `cache=PagedAttentionCache`, which must receive the new keys and values before GQA repeats them and
+returns each request's cached ones: our two functions then hand over to transformers' own (`sdpa`, `paged|eager`).
 """
 
 from collections.abc import Callable
@@ -38,9 +42,14 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    cache=None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q K^T * scaling + mask) V. query (B, H, T, D), key/value (B, K, S, D) -> (B, T, H, D), (B, H, T, S)."""
+    if cache is not None:  # a paged cache: continuous batching, which runs in eval mode (no dropout)
+        return ALL_ATTENTION_FUNCTIONS["paged|eager"](
+            module, query, key, value, attention_mask, scaling=scaling, cache=cache, **kwargs
+        )
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, T, S)
@@ -63,9 +72,14 @@ def sdpa_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    cache=None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Same contract as `eager_attention_forward`, through PyTorch's fused kernel; returns no weights."""
+    if cache is not None:  # a paged cache (continuous batching)
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, cache=cache, **kwargs
+        )
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
     # A `None` mask on a causal layer means "plain causal": let the kernel build it. With one query token

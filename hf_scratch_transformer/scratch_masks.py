@@ -20,6 +20,9 @@ from transformers.masking_utils import (
 
 from .scratch_positions import ScratchAlibiBias
 
+# The back-ends that add a float `attention_mask` to the scores, and with it the ALiBi bias.
+ALIBI_IMPLEMENTATIONS = ("eager", "sdpa", "paged|eager")
+
 
 def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
@@ -74,8 +77,22 @@ def build_self_attention_mask(
     position_ids: torch.Tensor | None,
     is_causal: bool,
     alibi: ScratchAlibiBias | None,
+    paged: bool = False,
 ):
-    """Mask for the self-attention of every layer of one stack. inputs_embeds: (batch, q_len, hidden)."""
+    """Mask for the self-attention of every layer of one stack. inputs_embeds: (batch, q_len, hidden). `paged`:
+    continuous batching, whose mask comes prepared for the keys its paged cache returns."""
+    if alibi is not None and config._attn_implementation not in ALIBI_IMPLEMENTATIONS:
+        # Flash and flex kernels, and serving engines' own attention, would drop the bias without a word.
+        raise ValueError(
+            f"ALiBi positions are a bias added to the attention scores through the mask, which "
+            f"`attn_implementation={config._attn_implementation!r}` does not take; use one of "
+            f"{', '.join(ALIBI_IMPLEMENTATIONS)}."
+        )
+    if paged:
+        if alibi is None:
+            return attention_mask
+        bias = alibi.packed(attention_mask, inputs_embeds.dtype)
+        return _combine_with_bias(attention_mask, bias, inputs_embeds.dtype)
     batch_size, q_len = inputs_embeds.shape[:2]
     past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
     # The keys attention will see: past and current tokens, or what a static / sliding-window cache holds.

@@ -140,4 +140,18 @@ class ScratchAlibiBias(nn.Module):
         query_index = torch.arange(q_len, device=device) + q_offset
         key_index = torch.arange(kv_len, device=device) + kv_offset
         distance = (query_index[:, None] - key_index[None, :]).abs()  # (q_len, kv_len)
-        return (-self.slopes[:, None, None] * distance).unsqueeze(0).to(dtype)
+        return self.from_distance(distance[None, None], dtype)
+
+    def from_distance(self, distance: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Bias (batch, heads, q_len, kv_len) from query-key distances (batch, 1, q_len, kv_len)."""
+        return (-self.slopes[:, None, None] * distance).to(dtype)
+
+    def packed(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Bias for requests packed in one row, as continuous batching runs them, from its block-diagonal causal
+        mask (1, 1, q_len, kv_len) alone. A query sees a run of consecutive positions of its own request, ending at
+        itself (keys come out of the paged cache in position order, a sliding window only shortens the run), so
+        its distance to a visible key is the number of visible keys after that key in its row. Hidden keys get some
+        bias too; the mask hides them anyway."""
+        visible = mask if mask.dtype == torch.bool else mask == 0
+        distance = visible.flip(-1).cumsum(-1).flip(-1) - 1  # visible keys from each key on, less the key itself
+        return self.from_distance(distance, dtype)

@@ -18,6 +18,7 @@ COMMANDS = {
     "tokenizer": ("tokenizer_training", "train a tokenizer for a model family"),
     "convert": ("hf_scratch_transformer.cli.convert", "convert a saved folder to or from a native family"),
     "publish": ("hf_scratch_transformer.cli.publish", "publish a saved model folder to the Hub (or --dry-run)"),
+    "serve": ("hf_scratch_transformer.cli.serve", "serve a saved folder with `transformers serve` (OpenAI API)"),
     "benchmark": ("hf_scratch_transformer.cli.benchmark", "measure speed and memory side by side with native models"),
 }
 

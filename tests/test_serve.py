@@ -1,0 +1,160 @@
+"""`hf-scratch serve`: transformers' OpenAI-compatible server on a saved Scratch folder, started for real as a
+subprocess on 127.0.0.1 and spoken to with the official `openai` client, with and without continuous batching.
+Every answer must be the text of greedy `generate()` on the same prompt."""
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import torch
+from tiny_models import tiny_config
+from tiny_tokenizers import byte_level_bpe
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_scratch_transformer import ScratchDecoderForCausalLM
+from tokenizer_training import padded_vocab_size, special_token_ids
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 12
+START_TIMEOUT = 60  # seconds for the server to load the model and answer /health
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy, whatever the environment says
+QUESTIONS = ["Who is there?", "What says the king?", "Speak, friend.", "Good morrow, cousin!"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny saved decoder with its tokenizer and a chat template. Its output layer only ever picks tokens that
+    decode to printable ASCII, so that text streamed token by token is comparable exactly (a lone byte of a
+    multi-byte character would be held back by the streaming decoder) and no EOS cuts an answer short."""
+    path = tmp_path_factory.mktemp("served")
+    tokenizer = copy.deepcopy(byte_level_bpe())
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = tiny_config(
+        "decoder", vocab_size=padded_vocab_size(tokenizer), max_position_embeddings=128,
+        position_embedding_type="rope", num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.5,
+        **special_token_ids(tokenizer),
+    )
+    torch.manual_seed(0)
+    model = ScratchDecoderForCausalLM(config).eval()
+    printable = [token for token in range(len(tokenizer)) if _is_printable(tokenizer.decode([token]))]
+    keep = torch.zeros(config.vocab_size, dtype=torch.bool)
+    keep[printable] = True
+    with torch.no_grad():
+        model.lm_head.weight[~keep] = 0.0  # logit 0, below the best of ~200 random ones
+    model.generation_config.do_sample = False
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _is_printable(text: str) -> bool:
+    return bool(text) and all(" " <= char <= "~" or char == "\n" for char in text)
+
+
+@pytest.fixture(scope="module")
+def expected(folder):
+    """What greedy `generate()` answers, loading the folder as a user would: chat and plain completions."""
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+
+    def answer(inputs) -> str:
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+        return tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    chat = {
+        question: answer(tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt",
+            return_dict=True,
+        ))
+        for question in QUESTIONS
+    }
+    plain = {question: answer(tokenizer(question, return_tensors="pt")) for question in QUESTIONS}
+    assert len(set(chat.values())) > 1 and all(chat.values())  # answers that tell the prompts apart
+    return {"chat": chat, "plain": plain}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module", params=["generate", "continuous-batching"])
+def server(request, folder):
+    """`hf-scratch serve FOLDER` on a free loopback port; yields an `openai` client, then stops the server."""
+    port = _free_port()
+    command = [sys.executable, "-m", "hf_scratch_transformer.cli", "serve", str(folder),
+               "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    if request.param == "continuous-batching":
+        command += ["--continuous-batching", "--cb-num-blocks", "16", "--cb-max-batch-tokens", "64"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = folder.parent / f"server-{request.param}.log"  # a file: a pipe nobody reads could fill and block it
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        _wait_until_healthy(process, port, log)
+        yield openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60,
+            http_client=openai.DefaultHttpxClient(trust_env=False),  # loopback only, whatever proxy is configured
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_until_healthy(process: subprocess.Popen, port: int, log) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            with LOOPBACK.open(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail(f"the server did not answer within {START_TIMEOUT} s:\n{log.read_text()}")
+
+
+def _chat(client, model: str, question: str, stream: bool) -> str:
+    messages = [{"role": "user", "content": question}]
+    response = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=NEW_TOKENS, temperature=0, stream=stream
+    )
+    if not stream:
+        return response.choices[0].message.content
+    return "".join(chunk.choices[0].delta.content or "" for chunk in response if chunk.choices)
+
+
+def test_chat_completions_equal_generate(server, folder, expected):
+    for question in QUESTIONS[:2]:
+        assert _chat(server, str(folder), question, stream=False) == expected["chat"][question]
+        assert _chat(server, str(folder), question, stream=True) == expected["chat"][question]
+
+
+def test_concurrent_requests_each_get_their_own_answer(server, folder, expected):
+    jobs = [(question, stream) for question in QUESTIONS for stream in (False, True)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: _chat(server, str(folder), *job), jobs))
+    assert answers == [expected["chat"][question] for question, _ in jobs]
+
+
+def test_plain_completions_equal_generate(server, folder, expected):
+    for question in QUESTIONS[:2]:
+        response = server.completions.create(model=str(folder), prompt=question, max_tokens=NEW_TOKENS, temperature=0)
+        assert response.choices[0].text == expected["plain"][question]
