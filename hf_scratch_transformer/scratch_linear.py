@@ -1,12 +1,21 @@
-"""`ScratchLinear`: `nn.Linear` whose fp32 CPU products run through oneDNN.
+"""`ScratchLinear`: `nn.Linear` whose fp32 CPU products take the faster of two kernels on this machine.
 
-On CPU, PyTorch computes fp32 `F.linear` with its default BLAS, which on the AMD machines we measure on reaches
-about half the speed of the same product through oneDNN (`docs/benchmarks.md`). bf16 products (autocast) already go
-through oneDNN, and CUDA has its own kernels, so only fp32 on CPU takes this path; everything else, and anything
-traced by `torch.compile` (inductor picks its own kernels), is plain `F.linear`. The results are the same products
-in fp32 (IEEE, no reduced-precision accumulation), summed in a different order: they agree with `F.linear` to fp32
+On CPU, PyTorch computes fp32 `F.linear` with its default BLAS (MKL in the x86 wheels); oneDNN computes the same
+products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN ran at twice MKL's rate, on an AVX2
+AMD EPYC and on an AVX-512 Intel Xeon it is slower (`docs/performance.md`). So `fp32_kernel` times both on a small
+layer at the first fp32 product of the process, separately for few rows (decoding steps) and many rows (prefill,
+training), and keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto).
+bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice; anything traced by
+`torch.compile` (inductor picks its own kernels) is plain `F.linear`. oneDNN's results are the same products in fp32
+(IEEE, no reduced-precision accumulation), summed in a different order: they agree with `F.linear` to fp32
 rounding, not bit for bit.
 """
+
+import contextlib
+import functools
+import math
+import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +81,67 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         return grad_inputs, grad_weight, grad_bias
 
 
+KERNELS_VARIABLE = "HF_SCRATCH_CPU_KERNELS"
+KERNELS = ("auto", "native", "onednn")
+FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into reading the weight
+ONEDNN_MARGIN = 0.9  # oneDNN must be 10% faster: on a tie, or within noise, the native path
+
+
+@functools.cache
+def fp32_kernel(many_rows: bool, /) -> str:  # positional: the cache keys on how it is called
+    """"onednn" or "native": the kernel for fp32 CPU products of more than FEW_ROWS rows (prefill, training) or
+    fewer (decoding). HF_SCRATCH_CPU_KERNELS=native|onednn forces one; auto (the default) times both once per
+    process, at the first product of each kind. `fp32_kernel.cache_clear()` makes the choice again."""
+    choice = os.environ.get(KERNELS_VARIABLE, "").strip().lower() or "auto"
+    if choice not in KERNELS:
+        raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNELS)}; got {choice!r}.")
+    if not ONEDNN_AVAILABLE:
+        return "native"
+    if choice != "auto":
+        return choice
+    native, onednn = time_kernels(many_rows)
+    return "onednn" if onednn < ONEDNN_MARGIN * native else "native"
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Timings on one core. What differs between two kernels is their code for a core; and while the machine is
+    busy, a parallel product whose threads wait for each other runs several times slower (about one scheduler
+    time slice per product), which would decide by the load of the moment."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def time_kernels(many_rows: bool, repeats: int = 3) -> tuple[float, float]:
+    """Best seconds (native, oneDNN) of a 384 -> 1536 layer on one core, the two kernels interleaved after a
+    warm-up round: forward and both gradients over 64 rows (many_rows), or 5 one-row forwards. 10-30 ms. A
+    generator of its own leaves the global random state alone (seeded runs stay reproducible), whatever the
+    caller's modes."""
+    generator = torch.Generator().manual_seed(0)
+    rows = 64 if many_rows else 1
+    best = {"native": math.inf, "onednn": math.inf}
+    with one_thread(), torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        inputs = torch.randn(rows, 384, generator=generator, device="cpu", requires_grad=many_rows)
+        weight = torch.randn(1536, 384, generator=generator, device="cpu", requires_grad=many_rows)
+        grad_output = torch.randn(rows, 1536, generator=generator, device="cpu")
+        products = {"native": F.linear, "onednn": _OneDNNLinearFunction.apply if many_rows else onednn_linear}
+        for repeat in range(repeats + 1):
+            for kernel in sorted(best, reverse=repeat % 2 == 1):
+                start = time.perf_counter()
+                if many_rows:
+                    torch.autograd.grad(products[kernel](inputs, weight, None), (inputs, weight), grad_output)
+                else:
+                    for _ in range(5):
+                        products[kernel](inputs, weight, None)
+                if repeat:  # round 0 warms up (oneDNN builds its primitives at the first call of a shape)
+                    best[kernel] = min(best[kernel], time.perf_counter() - start)
+    return best["native"], best["onednn"]
+
+
 def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         ONEDNN_AVAILABLE
@@ -82,11 +152,12 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
         and not under_torch_func(inputs, weight)
+        and fp32_kernel(inputs.numel() > FEW_ROWS * inputs.shape[-1]) == "onednn"  # last: it may time the kernels
     )
 
 
 class ScratchLinear(nn.Linear):
-    """Drop-in `nn.Linear` (same parameters, names and state dict) with the oneDNN fp32 CPU path."""
+    """Drop-in `nn.Linear` (same parameters, names and state dict) with the faster fp32 CPU kernel (`fp32_kernel`)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if not _takes_onednn_path(inputs, self.weight):

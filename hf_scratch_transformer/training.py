@@ -1,11 +1,13 @@
 """What the training scripts share: data preparation for the three tasks, the label-smoothed loss, evaluation
-metrics and the loss-curve plot. No model file imports this module (it never travels to the Hub).
+metrics, the loss-curve plot and the bf16 speed check. No model file imports this module (it never travels to the Hub).
 
 Data flows through `datasets`: local text files (one document per paragraph), parallel files (one sentence per
 line, aligned), or any dataset name `datasets.load_dataset` accepts.
 """
 
 import math
+import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from torch.nn import functional as F
 
+from hf_scratch_transformer.scratch_linear import one_thread
 from tokenizer_training import check_text_file
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
@@ -148,6 +151,44 @@ def smoothed_loss_function(task: str, epsilon: float) -> Callable:
                                    num_items_in_batch=num_items_in_batch)
 
     return compute_loss
+
+
+# ---------------------------------------------------------------------------------------------- precision
+BF16_MIN_SPEED = 0.5  # bf16 products below half of fp32's rate: bf16 autocast makes training slower, not faster
+
+
+def matmul_gflops(dtype: torch.dtype, size: int = 256, product: Callable = torch.mm, runs: int = 3) -> float:
+    """GFLOP/s of `product` on two square `size` matrices of `dtype` on the CPU: the best of `runs` after a
+    warm-up. Raises what the kernel raises where it does not exist for `dtype`."""
+    a, b = torch.ones(size, size, dtype=dtype), torch.ones(size, size, dtype=dtype)
+    product(a, b)
+    seconds = math.inf
+    for _ in range(runs):
+        start = time.perf_counter()
+        product(a, b)
+        seconds = min(seconds, time.perf_counter() - start)
+    return 2 * size**3 / seconds / 1e9
+
+
+def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: bool, option: str) -> str | None:
+    """The error to stop a run with that asks for bf16 mixed precision (by `option`) on a CPU whose bf16 products
+    are slow: without AVX-512 BF16 or AMX, PyTorch computes them about 100x slower than fp32 on an AVX2 CPU and about
+    5x slower on an older AVX-512 one, so autocast would slow training down. Times both on one core (0.1 s) and
+    names the rates; None where bf16 is fast, not asked for, or not on CPU. With `force` it warns instead and
+    returns None."""
+    if mixed_precision != "bf16" or torch.device(device).type != "cpu":
+        return None
+    with one_thread():  # the kernels' speed, not the machine's load of the moment
+        bf16, fp32 = matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
+    if bf16 >= BF16_MIN_SPEED * fp32:
+        return None
+    reason = (f"bf16 mixed precision would slow training down on this CPU ({torch.backends.cpu.get_cpu_capability()}"
+              f", no native bf16): bf16 matrix products run at {bf16:.1f} GFLOP/s here, fp32 at {fp32:.1f} "
+              f"({fp32 / bf16:.0f}x faster). Train in fp32 (without {option})")
+    if force:
+        warnings.warn(f"{reason}; training in bf16 anyway, as --force-bf16 asks.", stacklevel=2)
+        return None
+    return f"{reason}, or add --force-bf16 to train in bf16 anyway."
 
 
 # ---------------------------------------------------------------------------------------------- metrics

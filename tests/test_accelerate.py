@@ -4,6 +4,7 @@
 
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -137,7 +138,8 @@ def test_exact_resume_for_masked_lm_and_seq2seq_in_bf16(workspace, task):
             if task == "masked-lm" else
             ["--source-files", workspace / "train.src", "--target-files", workspace / "train.tgt", "--tokenizer",
              workspace / "seq2seq", *TINY_SEQ2SEQ, "--lr-scheduler", "inverse_sqrt"])
-    arguments = [SCRIPT, "--task", task, *data, *RESUME_RUN, "--max-steps", "6", "--mixed-precision", "bf16"]
+    arguments = [SCRIPT, "--task", task, *data, *RESUME_RUN, "--max-steps", "6", "--mixed-precision", "bf16",
+                 "--force-bf16"]  # bf16's numerics on any CPU, however slow its products there
     run(*arguments, "--output-dir", workspace / f"{task}-full", cwd=workspace)
     run(*arguments, "--output-dir", workspace / f"{task}-part", "--stop-at-step", 3, cwd=workspace)
     run(*arguments, "--output-dir", workspace / f"{task}-part", "--resume", cwd=workspace)
@@ -321,12 +323,24 @@ def test_bf16_mixed_precision_trains_on_cpu(workspace, task):
     tokenizer = workspace / ("decoder" if task == "causal-lm" else "encoder")
     output = workspace / f"bf16-{task}"
     stdout = run(SCRIPT, "--task", task, "--train-files", workspace / "corpus.txt", "--tokenizer", tokenizer, *RUN,
-                 *TINY, "--max-steps", 2, "--batch-size", 4, "--mixed-precision", "bf16", "--output-dir", output,
-                 cwd=workspace)
+                 *TINY, "--max-steps", 2, "--batch-size", 4, "--mixed-precision", "bf16", "--force-bf16",
+                 "--output-dir", output, cwd=workspace)
     assert "bf16" in stdout
     assert all(torch.isfinite(torch.tensor(loss)) for loss in losses(output).values())
     config = json.loads((output / "model/config.json").read_text())
     assert config.get("dtype", "float32") == "float32", "bf16 autocast keeps float32 weights"
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the CPU's bf16 is made slow by limiting oneDNN to AVX2 (x86), and GPUs are not checked")
+@pytest.mark.parametrize("script, bf16", [(SCRIPT, ["--mixed-precision", "bf16"]),
+                                          (ROOT / "scripts/train.py", ["--bf16"])])
+def test_bf16_where_it_is_slow_is_refused_with_the_rates(workspace, script, bf16):
+    # oneDNN limited to AVX2 leaves bf16 products to PyTorch's scalar code, as on a CPU without AVX-512
+    output = run(script, *causal(workspace), *RUN, *TINY, *bf16, "--output-dir", workspace / "slow-bf16",
+                 cwd=workspace, env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, expect_failure=True)
+    assert "bf16 mixed precision would slow training down" in output and "Traceback" not in output, output[-2000:]
+    assert "GFLOP/s" in output and f"without {' '.join(bf16)}" in output and "--force-bf16" in output
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")

@@ -1,18 +1,36 @@
-"""`ScratchLinear`: the oneDNN fp32 CPU path gives `F.linear`'s values and gradients, and is the one taken."""
+"""`ScratchLinear`: each fp32 CPU kernel (native `F.linear`, oneDNN) gives `F.linear`'s values and gradients, the
+machine's choice between them is made once per process and can be forced, and the oneDNN path is the one taken
+when chosen."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import FAMILIES, lm_inputs, tiny_lm
 
 from hf_scratch_transformer import scratch_linear
-from hf_scratch_transformer.scratch_linear import ScratchLinear
+from hf_scratch_transformer.scratch_linear import ScratchLinear, fp32_kernel
 
 pytestmark = pytest.mark.skipif(not scratch_linear.ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
 ONEDNN_LINEAR = scratch_linear.onednn_linear
+MANY_ROWS = 2 * scratch_linear.FEW_ROWS
 
 
 @pytest.fixture
-def onednn_calls(monkeypatch):
+def kernels(monkeypatch):
+    """`kernels(choice)` sets HF_SCRATCH_CPU_KERNELS for this test; the choice is made afresh on both sides of it."""
+
+    def force(choice: str) -> None:
+        monkeypatch.setenv(scratch_linear.KERNELS_VARIABLE, choice)
+        fp32_kernel.cache_clear()
+
+    yield force
+    fp32_kernel.cache_clear()
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch, kernels):
+    """The inputs' shapes of every oneDNN product, with oneDNN forced (whichever kernel this machine prefers)."""
+    kernels("onednn")
     calls = []
 
     def counting(*args):
@@ -125,3 +143,83 @@ def test_forward_mode_ad_matches_f_linear():
     with torch.autograd.forward_ad.dual_level():
         ours = torch.autograd.forward_ad.unpack_dual(layer(torch.autograd.forward_ad.make_dual(inputs, tangent)))
     torch.testing.assert_close(ours.tangent, F.linear(tangent, layer.weight), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [3, MANY_ROWS])  # a decoding step, a training batch: the two choices of a machine
+def test_each_forced_kernel_gives_f_linear_results(rows, kernels, onednn_calls):
+    torch.manual_seed(0)
+    layer = ScratchLinear(24, 40)
+    inputs = torch.randn(rows, 24, requires_grad=True)
+    grad_output = torch.randn(rows, 40)
+    reference = F.linear(inputs, layer.weight, layer.bias)
+    expected = [reference, *torch.autograd.grad(reference, [inputs, *layer.parameters()], grad_output)]
+    for choice, products in [("native", 0), ("onednn", 3)]:
+        kernels(choice)
+        onednn_calls.clear()
+        output = layer(inputs)
+        results = [output, *torch.autograd.grad(output, [inputs, *layer.parameters()], grad_output)]
+        for result, reference in zip(results, expected, strict=True):
+            torch.testing.assert_close(result, reference, atol=1e-5, rtol=1e-5)
+        assert len(onednn_calls) == products, choice
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_models_give_the_same_loss_and_gradients_with_either_kernel(family, kernels):
+    model = tiny_lm(family)
+    results = {}
+    for choice in ("native", "onednn"):
+        kernels(choice)
+        loss = model(**lm_inputs(family)).loss
+        results[choice] = [loss, *torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)]
+    for ours, reference in zip(results["onednn"], results["native"], strict=True):
+        if reference is not None:
+            torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-4)
+
+
+def test_auto_times_each_kind_once_and_keeps_the_choice(kernels, onednn_calls, monkeypatch):
+    timed = []
+
+    def timing(many_rows):  # (native, oneDNN) seconds: oneDNN faster with many rows only
+        timed.append(many_rows)
+        return (1.0, 0.5) if many_rows else (1.0, 2.0)
+
+    monkeypatch.setattr(scratch_linear, "time_kernels", timing)
+    kernels("auto")
+    layer = ScratchLinear(8, 4)
+    with torch.no_grad():
+        for rows in (1, MANY_ROWS, 2, MANY_ROWS + 1, 1):
+            layer(torch.randn(rows, 8))
+    assert sorted(timed) == [False, True]
+    assert [shape[0] for shape in onednn_calls] == [MANY_ROWS, MANY_ROWS + 1]
+    assert (fp32_kernel(False), fp32_kernel(True)) == ("native", "onednn")
+
+
+def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkeypatch):
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda many_rows: pytest.fail("timed a forced choice"))
+    for choice in ("native", "onednn"):
+        kernels(choice)
+        assert fp32_kernel(True) == fp32_kernel(False) == choice
+    kernels("fastest")
+    with pytest.raises(ValueError, match="HF_SCRATCH_CPU_KERNELS must be one of auto, native, onednn"):
+        ScratchLinear(8, 4)(torch.randn(2, 8))
+
+
+def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernels):
+    kernels("auto")
+    layer = ScratchLinear(8, 4)
+    state = torch.get_rng_state()
+    with torch.inference_mode():  # the many-rows timing runs a backward: it needs autograd back
+        output = layer(torch.ones(MANY_ROWS, 8))
+    assert output.shape == (MANY_ROWS, 4)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert {fp32_kernel(False), fp32_kernel(True)} <= {"native", "onednn"}
+
+
+def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, monkeypatch):
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda many_rows: pytest.fail("timed while compiling"))
+    kernels("auto")
+    layer = ScratchLinear(8, 4)
+    inputs = torch.randn(MANY_ROWS, 8)
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(inputs), F.linear(inputs, layer.weight, layer.bias))
+    assert onednn_calls == []

@@ -146,3 +146,46 @@ def test_loss_curve_is_a_png(tmp_path):
     history = [{"step": s, "loss": 5 - s / 10} for s in range(1, 20)] + [{"step": 10, "eval_loss": 4.2}]
     path = training.plot_loss_curve(history, tmp_path / "loss_curve.png", title="test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------- precision
+
+
+@pytest.fixture
+def matmul_rates(monkeypatch):
+    """`matmul_rates(bf16, fp32)` makes the measured GFLOP/s those; returns the dtypes measured."""
+    measured = []
+
+    def set_rates(bf16: float, fp32: float) -> list:
+        def rate(dtype, *args, **kwargs):
+            measured.append(dtype)
+            return {torch.bfloat16: bf16, torch.float32: fp32}[dtype]
+
+        monkeypatch.setattr(training, "matmul_gflops", rate)
+        return measured
+
+    return set_rates
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_refused_with_the_measured_rates(matmul_rates):
+    matmul_rates(bf16=1.3, fp32=177.0)  # the AVX2 EPYC of issue 13
+    refusal = training.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16")
+    assert "1.3 GFLOP/s" in refusal and "177.0" in refusal and "136x" in refusal
+    assert "Train in fp32 (without --bf16)" in refusal and "--force-bf16" in refusal
+
+
+def test_forced_bf16_on_a_slow_cpu_warns_and_goes_on(matmul_rates):
+    matmul_rates(bf16=70.0, fp32=370.0)
+    with pytest.warns(UserWarning, match="70.0 GFLOP/s.*training in bf16 anyway"):
+        assert training.slow_bf16_refusal("bf16", "cpu", force=True, option="--mixed-precision bf16") is None
+
+
+@pytest.mark.parametrize("mixed_precision, device", [("bf16", "cpu"), ("no", "cpu"), ("bf16", "cuda")])
+def test_fast_bf16_fp32_and_gpus_pass(matmul_rates, mixed_precision, device):
+    measured = matmul_rates(bf16=900.0, fp32=450.0)
+    assert training.slow_bf16_refusal(mixed_precision, device, force=False, option="--bf16") is None
+    assert len(measured) == (2 if (mixed_precision, device) == ("bf16", "cpu") else 0)  # measured only on CPU bf16
+
+
+def test_matmul_gflops_measures_a_positive_rate():
+    assert training.matmul_gflops(torch.float32, size=32) > 0

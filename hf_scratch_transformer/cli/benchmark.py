@@ -28,8 +28,11 @@ whose range straddles 1 is not a measured difference.
 - FLOP/s: the matmul FLOPs of one forward + backward of the native model counted by torch.utils.flop_counter
   (linear layers, lm head, attention at full non-causal cost; AdamW's elementwise work not counted), the same
   count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
-  here (best of 8 products of square --mm-size matrices, fp32 and bf16, through torch.mm and through oneDNN as
-  ScratchLinear computes them; the faster of the two).
+  here (best of 8 products of square --mm-size matrices after a warm-up, fp32 and bf16, through torch.mm, i.e.
+  the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
+- the header names the CPU capability, whether bf16 is native (bf16 products at least half as fast as fp32, the
+  test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps
+  and for prefill and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 """
 
@@ -52,8 +55,9 @@ import transformers
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
 
+from hf_scratch_transformer import training
 from hf_scratch_transformer.conversion import from_hf
-from hf_scratch_transformer.scratch_linear import onednn_linear
+from hf_scratch_transformer.scratch_linear import KERNELS_VARIABLE, fp32_kernel, onednn_linear
 
 FAMILIES = ("gpt2", "bert", "marian")
 SIDES = ("native", "ours")
@@ -177,6 +181,7 @@ def memory_worker(family: str, side: str) -> None:
     native = build_native(family)
     model = native if side == "native" else build_ours(native)
     del native
+    fp32_kernel(False), fp32_kernel(True)  # chosen before measuring: the timing's tensors are not the workloads'
     train, prefill = make_inputs(family, args.batch, args.seq, True), make_inputs(family, args.batch, args.seq, False)
     result = {}
     model.train()
@@ -220,18 +225,10 @@ def interleaved(run, warmup: int, repeats: int) -> dict:
 def matmul_flops(product, dtype: torch.dtype) -> float:
     """FLOP/s of `product` on two square matrices; 0 where the kernel does not exist for `dtype` on this CPU (oneDNN
     has no bf16 inner product without AVX-512 bf16 or AMX)."""
-    n = args.mm_size
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     try:
-        product(a, b)
+        return 1e9 * training.matmul_gflops(dtype, args.mm_size, product, runs=8)  # the peak: the best of 8
     except RuntimeError:
         return 0.0
-    times = []
-    for _ in range(10):
-        start = time.perf_counter()
-        product(a, b)
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / min(times[2:])  # the peak: the best of 8 timed runs after 2 warm-ups
 
 
 def machine_matmul_flops() -> dict:
@@ -303,12 +300,21 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
 
 
 # ----------------------------------------------------------------------------------------------- report
-def machine() -> dict:
+def machine(peaks: dict) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+    return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                bf16_native=peaks["bf16"] >= training.BF16_MIN_SPEED * peaks["fp32"], cores=os.cpu_count(),
+                torch_threads=torch.get_num_threads(), torch=torch.__version__,
                 transformers=transformers.__version__, python=platform.python_version(),
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
+
+
+def kernel_choices() -> dict:
+    """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`)."""
+    return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
+            "fp32 decoding": fp32_kernel(False), "fp32 prefill and training": fp32_kernel(True),
+            "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)"}
 
 
 def _number(value: float) -> str:
@@ -316,7 +322,7 @@ def _number(value: float) -> str:
 
 
 def markdown(report: dict) -> str:
-    m, s, peaks = report["machine"], report["settings"], report["matmul_gflops"]
+    m, s, peaks, k = report["machine"], report["settings"], report["matmul_gflops"], report["kernels"]
     lines = [
         "# Benchmarks: Scratch families vs native `transformers`", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
@@ -325,6 +331,10 @@ def markdown(report: dict) -> str:
         f"Measured matmul ({s['mm_size']}x{s['mm_size']}), GFLOP/s: "
         + ", ".join(f"{name} {value:.1f}" for name, value in peaks.items() if " " in name)
         + "; MFU is against the faster of the two per dtype.",
+        f"CPU capability {m['cpu_capability']}; bf16 {'native' if m['bf16_native'] else 'not native'} (bf16 "
+        f"products at {peaks['bf16'] / peaks['fp32']:.2f}x the fp32 rate). fp32 kernel chosen ({k['setting']}): "
+        f"decoding steps {k['fp32 decoding']}, prefill and training {k['fp32 prefill and training']}; CPU "
+        f"cross-entropy {k['CPU cross-entropy']}.",
         f"Sizes: {s['layers']} layers (Marian {max(1, s['layers'] // 2)} + {max(1, s['layers'] // 2)}), width "
         f"{s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; "
         f"decode: prompt {s['prompt']}, {s['new_tokens']} new tokens; {s['warmup']} warm-up, "
@@ -346,8 +356,9 @@ def main() -> None:
         return
     transformers.logging.set_verbosity_error()
     peaks = machine_matmul_flops()
-    report = dict(machine=machine(), settings={k: getattr(args, k) for k in SIZES["full"]},
-                  matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, results=[], details={})
+    report = dict(machine=machine(peaks), settings={k: getattr(args, k) for k in SIZES["full"]},
+                  matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, kernels=kernel_choices(), results=[],
+                  details={})
     for family in FAMILIES if args.family == "all" else (args.family,):
         rows, report["details"][family] = bench_family(family, peaks)
         report["results"] += rows

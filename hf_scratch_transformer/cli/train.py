@@ -69,6 +69,7 @@ optim.add_argument("--weight-decay", type=float, default=0.01)
 optim.add_argument("--label-smoothing", type=float, help="default 0")
 optim.add_argument("--max-grad-norm", type=float, help="default 1.0")
 optim.add_argument("--bf16", action="store_true", help="bf16 autocast")
+optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
 run = parser.add_argument_group("run")
 run.add_argument("--eval-steps", type=int, help="default: 4 evaluations per run")
 run.add_argument("--max-eval-samples", type=int, help="evaluate on the first N validation sequences (default: all)")
@@ -184,6 +185,8 @@ else:
         trainer_kwargs |= dict(compute_metrics=training.mlm_accuracy,
                                preprocess_logits_for_metrics=training.argmax_logits)
     trainer = CrashSafeTrainer(args=TrainingArguments(**arguments), **trainer_kwargs)
+if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16, "--bf16"):
+    parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone
     parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but they found no device to train together "
                  "on: on CPU set ACCELERATE_USE_CPU=1")

@@ -74,6 +74,7 @@ optim.add_argument("--label-smoothing", type=float, default=0.0, help="default 0
 optim.add_argument("--max-grad-norm", type=float, default=1.0, help="clip gradients to this norm; 0: no clipping")
 optim.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="default: the `accelerate launch` config, else no. bf16 runs on CPU and GPU, fp16 on GPU only")
+optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
 run = parser.add_argument_group("checkpoints and logging")
 run.add_argument("--save-steps", type=int, help="checkpoint every N steps (default: 4 per run) and at the end")
 run.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept (default 2)")
@@ -105,6 +106,9 @@ if accelerator.num_processes != int(os.environ.get("WORLD_SIZE", 1)):  # else ea
                  "on CPU pass --cpu (or set ACCELERATE_USE_CPU=1).")
 if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
     parser.error("fp16 mixed precision needs a GPU (Accelerate pairs it with a GradScaler there); use bf16 on CPU.")
+if refusal := training.slow_bf16_refusal(accelerator.mixed_precision, accelerator.device, args.force_bf16,
+                                         "--mixed-precision bf16"):
+    parser.error(refusal)
 claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
                  accelerator.is_main_process)
 try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
