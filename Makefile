@@ -21,7 +21,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	touch $@
 
 quickstart: $(VENV)/.installed
-	$(BIN)/hf-scratch train --output-dir outputs/quickstart --overwrite-output-dir
+	$(BIN)/hf-scratch train --output-dir outputs/quickstart --overwrite-output-dir --max-minutes 3.5
 
 test: $(VENV)/.installed-test
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from torch.nn import functional as F
+from transformers import TrainerCallback
 
 from hf_scratch_transformer.scratch_linear import one_thread
 from tokenizer_training import check_text_file
@@ -192,6 +193,23 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
 
 
 # ---------------------------------------------------------------------------------------------- metrics
+
+
+class TimeBudget(TrainerCallback):
+    """Stop `Trainer` once `seconds` of training have passed (checked after each optimizer step), with a checkpoint
+    of that step: the run then evaluates and saves its model as at its last step, and `--resume` continues the
+    schedule to `max_steps`. A budget in time as well as in steps keeps a run's length the same on slow machines."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start, self.stopped_at = seconds, None, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self.start > self.seconds and state.global_step < state.max_steps:
+            control.should_training_stop = control.should_save = True
+            self.stopped_at = state.global_step
 
 
 def perplexity(eval_loss: float) -> float:

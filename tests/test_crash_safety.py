@@ -156,3 +156,18 @@ def test_a_corrupt_or_unloadable_state_is_an_error_naming_the_file(workspace, un
     assert "None of the 1 checkpoints" in stderr and f"the file {optimizer_file} is missing" in stderr
     stderr = run(command(entry, workspace, damaged("bad-rng", unloadable_rng), "--resume"), workspace, 2)
     assert f"the random state {rng_file} cannot be loaded" in stderr
+
+
+@pytest.mark.slow
+def test_a_time_budget_stops_with_a_checkpoint_that_resumes_exactly(workspace, uninterrupted):
+    entry, full = uninterrupted
+    if entry != "trainer":
+        pytest.skip("--max-minutes is an option of the Trainer entry point (the main job)")
+    output = workspace / "budget"
+    stdout = run(command(entry, workspace, output, "--max-minutes", "0.0001"), workspace)
+    assert "stopped after step 1 of 10" in stdout and (output / "model/model.safetensors").is_file()
+    checkpointing.verify_checkpoint(output / "checkpoints/checkpoint-1")
+    run(command(entry, workspace, output, "--resume"), workspace)
+    assert loss_curve(entry, output) == loss_curve(entry, full)
+    expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"

@@ -74,6 +74,8 @@ run = parser.add_argument_group("run")
 run.add_argument("--eval-steps", type=int, help="default: 4 evaluations per run")
 run.add_argument("--max-eval-samples", type=int, help="evaluate on the first N validation sequences (default: all)")
 run.add_argument("--save-steps", type=int, help="checkpoint every N steps (default: as --eval-steps)")
+run.add_argument("--max-minutes", type=float, help="stop training after this many minutes, checkpointed (the main "
+                 "job's budget on slow machines; --resume continues to --max-steps)")
 run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
 add_run_safety_arguments(run)
 run.add_argument("--num-beams", type=int, default=4, help="seq2seq evaluation and sample (default 4)")
@@ -173,6 +175,9 @@ arguments = dict(
 )
 trainer_kwargs = dict(model=model, train_dataset=datasets["train"], eval_dataset=datasets["validation"],
                       data_collator=collator, processing_class=tokenizer)
+budget = training.TimeBudget(60 * args.max_minutes) if args.max_minutes else None
+if budget:
+    trainer_kwargs["callbacks"] = [budget]
 if optimisation["label_smoothing"] > 0:
     trainer_kwargs["compute_loss_func"] = training.smoothed_loss_function(task, optimisation["label_smoothing"])
 if task == "seq2seq":
@@ -194,6 +199,9 @@ try:
     trainer.train(resume_from_checkpoint=True if args.resume else None)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
     parser.error(str(error))
+if budget and budget.stopped_at:
+    print(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
+          "(checkpointed: --resume continues)")
 
 # ----------------------------------------------------------------------------------------------- evaluation
 metrics = trainer.evaluate()
@@ -220,7 +228,8 @@ hub.write_model_card(
     dataset=dataset_name,
     dataset_description="Files: " + ", ".join(f"`{f.name}`" for f in files) if not args.dataset else "",
     tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
-    hyperparameters={"max_steps": args.max_steps, "batch_size": args.batch_size * args.gradient_accumulation_steps,
+    hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,
+                     "batch_size": args.batch_size * args.gradient_accumulation_steps,
                      "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16},
     eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
 )
