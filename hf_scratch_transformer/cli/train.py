@@ -44,11 +44,21 @@ from hf_scratch_transformer.cli.run_options import (
     load_run_data,
 )
 from hf_scratch_transformer.presets import get_preset
+from hf_scratch_transformer.sharding import ShardedTrainer
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
 
 # The seeds' recipe (Vaswani et al., 2017, section 5.3-5.4): Noam warmup, Adam (0.9, 0.98, 1e-9), smoothing 0.1.
 RECIPES = {"vaswani": dict(lr_scheduler="inverse_sqrt", warmup_steps=4000, adam_beta2=0.98, adam_epsilon=1e-9,
                            label_smoothing=0.1, max_grad_norm=1.0)}
+
+
+class ShardedCrashSafeTrainer(ShardedTrainer, CrashSafeTrainer):
+    pass
+
+
+class ShardedSeq2SeqTrainer(ShardedTrainer, CrashSafeSeq2SeqTrainer):
+    pass
+
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -70,6 +80,8 @@ optim.add_argument("--label-smoothing", type=float, help="default 0")
 optim.add_argument("--max-grad-norm", type=float, help="default 1.0")
 optim.add_argument("--bf16", action="store_true", help="bf16 autocast")
 optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
+optim.add_argument("--fsdp", action="store_true", help="FSDP2 with ScratchBlock units and sharded checkpoints, as "
+                   "configs/accelerate/fsdp.yaml (for launchers without that config, e.g. torchrun)")
 run = parser.add_argument_group("run")
 run.add_argument("--eval-steps", type=int, help="default: 4 evaluations per run")
 run.add_argument("--max-eval-samples", type=int, help="evaluate on the first N validation sequences (default: all)")
@@ -173,6 +185,9 @@ arguments = dict(
     report_to=[],
     seed=args.seed,
 )
+if args.fsdp:  # as configs/accelerate/fsdp.yaml
+    arguments |= dict(fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["ScratchBlock"],
+                                               "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT"})
 trainer_kwargs = dict(model=model, train_dataset=datasets["train"], eval_dataset=datasets["validation"],
                       data_collator=collator, processing_class=tokenizer)
 budget = training.TimeBudget(60 * args.max_minutes) if args.max_minutes else None
@@ -183,13 +198,13 @@ if optimisation["label_smoothing"] > 0:
 if task == "seq2seq":
     arguments |= dict(predict_with_generate=True, generation_num_beams=args.num_beams,
                       generation_max_length=args.max_length)
-    trainer = CrashSafeSeq2SeqTrainer(args=Seq2SeqTrainingArguments(**arguments),
-                             compute_metrics=training.translation_metrics(tokenizer), **trainer_kwargs)
+    trainer = ShardedSeq2SeqTrainer(args=Seq2SeqTrainingArguments(**arguments),
+                                    compute_metrics=training.translation_metrics(tokenizer), **trainer_kwargs)
 else:
     if task == "masked-lm":
         trainer_kwargs |= dict(compute_metrics=training.mlm_accuracy,
                                preprocess_logits_for_metrics=training.argmax_logits)
-    trainer = CrashSafeTrainer(args=TrainingArguments(**arguments), **trainer_kwargs)
+    trainer = ShardedCrashSafeTrainer(args=TrainingArguments(**arguments), **trainer_kwargs)
 if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16, "--bf16"):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+from accelerate.utils import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
@@ -42,7 +42,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
-from hf_scratch_transformer import checkpointing, hub, training
+from hf_scratch_transformer import checkpointing, hub, sharding, training
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULT_CORPUS,
@@ -89,6 +89,7 @@ run.add_argument("--seed", type=int, default=1337)
 run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
 args = parser.parse_args()
 
+
 task, accumulation = args.task, args.gradient_accumulation_steps
 output_dir = args.output_dir or Path("outputs/accelerate") / task
 checkpoints = output_dir / "checkpoints"
@@ -101,6 +102,8 @@ accelerator = Accelerator(
     dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     step_scheduler_with_optimizer=False,  # stepped once per optimizer step below, whatever the process count
 )
+if sharding.fsdp_launched_on_cpu(accelerator):
+    sharding.shard_on_cpu(accelerator)  # an FSDP launch on CPU processes: Accelerate alone would run it as DDP
 if accelerator.num_processes != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone
     parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but Accelerate found no device to join them on: "
                  "on CPU pass --cpu (or set ACCELERATE_USE_CPU=1).")
@@ -184,6 +187,8 @@ scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup_
 loader, eval_loader = (DataLoader(datasets[split], batch_size=args.batch_size, shuffle=split == "train",
                                   drop_last=split == "train", collate_fn=collate, generator=torch.Generator())
                        for split in ("train", "validation"))
+if accelerator.distributed_type == DistributedType.FSDP:
+    sharding.share_embedding_modules(model)
 model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 loader, eval_loader = (accelerator.prepare_data_loader(d, device_placement=False) for d in (loader, eval_loader))
 if len(loader) == 0:
@@ -304,8 +309,11 @@ accelerator.print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value
 # ----------------------------------------------------------------------------------------------- final model
 folder = output_dir / "model"
 state_dict = accelerator.get_state_dict(model)  # every process takes part (FSDP gathers the shards)
-accelerator.unwrap_model(model).save_pretrained(folder, is_main_process=accelerator.is_main_process,
-                                                save_function=accelerator.save, state_dict=state_dict)
+if accelerator.distributed_type == DistributedType.FSDP:
+    state_dict = sharding.tie_state_dict(state_dict, model)
+with sharding.own_class(accelerator.unwrap_model(model)) as unwrapped:
+    unwrapped.save_pretrained(folder, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
+                              state_dict=state_dict)
 if accelerator.is_main_process:
     tokenizer.save_pretrained(folder)
     history.append({"step": args.max_steps, **results})
