@@ -142,11 +142,21 @@ def time_kernels(many_rows: bool, repeats: int = 3) -> tuple[float, float]:
     return best["native"], best["onednn"]
 
 
-def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
+# The types oneDNN's op computes with. A tensor subclass (a quantizer's int8 or float8 weight from torchao, a DTensor,
+# a fake or meta tensor) carries its own product in its `F.linear` dispatch and has no oneDNN one: an exact type
+# check, not isinstance, since every subclass is an instance of torch.Tensor.
+PLAIN_TYPES = (torch.Tensor, nn.Parameter)
+
+
+def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     return (
         ONEDNN_AVAILABLE
         and not torch.compiler.is_compiling()  # first: the checks below would put guards in a traced graph
+        and type(weight) in PLAIN_TYPES
+        and type(inputs) in PLAIN_TYPES
+        and (bias is None or type(bias) in PLAIN_TYPES)
         and inputs.is_cpu
+        and weight.is_cpu  # not on meta (an offloaded weight whose hook did not run) or another device
         and inputs.dtype == torch.float32
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
@@ -157,10 +167,12 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class ScratchLinear(nn.Linear):
-    """Drop-in `nn.Linear` (same parameters, names and state dict) with the faster fp32 CPU kernel (`fp32_kernel`)."""
+    """Drop-in `nn.Linear` (same parameters, names and state dict) with the faster fp32 CPU kernel (`fp32_kernel`)
+    for plain tensors; any other weight (a quantizer's tensor subclass, a meta or offloaded one) takes `F.linear`,
+    which dispatches to whatever product that weight defines."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not _takes_onednn_path(inputs, self.weight):
+        if not _takes_onednn_path(inputs, self.weight, self.bias):
             return F.linear(inputs, self.weight, self.bias)
         if torch.is_grad_enabled():
             return _OneDNNLinearFunction.apply(inputs, self.weight, self.bias)

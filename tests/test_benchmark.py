@@ -2,6 +2,7 @@
 it exits 0 and its table has one row per family and measurement, with finite positive numbers and a ratio.
 Speed itself is not asserted here (SPEC section 9: the benchmark reports it; timed unit tests do not)."""
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -13,11 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING = [f"train {dtype}{suffix}" for dtype in ("fp32", "bf16") for suffix in ("", " achieved", " MFU")]
 MEMORY = [f"peak memory {workload}" for workload in ("train fp32", "train bf16", "prefill")]
+MEMORY += ["activation memory train fp32", "activation memory train fp32 checkpointed"]
 DECODING = ["decode batch 1", "decode batch 8"]
+INT8 = ["decode batch 1 int8 weight-only"] if importlib.util.find_spec("torchao") else []  # else a message, no row
 EXPECTED = {
     "gpt2": {"prefill", *DECODING, *TRAINING, *MEMORY},
     "bert": {"prefill", *TRAINING, *MEMORY},  # an encoder does not generate
     "marian": {"prefill", *DECODING, *TRAINING, *MEMORY},
+    "llama": {"decode batch 1", *INT8},  # fp32 and int8 weight-only decoding
 }
 
 

@@ -4,13 +4,13 @@
     hf-scratch benchmark --family gpt2 --repeats 3      # one family at the default size
     hf-scratch benchmark --family all --write           # the real run: docs/benchmarks.md + .json
 
-The native model (GPT2LMHeadModel, BertForMaskedLM, MarianMTModel) is built at the chosen size from a fixed seed
-and ours is `conversion.from_hf(native)`: the same architecture and weights. Marian splits --layers into
-encoder and decoder halves (6 -> 3 + 3). Every timing is A/B interleaved in one process after --warmup runs of
-each side (the order alternates: native, ours, ours, native, ...) and reported as the median; the ratio is
-ours / native of the medians (above 1 is faster for throughput; below 1 is smaller for memory), and "paired" is
-the range of the per-repetition ratios of adjacent native/ours runs: this 2-core machine is noisy, and a ratio
-whose range straddles 1 is not a measured difference.
+The native model (GPT2LMHeadModel, BertForMaskedLM, MarianMTModel; LlamaForCausalLM for the int8 rows) is built at
+the chosen size from a fixed seed and ours is `conversion.from_hf(native)`: the same architecture and weights. Marian
+splits --layers into encoder and decoder halves (6 -> 3 + 3). Every timing is A/B interleaved in one process after
+--warmup runs of each side (the order alternates: native, ours, ours, native, ...) and reported as the median; the
+ratio is ours / native of the medians (above 1 is faster for throughput; below 1 is smaller for memory), and
+"paired" is the range of the per-repetition ratios of adjacent native/ours runs: this 2-core machine is noisy, and
+a ratio whose range straddles 1 is not a measured difference.
 
 - training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
   labels (causal LM on the inputs; MLM with 15% masked positions; seq2seq with seq-long targets), in fp32 and
@@ -20,11 +20,18 @@ whose range straddles 1 is not a measured difference.
   the native one), at batch 1 and 8 from a --prompt-long random prompt, greedy, max_new_tokens=min_new_tokens=
   --new-tokens so both sides decode the same count; rate = batch x new tokens / wall time of the whole call
   (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
+- int8 decode (family llama): batch-1 decode tokens/s as above, in fp32 and after each side is saved and loaded
+  back with `from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` (torchao; the LM
+  head stays fp32, TorchAoConfig's default). Where torchao is not importable, the run says so and has no int8 row.
 - tokens are input positions: batch x seq, and batch x (source + target) for Marian.
 - peak memory: each side runs in a fresh subprocess (no allocator state shared with the other side), with
   MALLOC_MMAP_THRESHOLD_ fixed so freed tensors go back to the OS; before each workload the kernel's peak-RSS
   mark is reset (/proc/self/clear_refs 5) and the result is VmHWM - VmRSS: the memory the workload needs above
   the loaded weights (training: grads, AdamW state, activations over 2 steps; prefill: the median of 3 forwards).
+- activation memory: in the same subprocesses, one fp32 forward + backward in train mode with the gradients already
+  allocated (zeroed, so they are part of the baseline) and no optimizer: the activations kept for backward plus
+  backward's temporaries; the median of 3, without and then with `gradient_checkpointing_enable()` (transformers'
+  default, non-reentrant: each block keeps only its input and recomputes the rest in backward).
 - FLOP/s: the matmul FLOPs of one forward + backward of the native model counted by torch.utils.flop_counter
   (linear layers, lm head, attention at full non-causal cost; AdamW's elementwise work not counted), the same
   count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
@@ -45,6 +52,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from functools import partial
@@ -53,13 +61,23 @@ from pathlib import Path
 import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianConfig,
+    MarianMTModel,
+    TorchAoConfig,
+)
 
 from hf_scratch_transformer import training
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_linear import KERNELS_VARIABLE, fp32_kernel, onednn_linear
 
-FAMILIES = ("gpt2", "bert", "marian")
+FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
 SIDES = ("native", "ours")
 SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly wins
     "full": dict(layers=6, hidden=384, heads=6, ffn=1536, vocab=8192, seq=256, batch=8, prompt=16, new_tokens=32,
@@ -92,6 +110,11 @@ def build_native(family: str):
         return GPT2LMHeadModel(GPT2Config(n_layer=a.layers, n_embd=a.hidden, n_head=a.heads, n_inner=a.ffn,
                                           vocab_size=a.vocab, n_positions=max(1024, a.seq + a.prompt + a.new_tokens),
                                           bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    if family == "llama":
+        return LlamaForCausalLM(LlamaConfig(num_hidden_layers=a.layers, hidden_size=a.hidden,
+                                            num_attention_heads=a.heads, intermediate_size=a.ffn, vocab_size=a.vocab,
+                                            max_position_embeddings=max(1024, a.prompt + a.new_tokens),
+                                            bos_token_id=1, eos_token_id=2, pad_token_id=0))
     if family == "bert":
         return BertForMaskedLM(BertConfig(num_hidden_layers=a.layers, hidden_size=a.hidden, num_attention_heads=a.heads,
                                           intermediate_size=a.ffn, vocab_size=a.vocab,
@@ -161,6 +184,26 @@ def generate(model, inputs: dict) -> torch.Tensor:
     return model.generate(**inputs, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
 
 
+def forward_backward(model, inputs: dict) -> None:
+    model(**inputs).loss.backward()
+
+
+def load_int8(models: dict) -> dict | str:
+    """Each side saved and loaded back with TorchAoConfig(Int8WeightOnlyConfig()), as a user quantizes a folder; or,
+    where torchao is not importable (or older than transformers needs), why not."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        config = TorchAoConfig(Int8WeightOnlyConfig())
+    except ImportError as error:
+        return f"torchao is not importable ({error})"
+    with tempfile.TemporaryDirectory() as folder:
+        for side, model in models.items():
+            model.save_pretrained(Path(folder) / side)
+        return {side: type(model).from_pretrained(Path(folder) / side, quantization_config=config).eval()
+                for side, model in models.items()}
+
+
 # ----------------------------------------------------------------------------------------------- memory worker
 def _status() -> dict:
     lines = Path("/proc/self/status").read_text().splitlines()
@@ -191,6 +234,16 @@ def memory_worker(family: str, side: str) -> None:
     with torch.no_grad():
         # The median of 3: the first no-grad forward after training also settles allocator and oneDNN state.
         result["prefill"] = statistics.median(peak_above_baseline(lambda: model(**prefill)) for _ in range(3))
+    model.train()
+    forward_backward(model, train)  # allocates the gradients, kept (zeroed) in the baseline of what follows
+    for name in ("activation memory train fp32", "activation memory train fp32 checkpointed"):
+        if name.endswith("checkpointed"):
+            model.gradient_checkpointing_enable()
+        samples = []
+        for _ in range(3):
+            model.zero_grad(set_to_none=False)
+            samples.append(peak_above_baseline(partial(forward_backward, model, train)))
+        result[name] = statistics.median(samples)
     print(json.dumps(result))
 
 
@@ -248,14 +301,49 @@ def train_flops(model, inputs: dict) -> int:
     return counter.get_total_flops()
 
 
+def row(family, measurement, unit, better, native, ours, samples=None) -> dict:
+    paired = [n / o for n, o in zip(samples["native"], samples["ours"], strict=True)] if samples else None
+    return dict(family=family, measurement=measurement, unit=unit, better=better, native=native, ours=ours,
+                ratio=ours / native if native else float("nan"), paired_ratios=paired, samples=samples)
+
+
+def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str = "") -> dict:
+    """`generate()` tokens/s of both sides at `batch`; whether they generate the same tokens goes into `extra`."""
+    prompt = make_inputs(family, batch, args.prompt, labels=False)
+    prompt.pop("decoder_input_ids", None)
+    outputs = {side: generate(models[side], prompt) for side in SIDES}
+    extra[f"same_generate_output_batch{batch}{variant.replace(' ', '_')}"] = torch.equal(*outputs.values())
+    t = interleaved(lambda side: generate(models[side], prompt), args.warmup, DECODE_REPEAT_FACTOR * args.repeats)
+    tokens = batch * args.new_tokens
+    return row(family, f"decode batch {batch}{variant}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"],
+               t["samples"])
+
+
+def bench_int8_decode() -> tuple[list, dict]:
+    """Batch-1 decoding of a Llama and ours with its weights, in fp32 and int8 weight-only (torchao)."""
+    models = {side: model.eval() for side, model in build_pair("llama").items()}
+    extra = {}
+    rows = [decode_row("llama", models, 1, extra)]
+    int8 = load_int8(models)
+    if isinstance(int8, str):
+        print(f"{int8}: no int8 decode rows.")
+        extra["int8"] = f"skipped: {int8}"
+    else:
+        import torchao
+
+        extra["int8"] = f"torchao {torchao.__version__}, TorchAoConfig(Int8WeightOnlyConfig()), LM head fp32"
+        rows.append(decode_row("llama", int8, 1, extra, " int8 weight-only"))
+    return rows, extra
+
+
 def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
+    if family == "llama":
+        return bench_int8_decode()
     models = build_pair(family)
     rows, extra = [], {}
 
-    def add(measurement, unit, better, native, ours, samples=None):
-        paired = [n / o for n, o in zip(samples["native"], samples["ours"], strict=True)] if samples else None
-        rows.append(dict(family=family, measurement=measurement, unit=unit, better=better, native=native, ours=ours,
-                         ratio=ours / native if native else float("nan"), paired_ratios=paired, samples=samples))
+    def add(*values, samples=None):
+        rows.append(row(family, *values, samples=samples))
 
     for model in models.values():
         model.eval()
@@ -263,19 +351,11 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
     with torch.no_grad():
         t = interleaved(lambda side: models[side](**prefill), args.warmup, args.repeats)
     tokens = args.batch * tokens_per_example(family)
-    add("prefill", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], t["samples"])
+    add("prefill", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], samples=t["samples"])
 
     if family != "bert":
         extra["generation_config"] = models["ours"].generation_config.to_diff_dict()
-        for batch in (1, 8):
-            prompt = make_inputs(family, batch, args.prompt, labels=False)
-            prompt.pop("decoder_input_ids", None)
-            outputs = {side: generate(models[side], prompt) for side in SIDES}
-            extra[f"same_generate_output_batch{batch}"] = torch.equal(outputs["native"], outputs["ours"])
-            t = interleaved(lambda side: generate(models[side], prompt),  # noqa: B023
-                            args.warmup, DECODE_REPEAT_FACTOR * args.repeats)
-            tokens = batch * args.new_tokens
-            add(f"decode batch {batch}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], t["samples"])
+        rows.extend(decode_row(family, models, batch, extra) for batch in (1, 8))
 
     train = make_inputs(family, args.batch, args.seq, labels=True)
     for model in models.values():
@@ -287,15 +367,16 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
         optimizers = {side: torch.optim.AdamW(models[side].parameters(), lr=1e-4) for side in SIDES}
         t = interleaved(lambda side: train_step(models[side], optimizers[side], train, dtype == "bf16"),  # noqa: B023
                         args.warmup, args.repeats)
-        add(f"train {dtype}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], t["samples"])
+        add(f"train {dtype}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], samples=t["samples"])
         gflops = {side: flops / t[side] / 1e9 for side in SIDES}
-        add(f"train {dtype} achieved", "GFLOP/s", "higher", gflops["native"], gflops["ours"], t["samples"])
+        add(f"train {dtype} achieved", "GFLOP/s", "higher", gflops["native"], gflops["ours"], samples=t["samples"])
         add(f"train {dtype} MFU", "% of mm", "higher", *(100 * gflops[side] * 1e9 / peaks[dtype] for side in SIDES),
-            t["samples"])
+            samples=t["samples"])
 
     memory = measure_memory(family)
-    for workload in ("train fp32", "train bf16", "prefill"):
-        add(f"peak memory {workload}", "MiB", "lower", memory["native"][workload], memory["ours"][workload])
+    for workload in memory["ours"]:  # peak memory train fp32, train bf16, prefill; activation memory rows
+        name = workload if workload.startswith("activation") else f"peak memory {workload}"
+        add(name, "MiB", "lower", memory["native"][workload], memory["ours"][workload])
     return rows, extra
 
 

@@ -1,0 +1,160 @@
+"""Quantized and offloaded inference (issue 14 item 3): `ScratchLinear` keeps its oneDNN path for plain fp32 weights
+and hands every other weight (a tensor subclass, a fake or meta tensor) to `F.linear`, so that torchao's int8
+weights (`TorchAoConfig`) and accelerate's CPU/disk offload (`device_map="auto"`) work as on a native Llama of the
+same size and weights (`conversion.from_hf`), which goes through the same treatment for comparison."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM, TorchAoConfig
+
+from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
+from hf_scratch_transformer.conversion import from_hf
+from hf_scratch_transformer.scratch_linear import PLAIN_TYPES, ScratchLinear, fp32_kernel
+
+VOCAB = 99
+CLASSES = {"ours": ScratchDecoderForCausalLM, "native": LlamaForCausalLM}
+NEW_TOKENS = 8
+# Int8 rounding moves these logits by about 1% of their largest value (0.7% weight-only, 1.2% with int8 activations
+# too); a weight read without its scale, transposed, or left out is off by its whole size. 3% sits between.
+QUANTIZATION_TOLERANCE = 0.03
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """The weight shape of every oneDNN product, with oneDNN forced (as tests/conftest.py does for the suite)."""
+    monkeypatch.setenv(scratch_linear.KERNELS_VARIABLE, "onednn")
+    fp32_kernel.cache_clear()
+    calls, product = [], scratch_linear.onednn_linear
+
+    def counting(*args):
+        calls.append(tuple(args[1].shape))
+        return product(*args)
+
+    monkeypatch.setattr(scratch_linear, "onednn_linear", counting)
+    yield calls
+    fp32_kernel.cache_clear()
+
+
+# ----------------------------------------------------------------------------------------------- the layer alone
+class TracedTensor(torch.Tensor):
+    """The smallest weight wrapper: a subclass that logs each function called on it and then runs it, as torchao's
+    and DTensor's `__torch_function__` do before dispatching to their own kernels."""
+
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_subclass_weight_takes_f_linear_and_a_plain_one_onednn(onednn_calls):
+    layer = ScratchLinear(8, 4)
+    inputs = torch.randn(3, 8)
+    expected = F.linear(inputs, layer.weight, layer.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(inputs), expected)
+        assert len(onednn_calls) == 1  # the plain fp32 weight keeps the fast path
+        layer.weight = torch.nn.Parameter(layer.weight.detach().as_subclass(TracedTensor))
+        assert type(layer.weight) not in PLAIN_TYPES
+        TracedTensor.seen.clear()
+        torch.testing.assert_close(layer(inputs).as_subclass(torch.Tensor), expected)
+    assert len(onednn_calls) == 1 and "linear" in TracedTensor.seen
+
+
+def test_fake_and_meta_tensors_get_shapes_without_onednn(onednn_calls):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # how torch.compile and torch.export trace: CPU-looking tensors with no data
+        assert ScratchLinear(8, 4)(torch.randn(2, 5, 8)).shape == (2, 5, 4)
+    with torch.device("meta"):  # how from_pretrained builds a model, and what an offloaded weight is between hooks
+        layer = ScratchLinear(8, 4)
+    assert layer(torch.randn(2, 8, device="meta")).shape == (2, 4)
+    # A meta weight with real inputs is torch's device error; oneDNN's op read it as memory and returned garbage.
+    with pytest.raises(RuntimeError, match="meta"):
+        layer(torch.randn(2, 8))
+    assert onednn_calls == []
+
+
+# ----------------------------------------------------------------------------------------------- saved models
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict:
+    """A 4-layer GQA Llama and ours with its weights (`from_hf`), each saved; and inputs."""
+    torch.manual_seed(0)
+    native = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
+    root = tmp_path_factory.mktemp("quantization")
+    for side, model in (("native", native), ("ours", from_hf(native))):
+        model.save_pretrained(root / side)
+    return {side: root / side for side in CLASSES}
+
+
+@pytest.fixture(scope="module")
+def inputs() -> dict:
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def logits_and_tokens(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    tokens = model.generate(input_ids=inputs["input_ids"][:1], max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                            do_sample=False)
+    return logits, tokens
+
+
+def quantized_weights(model) -> set:
+    return {name for name, parameter in model.named_parameters() if type(parameter) not in PLAIN_TYPES}
+
+
+@pytest.fixture(scope="module")
+def fp32(folders, inputs) -> dict:
+    return {side: logits_and_tokens(CLASSES[side].from_pretrained(folders[side]).eval(), inputs) for side in CLASSES}
+
+
+@pytest.mark.parametrize("method", ["Int8WeightOnlyConfig", "Int8DynamicActivationInt8WeightConfig"])
+def test_torchao_int8_loads_runs_generates_and_reloads(method, folders, inputs, fp32, tmp_path, onednn_calls):
+    quantization = pytest.importorskip("torchao.quantization")
+    config = TorchAoConfig(getattr(quantization, method)())
+    models = {side: CLASSES[side].from_pretrained(folders[side], quantization_config=config).eval() for side in CLASSES}
+    # Every linear layer but the LM head (TorchAoConfig's default) holds an int8 tensor subclass, in both.
+    quantized = {side: quantized_weights(model) for side, model in models.items()}
+    assert len(quantized["native"]) == 4 * 7 and len(quantized["ours"]) == 4 * 4  # q, k, v fused; gate, up fused
+    assert not any("lm_head" in name or "embed" in name for names in quantized.values() for name in names)
+
+    onednn_calls.clear()
+    results = {side: logits_and_tokens(model, inputs) for side, model in models.items()}
+    assert onednn_calls and set(onednn_calls) == {(VOCAB, 64)}  # the plain fp32 LM head keeps the fast path
+    logits, tokens = results["ours"]
+    reference = fp32["ours"][0]
+    error = (logits - reference).abs().max().item()
+    assert 0 < error <= QUANTIZATION_TOLERANCE * reference.abs().max().item(), error
+    # The native Llama, treated the same way, computes the same products: to fp32 rounding, the same tokens.
+    torch.testing.assert_close(logits, results["native"][0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(tokens, results["native"][1]) and tokens.shape[1] == inputs["input_ids"].shape[1] + NEW_TOKENS
+
+    # Saved and reloaded (no quantization_config: it is in config.json), the int8 weights come back as they were.
+    models["ours"].save_pretrained(tmp_path)
+    reloaded = ScratchDecoderForCausalLM.from_pretrained(tmp_path).eval()
+    assert quantized_weights(reloaded) == quantized["ours"]
+    reloaded_logits, reloaded_tokens = logits_and_tokens(reloaded, inputs)
+    assert torch.equal(reloaded_logits, logits) and torch.equal(reloaded_tokens, tokens)
+
+
+@pytest.mark.parametrize("side", CLASSES)
+def test_device_map_auto_offloads_to_cpu_and_disk_with_the_same_outputs(side, folders, inputs, fp32, tmp_path,
+                                                                         onednn_calls):
+    plain = CLASSES[side].from_pretrained(folders[side])
+    size = sum(parameter.nbytes for parameter in plain.parameters())
+    model = CLASSES[side].from_pretrained(folders[side], device_map="auto", max_memory={"cpu": int(0.6 * size)},
+                                          offload_folder=tmp_path).eval()
+    placed = set(model.hf_device_map.values())
+    assert placed == {"cpu", "disk"}, model.hf_device_map  # the first blocks in memory, the rest read at each forward
+    assert any(parameter.is_meta for parameter in model.parameters())
+    logits, tokens = logits_and_tokens(model, inputs)
+    torch.testing.assert_close(logits, fp32[side][0], atol=1e-6, rtol=1e-6)
+    assert torch.equal(tokens, fp32[side][1])
+    # accelerate's hooks put plain fp32 weights back before each forward: ours keeps its fast path on them.
+    assert bool(onednn_calls) == (side == "ours")
