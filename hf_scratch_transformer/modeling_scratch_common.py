@@ -251,13 +251,16 @@ class ScratchTransformer(ScratchPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = self._new_cache()
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        given_positions = position_ids
         if position_ids is None:
             position_ids = torch.arange(inputs.shape[1], device=inputs.device).unsqueeze(0) + past_length  # (1, T)
         check_labels_shape(token_type_ids, inputs, "token_type_ids")
 
         hidden_states = self.embeddings(input_ids, inputs_embeds, position_ids, token_type_ids)  # (B, T, hidden)
         attention_mask = build_self_attention_mask(
-            self.config, hidden_states, attention_mask, past_key_values, position_ids, self.is_causal, self.alibi,
+            # Only given positions can restart (packed sequences): `masking_utils` looks for restarts at every
+            # unmasked forward without a cache (about 40 us), ours count up from the cache length.
+            self.config, hidden_states, attention_mask, past_key_values, given_positions, self.is_causal, self.alibi,
             paged=kwargs.get("cache") is not None,  # continuous batching passes its `PagedAttentionCache` as `cache`
         )
         if self.has_cross_attention:

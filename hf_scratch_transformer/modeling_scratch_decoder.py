@@ -55,8 +55,13 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         """`labels` (B, T) are the input ids themselves (-100 = ignore): the shift happens inside the loss.
-        `logits_to_keep` > 0 computes logits for the last that many positions only (generation needs one)."""
+        `logits_to_keep` > 0 computes logits for the last that many positions only (generation needs one).
+        With `labels` no cache is made unless `use_cache=True` asks for one."""
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
+        if labels is not None and use_cache is None:
+            # A loss needs no cache (as in the seq2seq family): filling one concatenates every layer's keys and
+            # values, forward and backward: about 1 ms of a 50 ms step at nanoGPT's size (docs/nanogpt.md).
+            use_cache = False
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -102,6 +107,8 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutputWithPast:
+        if labels is not None and use_cache is None:
+            use_cache = False  # a loss needs no cache, as in `ScratchDecoderForCausalLM`
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

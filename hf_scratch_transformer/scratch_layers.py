@@ -242,7 +242,8 @@ class ScratchEmbeddings(nn.Module):
         if inputs_embeds is None:
             self.check_ids(input_ids)
             inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = inputs_embeds * self.embed_scale
+        # x 1.0 would change nothing and cost a pass over (B, T, hidden) forward and backward
+        hidden_states = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
         if token_type_ids is not None:
             self.check_token_types(token_type_ids)
         if self.token_type_embeddings is not None:

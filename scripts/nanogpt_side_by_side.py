@@ -2,6 +2,11 @@
 
     python scripts/nanogpt_side_by_side.py                          # ours only
     python scripts/nanogpt_side_by_side.py --nanogpt ~/nanoGPT      # and nanoGPT's own train.py, same machine
+    python scripts/nanogpt_side_by_side.py --nanogpt ~/nanoGPT --step-for-step   # the two models' training steps
+
+`--step-for-step` leaves both training loops out: it builds our model with the recipe's knobs and nanoGPT's `GPT`
+(its model.py) with the same sizes, and times one training step of each (forward, loss, backward, clipping, AdamW,
+the same random batch), alternating step by step in one process; each round prints the median of its steps.
 
 The recipe is the one nanoGPT's README gives for CPU: 4 layers, 4 heads, 128 wide, block 64, batch 12, 2,000
 iterations, dropout 0, learning rate 1e-3 with 100 warm-up steps and cosine decay, AdamW beta2 0.99, weight decay
@@ -14,12 +19,16 @@ nanoGPT is not vendored: pass a checkout of github.com/karpathy/nanoGPT.
 """
 
 import argparse
+import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt"
@@ -71,11 +80,70 @@ def run_nanogpt(checkout: Path) -> dict:
                 train_seconds=sum(iteration_ms) / 1000)  # its iterations, evaluations included (as Trainer's)
 
 
+def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65) -> None:
+    """Training steps of our model and of nanoGPT's, alternating, at the recipe's sizes (vocabulary: the 65
+    characters of Tiny Shakespeare on both sides). Prints ms per step and ours / nanoGPT for every round."""
+    sys.path.insert(0, str(checkout))
+    from model import GPT, GPTConfig  # nanoGPT's model.py
+
+    from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
+    from hf_scratch_transformer.presets import get_preset
+
+    torch.manual_seed(0)
+    settings = dict(arg.split("=", 1) for arg in OURS[OURS.index("--set") + 1:OURS.index("--max-length")])
+    config = get_preset("gpt-mini", vocab_size=vocab_size, **{k: json.loads(v) for k, v in settings.items()})
+    models = {"ours": ScratchDecoderForCausalLM(config).train(),
+              "nanoGPT": GPT(GPTConfig(block_size=64, vocab_size=vocab_size, n_layer=4, n_head=4, n_embd=128,
+                                       dropout=0.0, bias=False)).train()}
+    optimizers = {name: torch.optim.AdamW(  # nanoGPT's configure_optimizers: decay on matrices only
+        [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+         {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99))
+        for name, model in models.items()}
+    ids = torch.randint(0, vocab_size, (12, 65))
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()  # as nanoGPT's get_batch
+
+    def step(name: str) -> float:
+        start = time.perf_counter()
+        if name == "ours":
+            loss = models[name](input_ids=inputs, labels=inputs).loss  # shifted inside
+        else:
+            loss = models[name](inputs, targets)[1]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(models[name].parameters(), 1.0)
+        optimizers[name].step()
+        optimizers[name].zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    for name in models:  # warm-up: the kernel choice, first allocations
+        for _ in range(5):
+            step(name)
+    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
+          f"fp32 kernel {scratch_linear.fp32_kernel(True)}")
+    for round_ in range(rounds):
+        times = {name: [] for name in models}
+        for i in range(steps):
+            for name in (list(models) if i % 2 == 0 else list(models)[::-1]):
+                times[name].append(step(name))
+        ours, nanogpt = (statistics.median(times[name]) * 1e3 for name in models)
+        print(f"round {round_ + 1}: ms per step ours {ours:.1f}, nanoGPT {nanogpt:.1f}; ratio {ours / nanogpt:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout to run beside ours")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "outputs" / "nanogpt-side-by-side")
+    parser.add_argument("--step-for-step", action="store_true", help="time the two models' training steps only")
+    parser.add_argument("--rounds", type=int, default=6, help="with --step-for-step")
+    parser.add_argument("--steps", type=int, default=20, help="steps of each model per round, with --step-for-step")
+    parser.add_argument("--threads", type=int, help="with --step-for-step: PyTorch's threads (1 is steadier on a "
+                        "busy machine, whose other load stalls a parallel product)")
     args = parser.parse_args()
+    if args.step_for_step:
+        if not args.nanogpt:
+            parser.error("--step-for-step needs --nanogpt (its model.py)")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        return step_for_step(args.nanogpt.expanduser(), args.rounds, args.steps)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     rows = {"hf-scratch-transformer (scripts/train.py)": run_ours(args.work_dir)}
     if args.nanogpt:

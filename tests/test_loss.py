@@ -15,6 +15,12 @@ from hf_scratch_transformer.scratch_loss import cross_entropy, lm_loss
 VOCAB = 11
 
 
+@pytest.fixture(autouse=True)
+def every_size_takes_ours(monkeypatch):
+    """The tests' logits are tiny: below `MIN_LOGITS` the loss is `F.cross_entropy`, so force ours."""
+    monkeypatch.setattr(scratch_loss, "MIN_LOGITS", 0)
+
+
 def _logits_and_labels(rows: int, ignored: list[bool], dtype: torch.dtype, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     logits = (3 * torch.randn(rows, VOCAB, generator=generator)).to(dtype)
@@ -64,6 +70,26 @@ def test_double_backward_names_the_way_out():
     x = logits.clone().requires_grad_()
     with pytest.raises(RuntimeError, match="ForCausalLMLoss"):
         torch.autograd.grad(cross_entropy(x, labels), x, create_graph=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_logits_take_pytorch_with_the_same_values(dtype, monkeypatch):
+    """Below the cut-off `F.cross_entropy` (whose fixed cost is lower) gives the loss: same values and gradients,
+    and it can be differentiated twice. At the cut-off, ours (which cannot)."""
+    logits, labels = _logits_and_labels(9, [False, True], dtype)
+    monkeypatch.setattr(scratch_loss, "MIN_LOGITS", 0)
+    ours_input = logits.clone().requires_grad_()
+    ours_grad, = torch.autograd.grad(cross_entropy(ours_input, labels), ours_input)
+    monkeypatch.setattr(scratch_loss, "MIN_LOGITS", logits.numel() + 1)
+    small_input = logits.clone().requires_grad_()
+    small_loss = cross_entropy(small_input, labels)
+    small_grad, = torch.autograd.grad(small_loss, small_input, create_graph=True)
+    assert small_grad.requires_grad  # PyTorch's, which has a double backward
+    torch.testing.assert_close(small_loss, cross_entropy(logits, labels, reduction="sum") / (labels != -100).sum())
+    torch.testing.assert_close(small_grad, ours_grad, atol=1e-6, rtol=1e-5)
+    monkeypatch.setattr(scratch_loss, "MIN_LOGITS", logits.numel())
+    with pytest.raises(RuntimeError, match="ForCausalLMLoss"):
+        torch.autograd.grad(cross_entropy(small_input, labels), small_input, create_graph=True)
 
 
 def test_torch_func_grad_matches_pytorch():

@@ -76,3 +76,16 @@ def test_shortcut_gives_the_general_paths_logits(family, monkeypatch):
         monkeypatch.setattr(scratch_masks, "_every_key_visible", lambda config, mask: False)
         general = step()
     torch.testing.assert_close(shortcut, general, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_given_positions_that_restart_keep_packed_sequences_apart(implementation):
+    """Given position ids that restart mark packed sequences (`masking_utils` masks across them, without a cache);
+    the stack's own positions never restart, so only given ones are searched."""
+    model = tiny_lm("decoder", attn_implementation=implementation)
+    first, second = torch.randint(3, VOCAB, (1, 3)), torch.randint(3, VOCAB, (1, 4))
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    with torch.no_grad():
+        packed = model(input_ids=torch.cat([first, second], 1), position_ids=positions, use_cache=False).logits
+        alone = model(input_ids=second).logits
+    torch.testing.assert_close(packed[:, 3:], alone, atol=1e-5, rtol=1e-5)

@@ -397,3 +397,17 @@ def test_seq2seq_loss_makes_no_cache():
     inputs.pop("labels")
     inputs["decoder_input_ids"] = inputs["input_ids"][:, :3]
     assert model(**inputs, use_cache=True).past_key_values is not None
+
+
+@pytest.mark.parametrize("head", ["ScratchDecoderForCausalLM", "ScratchDecoderForSequenceClassification"])
+def test_a_loss_fills_no_cache_unless_asked(head):
+    """Filling a cache copies every layer's keys and values, which a loss does not need (as seq2seq and BART)."""
+    torch.manual_seed(0)
+    model = getattr(hst, head)(tiny_config("decoder", num_labels=2, pad_token_id=PAD)).eval()
+    ids = lm_inputs("decoder")["input_ids"]
+    labels = ids if head.endswith("CausalLM") else torch.tensor([0, 1])
+    plain, cached = model(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels, use_cache=True)
+    assert plain.past_key_values is None and cached.past_key_values.get_seq_length() == ids.shape[1]
+    assert model(input_ids=ids).past_key_values is not None  # without labels, as before: the config's use_cache
+    torch.testing.assert_close(plain.logits, cached.logits)
+    torch.testing.assert_close(plain.loss, cached.loss)
