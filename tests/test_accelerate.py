@@ -16,12 +16,12 @@ import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils.dataclasses import get_module_class_from_name
 from safetensors.torch import load_file
+from tiny_tokenizers import write_run_corpus
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_scratch_transformer import checkpointing, training
 from hf_scratch_transformer.checkpointing import CheckpointError
 from hf_scratch_transformer.presets import get_preset
-from tokenizer_training import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts/train_accelerate.py"
@@ -73,18 +73,8 @@ def two_cpu_processes(launcher: str) -> tuple[list[str], dict]:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """A small corpus (a few epochs of 4-sequence batches in 8 steps) and a tokenizer per family, trained once."""
-    folder = tmp_path_factory.mktemp("accelerate")
-    generator = torch.Generator().manual_seed(0)
-    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
-    sentences = [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
-                 for _ in range(110)]
-    (folder / "corpus.txt").write_text("\n\n".join(sentences))
-    (folder / "train.src").write_text("\n".join(sentences))
-    (folder / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sentences))
-    for kind, family in (("bpe", "decoder"), ("wordpiece", "encoder"), ("bpe", "seq2seq")):
-        train_tokenizer(kind, family, files=[folder / "corpus.txt"], vocab_size=300).save_pretrained(folder / family)
-    return folder
+    """The tiny corpus and a tokenizer per family, trained once."""
+    return write_run_corpus(tmp_path_factory.mktemp("accelerate"), ("decoder", "encoder", "seq2seq"))
 
 
 def causal(workspace: Path) -> list:

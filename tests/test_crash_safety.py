@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_tokenizers import write_run_corpus
 
 from hf_scratch_transformer import checkpointing
-from tokenizer_training import train_tokenizer
 
 HERE = Path(__file__).resolve().parent
 TINY = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
@@ -39,7 +39,7 @@ def command(entry: str, workspace: Path, output: Path, *extra, kill: tuple[str, 
     module, options, _ = ENTRY_POINTS[entry]
     launcher = [sys.executable, str(HERE / "crash_injection.py"), kill[0], str(kill[1]), module] if kill else \
         [sys.executable, "-m", module]
-    data = ["--train-files", workspace / "corpus.txt", "--tokenizer", workspace / "tokenizer"]
+    data = ["--train-files", workspace / "corpus.txt", "--tokenizer", workspace / "decoder"]
     return [*launcher, *map(str, [*data, *COMMON, *options, "--output-dir", output, *extra])]
 
 
@@ -69,15 +69,7 @@ def plant_broken_checkpoints(folder: Path, prefix: str) -> None:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("crash")
-    generator = torch.Generator().manual_seed(0)
-    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
-    sentences = [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
-                 for _ in range(110)]
-    (folder / "corpus.txt").write_text("\n\n".join(sentences))
-    train_tokenizer("bpe", "decoder", files=[folder / "corpus.txt"], vocab_size=300).save_pretrained(
-        folder / "tokenizer")
-    return folder
+    return write_run_corpus(tmp_path_factory.mktemp("crash"))
 
 
 @pytest.fixture(scope="module", params=list(ENTRY_POINTS))

@@ -24,9 +24,10 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import merge_fsdp_weights
 from safetensors.torch import load_file
 from test_accelerate import CONFIGS, ROOT, RUN, SCRIPT, free_port, losses, run
-from test_export_native import BERT_KNOBS, GPT2_KNOBS, LLAMA_KNOBS, MARIAN_KNOBS
-from test_fsdp import DECODER, assert_a_plain_model_folder, write_corpus
+from test_export_native import BERT_KNOBS, GPT2_KNOBS, LLAMA_KNOBS, MARIAN_KNOBS, perturbed
+from test_fsdp import DECODER, assert_a_plain_model_folder
 from tiny_models import FAMILIES, PAD, VOCAB, lm_inputs, tiny_lm
+from tiny_tokenizers import write_run_corpus
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, CompileConfig
 
@@ -59,16 +60,6 @@ def autocast(precision: str):
     if DTYPES[precision] is None:
         return contextlib.nullcontext()
     return torch.autocast(DEVICE, dtype=DTYPES[precision])
-
-
-def perturbed(model):
-    """Trained-looking weights: biases and norms away from their initial 0 and 1."""
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.requires_grad:
-                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
-    return model
 
 
 def padded_inputs(family: str, length: int = 12) -> tuple[dict, torch.Tensor]:
@@ -209,9 +200,7 @@ def test_generate_with_a_static_cache_under_torch_compile(family):
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cuda")
-    write_corpus(folder)
-    return folder
+    return write_run_corpus(tmp_path_factory.mktemp("cuda"), ("decoder", "seq2seq"))
 
 
 def causal(workspace) -> list:

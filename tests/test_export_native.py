@@ -62,7 +62,7 @@ EXPORTS = {
 GENERATIVE = [name for name, (family, _, _) in EXPORTS.items() if family != "encoder"]
 
 
-def _perturb(model):
+def perturbed(model):
     """Trained-looking weights: biases and norms away from 0 and 1. Computed tables (Marian's sinusoids) stay."""
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -74,7 +74,7 @@ def _perturb(model):
 
 def _ours(name):
     family, overrides, _ = EXPORTS[name]
-    return _perturb(tiny_lm(family, **overrides))
+    return perturbed(tiny_lm(family, **overrides))
 
 
 def _inputs(family, length=9):
@@ -189,7 +189,7 @@ IMPORTS = {
 @pytest.mark.parametrize("name", IMPORTS)
 def test_import_computes_the_same_and_converts_back(name):
     make_native, family, back_class = IMPORTS[name]
-    native = _perturb(make_native())
+    native = perturbed(make_native())
     ours = from_hf(native)
     _assert_same_logits(native, ours, family)
     if family != "encoder":
@@ -218,7 +218,7 @@ def test_import_computes_the_same_and_converts_back(name):
 ], ids=lambda rope: rope["rope_type"])
 def test_llama_rope_scaling_types_convert(rope):
     """Past the original context (16) and, for `dynamic`, past `max_position_embeddings` (32)."""
-    native = _perturb(_llama(max_position_embeddings=32, rope_parameters={"rope_theta": 1000.0, **rope}))
+    native = perturbed(_llama(max_position_embeddings=32, rope_parameters={"rope_theta": 1000.0, **rope}))
     ours = from_hf(native)
     assert ours.config.rope_parameters == native.config.rope_parameters
     ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(3))
@@ -231,7 +231,7 @@ def test_llama_rope_scaling_types_convert(rope):
 def test_marian_sharing_without_a_tied_head_imports_as_separate_matrices():
     """transformers 5 shares Marian's embeddings only together with the head: `share_encoder_decoder_embeddings`
     without `tie_word_embeddings` is separate encoder, decoder and output matrices, and so is the conversion."""
-    native = _perturb(marian(tie_word_embeddings=False))
+    native = perturbed(marian(tie_word_embeddings=False))
     ours = from_hf(native)
     assert not ours.config.share_embeddings and not ours.config.tie_word_embeddings
     _assert_same_logits(native, ours, "seq2seq")

@@ -14,11 +14,11 @@ import yaml
 from accelerate.utils import merge_fsdp_weights
 from safetensors.torch import load_file
 from test_accelerate import CONFIGS, NO_DROPOUT, ROOT, RUN, SCRIPT, free_port, losses, run
+from tiny_tokenizers import write_run_corpus
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_transformer import checkpointing
-from tokenizer_training import train_tokenizer
 
 TRAINER_SCRIPT = ROOT / "scripts/train.py"
 # Two ScratchBlocks, so that the model has two wrap units besides the embeddings' and the root's.
@@ -52,24 +52,9 @@ def assert_a_plain_model_folder(folder, module: str) -> None:
     assert (folder / f"{module}.py").is_file() and not list(folder.glob("_fsdp*"))
 
 
-def write_corpus(folder):
-    """A small corpus (causal LM and translation pairs) and a BPE tokenizer for the decoder and seq2seq families."""
-    generator = torch.Generator().manual_seed(0)
-    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
-    sentences = [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
-                 for _ in range(110)]
-    (folder / "corpus.txt").write_text("\n\n".join(sentences))
-    (folder / "train.src").write_text("\n".join(sentences))
-    (folder / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sentences))
-    for family in ("decoder", "seq2seq"):
-        train_tokenizer("bpe", family, files=[folder / "corpus.txt"], vocab_size=300).save_pretrained(folder / family)
-
-
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fsdp")
-    write_corpus(folder)
-    return folder
+    return write_run_corpus(tmp_path_factory.mktemp("fsdp"), ("decoder", "seq2seq"))
 
 
 def causal(workspace) -> list:

@@ -3,6 +3,8 @@
 from functools import cache
 from pathlib import Path
 
+import torch
+
 from tokenizer_training import train_tokenizer
 
 CORPUS = Path(__file__).resolve().parent.parent / "data/tinyshakespeare/input.txt"
@@ -21,3 +23,23 @@ def byte_level_bpe(vocab_size: int = 300, family: str = "decoder"):
 def wordpiece(vocab_size: int = 300):
     """BERT-style WordPiece: [CLS] ... [SEP], with [MASK]."""
     return _trained("wordpiece", "encoder", vocab_size)
+
+
+TOKENIZER_KINDS = {"decoder": "bpe", "encoder": "wordpiece", "seq2seq": "bpe"}
+
+
+def write_run_corpus(folder: Path, families: tuple[str, ...] = ("decoder",)) -> Path:
+    """The training scripts' tiny data in `folder`: 110 five-word sentences as paragraphs (corpus.txt, a few epochs
+    of 4-sequence batches in 8 steps), the same sentences as translation pairs into their reversal (train.src /
+    train.tgt), and a 300-token tokenizer per family in folder/<family>."""
+    generator = torch.Generator().manual_seed(0)
+    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
+    sentences = [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
+                 for _ in range(110)]
+    (folder / "corpus.txt").write_text("\n\n".join(sentences))
+    (folder / "train.src").write_text("\n".join(sentences))
+    (folder / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sentences))
+    for family in families:
+        train_tokenizer(TOKENIZER_KINDS[family], family, files=[folder / "corpus.txt"], vocab_size=300).save_pretrained(
+            folder / family)
+    return folder
