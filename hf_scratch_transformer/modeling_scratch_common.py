@@ -127,8 +127,9 @@ class ScratchPreTrainedModel(PreTrainedModel):
         """transformers' loss for the model's `loss_type`, except the language-model losses, which are the same
         functions on a faster CPU cross-entropy (`scratch_loss.py`). As in transformers, a function assigned with
         `model.loss_function = ...` wins."""
-        if hasattr(self, "_loss_function"):
-            return self._loss_function
+        assigned = self.__dict__.get("_loss_function")  # not hasattr: a missing module attribute raises, slowly
+        if assigned is not None:
+            return assigned
         return LM_LOSSES.get(self.loss_type) or super().loss_function
 
     @loss_function.setter

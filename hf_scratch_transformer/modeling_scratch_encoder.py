@@ -14,7 +14,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
-from .scratch_layers import ScratchDropout, ScratchMLMTransform
+from .scratch_layers import ScratchMLMTransform, dropout
 from .scratch_linear import ScratchLinear
 
 
@@ -96,8 +96,9 @@ class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = ScratchEncoderModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.dropout
-        self.dropout = ScratchDropout(dropout)
+        self.classifier_dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.dropout
+        )
         self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -127,7 +128,8 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
-        logits = self.classifier(self.dropout(outputs.last_hidden_state[:, 0]))  # (B, num_labels)
+        pooled = dropout(outputs.last_hidden_state[:, 0], self.classifier_dropout, self.training)
+        logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
@@ -152,7 +154,7 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
     ) -> TokenClassifierOutput:
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        logits = self.classifier(dropout(outputs.last_hidden_state, self.classifier_dropout, self.training))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)

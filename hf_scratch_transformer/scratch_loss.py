@@ -15,7 +15,7 @@ and names the way out.
 import torch
 import torch.nn.functional as F
 
-from .scratch_linear import under_torch_func
+from .scratch_linear import inside_torch_func
 
 # Fewer logits (tokens x vocabulary) than this take `F.cross_entropy`. Measured in fp32 and bf16, AVX-512 and AVX2
 # (docs/nanogpt.md): ours was 1.6-1.9x slower at 50 thousand logits, on a par from 130 to 520 thousand (0.8-1.4x),
@@ -71,7 +71,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
     if reduction not in ("mean", "sum"):
         raise ValueError(f"`reduction` must be \"mean\" or \"sum\", got {reduction!r}.")
     if (logits.device.type != "cpu" or torch.compiler.is_compiling() or logits.numel() < MIN_LOGITS
-            or under_torch_func(logits)):
+            or inside_torch_func()):
         return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction=reduction)
     total, _ = _SummedCrossEntropy.apply(logits, labels, ignore_index)
     if reduction == "sum":
@@ -85,7 +85,7 @@ def check_label_ids(labels: torch.Tensor, vocab_size: int, ignore_index: int = -
     The range is read from the data, so it is not checked while compiling or under `torch.func` transforms."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"`labels` must be integer token ids, got dtype {labels.dtype}.")
-    if torch.compiler.is_compiling() or under_torch_func(labels) or labels.numel() == 0:
+    if torch.compiler.is_compiling() or inside_torch_func() or labels.numel() == 0:
         return
     low, high = (int(value) for value in torch.aminmax(labels))
     if 0 <= low and high < vocab_size:  # nothing ignored, nothing out of range: one read, no masked copy
@@ -107,7 +107,7 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_ite
     if shift and shift_labels is None:
         # Checked before the shift pads them with `ignore_index`: unpadded labels then pass in one read.
         check_label_ids(labels[..., 1:], vocab_size, ignore_index)
-        targets = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].reshape(-1).to(logits.device)
+        targets = F.pad(labels[..., 1:], (0, 1), value=ignore_index).reshape(-1).to(logits.device)
     else:
         targets = (shift_labels if shift else labels).reshape(-1).to(logits.device)
         check_label_ids(targets, vocab_size, ignore_index)

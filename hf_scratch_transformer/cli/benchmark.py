@@ -2,7 +2,7 @@
 
     hf-scratch benchmark --quick                        # smoke test, tiny sizes, prints the table
     hf-scratch benchmark --family gpt2 --repeats 3      # one family at the default size
-    hf-scratch benchmark --family all --write           # the real run: docs/benchmarks.md + .json
+    hf-scratch benchmark --family all --write           # the real run: docs/benchmarks/<machine class>.md + .json
 
 The native model (GPT2LMHeadModel, BertForMaskedLM, MarianMTModel; LlamaForCausalLM for the int8 rows) is built at
 the chosen size from a fixed seed and ours is `conversion.from_hf(native)`: the same architecture and weights. Marian
@@ -49,6 +49,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -91,7 +92,8 @@ DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
 parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up, 2 repetitions: a smoke test")
-parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md and .json (in this folder)")
+parser.add_argument("--write", action="store_true",
+                    help="write docs/benchmarks/<machine class>.md and .json (in this folder), e.g. intel-xeon-avx512")
 for name, value in SIZES["full"].items():
     parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"default {value}")
 parser.add_argument("--seed", type=int, default=0)
@@ -391,6 +393,13 @@ def machine(peaks: dict) -> dict:
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
 
 
+def machine_class(cpu: str, capability: str) -> str:
+    """Where a run's figures hold, as a file name: vendor and line of the CPU and its capability, for example
+    "intel-xeon-avx512" or "amd-epyc-avx2" (the kernels that win differ between them: docs/performance.md)."""
+    words = re.sub(r"\(R\)|\(TM\)|\bCPU\b|\bProcessor\b|@.*", " ", cpu).split()
+    return "-".join(words[:2] + [capability]).lower()
+
+
 def kernel_choices() -> dict:
     """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`)."""
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
@@ -445,11 +454,12 @@ def main() -> None:
         report["results"] += rows
     text = markdown(report)
     print(text)
-    if args.write:
-        docs = Path("docs")
-        (docs / "benchmarks.md").write_text(text)
-        (docs / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {docs / 'benchmarks.md'} and benchmarks.json")
+    if args.write:  # one file per machine class: a run on one class never replaces another's figures
+        path = Path("docs", "benchmarks", machine_class(report["machine"]["cpu"], report["machine"]["cpu_capability"]))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".md").write_text(text)
+        path.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {path.with_suffix('.md')} and .json")
 
 
 if __name__ == "__main__":
