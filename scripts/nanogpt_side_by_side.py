@@ -63,11 +63,16 @@ def run_ours(work: Path) -> dict:
     split = int(len(text) * 0.9)  # nanoGPT's data/shakespeare_char/prepare.py
     (work / "train.txt").write_text(text[:split])
     (work / "val.txt").write_text(text[split:])
+    # The work folder is this script's own: a second comparison replaces the first one's run.
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--output-dir", str(work / "ours"),
-               "--train-files", str(work / "train.txt"), "--validation-files", str(work / "val.txt"), *OURS]
+               "--overwrite-output-dir", "--train-files", str(work / "train.txt"),
+               "--validation-files", str(work / "val.txt"), *OURS]
     seconds, output = timed(command, ROOT, work / "ours.log")
-    return dict(val_loss=float(re.findall(r"evaluation: loss ([\d.]+)", output)[-1]),
-                train_seconds=float(re.findall(r"'train_runtime': '([\d.]+)'", output)[-1]), wall_seconds=seconds)
+    train_seconds = float(re.findall(r"'train_runtime': '([\d.]+)'", output)[-1])
+    eval_seconds = sum(float(t) for t in re.findall(r"'eval_runtime': '([\d.]+)'", output))
+    steps = int(OURS[OURS.index("--max-steps") + 1])
+    return dict(val_loss=float(re.findall(r"evaluation: loss ([\d.]+)", output)[-1]), train_seconds=train_seconds,
+                step_ms=1000 * (train_seconds - eval_seconds) / steps, wall_seconds=seconds)
 
 
 def run_nanogpt(checkout: Path) -> dict:
@@ -75,9 +80,13 @@ def run_nanogpt(checkout: Path) -> dict:
     shutil.copy(CORPUS, data / "input.txt")  # the same file nanoGPT would download
     subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
     seconds, output = timed([sys.executable, "train.py", *NANOGPT], checkout, checkout / "side_by_side.log")
-    iteration_ms = [float(t) for t in re.findall(r"^iter \d+: loss [\d.]+, time ([\d.]+)ms", output, re.MULTILINE)]
+    iterations = re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.MULTILINE)
+    iteration_ms = [float(ms) for _, ms in iterations]
+    # An iteration's time includes the evaluation made at its start, every eval_interval (250) iterations.
+    step_ms = [float(ms) for i, ms in iterations if int(i) % 250]
     return dict(val_loss=float(re.findall(r"val loss ([\d.]+)", output)[-1]), wall_seconds=seconds,
-                train_seconds=sum(iteration_ms) / 1000)  # its iterations, evaluations included (as Trainer's)
+                train_seconds=sum(iteration_ms) / 1000,  # its iterations, evaluations included (as Trainer's)
+                step_ms=sum(step_ms) / len(step_ms))
 
 
 def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65) -> None:
@@ -148,9 +157,10 @@ def main() -> None:
     rows = {"hf-scratch-transformer (scripts/train.py)": run_ours(args.work_dir)}
     if args.nanogpt:
         rows["nanoGPT (train.py)"] = run_nanogpt(args.nanogpt.expanduser())
-    print("| run | validation loss | training s | whole run s |\n|---|---:|---:|---:|")
+    print("| run | validation loss | training s | ms per step | whole run s |\n|---|---:|---:|---:|---:|")
     for name, r in rows.items():
-        print(f"| {name} | {r['val_loss']:.4f} | {r['train_seconds']:.1f} | {r['wall_seconds']:.1f} |")
+        print(f"| {name} | {r['val_loss']:.4f} | {r['train_seconds']:.1f} | {r['step_ms']:.1f} "
+              f"| {r['wall_seconds']:.1f} |")
 
 
 if __name__ == "__main__":
