@@ -177,8 +177,9 @@ class ScratchLinear(nn.Linear):
     which dispatches to whatever product that weight defines."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not _takes_onednn_path(inputs, self.weight, self.bias):
-            return F.linear(inputs, self.weight, self.bias)
+        weight, bias = self.weight, self.bias  # each read is a module attribute lookup
+        if not _takes_onednn_path(inputs, weight, bias):
+            return F.linear(inputs, weight, bias)
         if torch.is_grad_enabled():
-            return _OneDNNLinearFunction.apply(inputs, self.weight, self.bias)
-        return onednn_linear(inputs, self.weight, self.bias)
+            return _OneDNNLinearFunction.apply(inputs, weight, bias)
+        return onednn_linear(inputs, weight, bias)
