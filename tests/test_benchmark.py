@@ -33,6 +33,9 @@ def test_quick_benchmark_prints_a_complete_table():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "wrote" not in result.stdout
 
+    expected = EXPECTED
+    if "bf16 not native" in result.stdout:  # an AVX2-only host: bf16 would be emulated, so no bf16 training rows
+        expected = {family: {m for m in rows if "bf16" not in m} for family, rows in EXPECTED.items()}
     lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == ["family", "measurement", "unit", "better", "native", "ours", "ours/native", "paired"]
@@ -48,4 +51,4 @@ def test_quick_benchmark_prints_a_complete_table():
         assert ratio == pytest.approx(ours / native, rel=0.05, abs=2e-3), line  # printed values are rounded
         assert measurement not in found[family], f"duplicate row: {line}"
         found[family].add(measurement)
-    assert found == EXPECTED
+    assert found == expected

@@ -14,7 +14,7 @@ a ratio whose range straddles 1 is not a measured difference.
 
 - training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
   labels (causal LM on the inputs; MLM with 15% masked positions; seq2seq with seq-long targets), in fp32 and
-  under torch.autocast("cpu", dtype=torch.bfloat16).
+  under torch.autocast("cpu", dtype=torch.bfloat16); the bf16 rows only where bf16 is native (below).
 - prefill tokens/s: one no-grad eval forward over batch x seq (for BERT, the MLM forward).
 - decode tokens/s: `generate()` as a user calls it, with the generation_config the model ships (from_hf copies
   the native one), at batch 1 and 8 from a --prompt-long random prompt, greedy, max_new_tokens=min_new_tokens=
@@ -86,6 +86,9 @@ SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly w
     "quick": dict(layers=2, hidden=64, heads=4, ffn=256, vocab=512, seq=32, batch=2, prompt=8, new_tokens=8,
                   warmup=1, repeats=2, mm_size=256),
 }
+# Training rows in fp32, and in bf16 where the CPU has native bf16 (without it a bf16 step takes up to a hundred
+# times longer, and `--bf16` refuses to train: docs/training.md).
+TRAINING_DTYPES = {False: ("fp32", "bf16"), True: ("fp32",)}
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
 
 # ----------------------------------------------------------------------------------------------- arguments
@@ -98,6 +101,7 @@ for name, value in SIZES["full"].items():
     parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"default {value}")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--memory-worker", nargs=2, metavar=("FAMILY", "SIDE"), help=argparse.SUPPRESS)
+parser.add_argument("--no-bf16", action="store_true", help=argparse.SUPPRESS)  # set for the memory workers
 args = parser.parse_args()
 for name, value in SIZES["quick" if args.quick else "full"].items():
     if getattr(args, name) is None:
@@ -230,7 +234,7 @@ def memory_worker(family: str, side: str) -> None:
     train, prefill = make_inputs(family, args.batch, args.seq, True), make_inputs(family, args.batch, args.seq, False)
     result = {}
     model.train()
-    for dtype in ("fp32", "bf16"):  # a fresh AdamW inside the workload: its state is counted, then freed
+    for dtype in TRAINING_DTYPES[args.no_bf16]:  # a fresh AdamW inside the workload: its state is counted, then freed
         result[f"train {dtype}"] = peak_above_baseline(partial(train_steps, model, train, dtype == "bf16"))
     model.eval()
     with torch.no_grad():
@@ -254,7 +258,8 @@ def measure_memory(family: str) -> dict:
     sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]]
     out = {}
     for side in SIDES:
-        command = [sys.executable, "-m", __spec__.name, "--memory-worker", family, side, f"--seed={args.seed}", *sizes]
+        command = [sys.executable, "-m", __spec__.name, "--memory-worker", family, side, f"--seed={args.seed}", *sizes,
+                   *(["--no-bf16"] if args.no_bf16 else [])]
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
             sys.exit(f"memory worker {family} {side} failed:\n{done.stderr[-3000:]}")
@@ -365,7 +370,7 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
     flops = train_flops(models["native"], train)
     extra["train_flops_per_step"] = flops
     tokens = args.batch * tokens_per_example(family)
-    for dtype in ("fp32", "bf16"):
+    for dtype in TRAINING_DTYPES[args.no_bf16]:
         optimizers = {side: torch.optim.AdamW(models[side].parameters(), lr=1e-4) for side in SIDES}
         t = interleaved(lambda side: train_step(models[side], optimizers[side], train, dtype == "bf16"),  # noqa: B023
                         args.warmup, args.repeats)
@@ -446,6 +451,10 @@ def main() -> None:
         return
     transformers.logging.set_verbosity_error()
     peaks = machine_matmul_flops()
+    if not machine(peaks)["bf16_native"]:
+        args.no_bf16 = True
+        print(f"bf16 is not native on this CPU (bf16 products at {peaks['bf16'] / peaks['fp32']:.3f}x the fp32 rate): "
+              "no bf16 training rows.")
     report = dict(machine=machine(peaks), settings={k: getattr(args, k) for k in SIZES["full"]},
                   matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, kernels=kernel_choices(), results=[],
                   details={})
