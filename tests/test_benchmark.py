@@ -25,15 +25,22 @@ EXPECTED = {
 }
 
 
+# MKL, oneDNN and ATen limited to AVX2: the instruction set of an AVX2-only host, where bf16 is not native, on any CPU.
+AVX2_ONLY = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
 @pytest.mark.slow
-def test_quick_benchmark_prints_a_complete_table():
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+@pytest.mark.parametrize("isa", ["this CPU's", "AVX2 only"])
+def test_quick_benchmark_prints_a_complete_table(isa):
+    env = os.environ | {"HF_HUB_OFFLINE": "1"} | (AVX2_ONLY if isa == "AVX2 only" else {})
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--quick", "--family", "all"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "wrote" not in result.stdout
 
     expected = EXPECTED
+    if isa == "AVX2 only":
+        assert "CPU capability AVX2; bf16 not native" in result.stdout
     if "bf16 not native" in result.stdout:  # an AVX2-only host: bf16 would be emulated, so no bf16 training rows
         expected = {family: {m for m in rows if "bf16" not in m} for family, rows in EXPECTED.items()}
     lines = [line for line in result.stdout.splitlines() if line.startswith("|")]

@@ -86,9 +86,6 @@ SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly w
     "quick": dict(layers=2, hidden=64, heads=4, ffn=256, vocab=512, seq=32, batch=2, prompt=8, new_tokens=8,
                   warmup=1, repeats=2, mm_size=256),
 }
-# Training rows in fp32, and in bf16 where the CPU has native bf16 (without it a bf16 step takes up to a hundred
-# times longer, and `--bf16` refuses to train: docs/training.md).
-TRAINING_DTYPES = {False: ("fp32", "bf16"), True: ("fp32",)}
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
 
 # ----------------------------------------------------------------------------------------------- arguments
@@ -172,6 +169,12 @@ def tokens_per_example(family: str) -> int:
     return args.seq * (2 if family == "marian" else 1)
 
 
+def training_dtypes() -> tuple[str, ...]:
+    """fp32, and bf16 where the CPU has native bf16: without it a bf16 step takes up to a hundred times longer, and
+    `--bf16` refuses to train (docs/training.md)."""
+    return ("fp32",) if args.no_bf16 else ("fp32", "bf16")
+
+
 def train_step(model, optimizer, inputs: dict, bf16: bool) -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss = model(**inputs).loss
@@ -234,7 +237,7 @@ def memory_worker(family: str, side: str) -> None:
     train, prefill = make_inputs(family, args.batch, args.seq, True), make_inputs(family, args.batch, args.seq, False)
     result = {}
     model.train()
-    for dtype in TRAINING_DTYPES[args.no_bf16]:  # a fresh AdamW inside the workload: its state is counted, then freed
+    for dtype in training_dtypes():  # a fresh AdamW inside the workload: its state is counted, then freed
         result[f"train {dtype}"] = peak_above_baseline(partial(train_steps, model, train, dtype == "bf16"))
     model.eval()
     with torch.no_grad():
@@ -370,7 +373,7 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
     flops = train_flops(models["native"], train)
     extra["train_flops_per_step"] = flops
     tokens = args.batch * tokens_per_example(family)
-    for dtype in TRAINING_DTYPES[args.no_bf16]:
+    for dtype in training_dtypes():
         optimizers = {side: torch.optim.AdamW(models[side].parameters(), lr=1e-4) for side in SIDES}
         t = interleaved(lambda side: train_step(models[side], optimizers[side], train, dtype == "bf16"),  # noqa: B023
                         args.warmup, args.repeats)
@@ -451,11 +454,12 @@ def main() -> None:
         return
     transformers.logging.set_verbosity_error()
     peaks = machine_matmul_flops()
-    if not machine(peaks)["bf16_native"]:
+    this_machine = machine(peaks)
+    if not this_machine["bf16_native"]:
         args.no_bf16 = True
         print(f"bf16 is not native on this CPU (bf16 products at {peaks['bf16'] / peaks['fp32']:.3f}x the fp32 rate): "
               "no bf16 training rows.")
-    report = dict(machine=machine(peaks), settings={k: getattr(args, k) for k in SIZES["full"]},
+    report = dict(machine=this_machine, settings={k: getattr(args, k) for k in SIZES["full"]},
                   matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, kernels=kernel_choices(), results=[],
                   details={})
     for family in FAMILIES if args.family == "all" else (args.family,):
