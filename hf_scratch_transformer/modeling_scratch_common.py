@@ -168,7 +168,7 @@ class ScratchPreTrainedModel(PreTrainedModel):
                 init.normal_(module.weight, mean=0.0, std=config.initializer_range)
             elif not getattr(module.weight, "_is_hf_initialized", False):
                 # A fused projection is several matrices side by side: each gets its own fan-in/fan-out.
-                for part in module.weight.split(getattr(module, "fused_sizes", [module.out_features]), dim=0):
+                for part in module.weight.split(getattr(module, "fused_sizes", None) or [module.out_features], dim=0):
                     nn.init.xavier_uniform_(part)
             if module.bias is not None:
                 init.zeros_(module.bias)

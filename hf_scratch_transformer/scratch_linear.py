@@ -13,8 +13,10 @@ rounding, not bit for bit.
 
 import contextlib
 import functools
+import itertools
 import math
 import os
+import sys
 import time
 
 import torch
@@ -171,15 +173,46 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
     )
 
 
+def is_torchao_weight(weight: torch.Tensor) -> bool:
+    """Whether torchao quantized this weight (any of its tensor subclasses). torchao is imported by whoever
+    quantized the weight; this module never imports it."""
+    torchao_utils = sys.modules.get("torchao.utils")
+    return torchao_utils is not None and isinstance(weight, torchao_utils.TorchAOBaseTensor)
+
+
 class ScratchLinear(nn.Linear):
     """Drop-in `nn.Linear` (same parameters, names and state dict) with the faster fp32 CPU kernel (`fp32_kernel`)
     for plain tensors; any other weight (a quantizer's tensor subclass, a meta or offloaded one) takes `F.linear`,
     which dispatches to whatever product that weight defines."""
 
+    fused_sizes: tuple[int, ...] | None = None  # a fused layer's (QKV, gate | up) output sizes of its parts
+    quantized_in_parts = False  # a torchao weight of a fused layer computes one product per part (`_torchao_parts`)
+
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias  # each read is a module attribute lookup
         if not _takes_onednn_path(inputs, weight, bias):
+            if self.quantized_in_parts and type(weight) not in PLAIN_TYPES and is_torchao_weight(weight):
+                return torch.cat([F.linear(inputs, *part) for part in self._torchao_parts(weight)], dim=-1)
             return F.linear(inputs, weight, bias)
         if torch.is_grad_enabled():
             return _OneDNNLinearFunction.apply(inputs, weight, bias)
         return onednn_linear(inputs, weight, bias)
+
+    def _torchao_parts(self, weight: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
+        """(weight, bias) of each fused part, as the native model's separate layers: views of `weight`, made at its
+        first product (slicing a torchao tensor costs about 80 us, its Python dispatch) and kept while it is the
+        layer's weight; `_apply` (`to`, `half`, ...), a copy and pickling drop them."""
+        cached = self.__dict__.get("_torchao_cache")
+        if cached is None or cached[0] is not weight:
+            ends = itertools.accumulate(self.fused_sizes)  # torchao slices by rows (aten.slice), it has no split
+            rows = [slice(end - size, end) for size, end in zip(self.fused_sizes, ends, strict=True)]
+            parts = tuple((weight[part], None if self.bias is None else self.bias[part]) for part in rows)
+            self.__dict__["_torchao_cache"] = cached = (weight, parts)
+        return cached[1]
+
+    def _apply(self, fn, recurse: bool = True):
+        self.__dict__.pop("_torchao_cache", None)
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        return {name: value for name, value in self.__dict__.items() if name != "_torchao_cache"}

@@ -3,14 +3,17 @@ and hands every other weight (a tensor subclass, a fake or meta tensor) to `F.li
 weights (`TorchAoConfig`) and accelerate's CPU/disk offload (`device_map="auto"`) work as on a native Llama of the
 same size and weights (`conversion.from_hf`), which goes through the same treatment for comparison."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM, TorchAoConfig
 
 from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
 from hf_scratch_transformer.conversion import from_hf
-from hf_scratch_transformer.scratch_linear import PLAIN_TYPES, ScratchLinear, fp32_kernel
+from hf_scratch_transformer.scratch_linear import PLAIN_TYPES, ScratchLinear, fp32_kernel, is_torchao_weight
 
 VOCAB = 99
 CLASSES = {"ours": ScratchDecoderForCausalLM, "native": LlamaForCausalLM}
@@ -141,6 +144,43 @@ def test_torchao_int8_loads_runs_generates_and_reloads(method, folders, inputs, 
     assert quantized_weights(reloaded) == quantized["ours"]
     reloaded_logits, reloaded_tokens = logits_and_tokens(reloaded, inputs)
     assert torch.equal(reloaded_logits, logits) and torch.equal(reloaded_tokens, tokens)
+
+
+class TorchaoProducts(TorchFunctionMode):
+    """The weight shape of every `F.linear` with a torchao weight, in the order computed."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear and is_torchao_weight(args[1]):
+            self.shapes.append(tuple(args[1].shape))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_quantized_gate_and_up_are_the_native_models_two_products(folders, inputs):
+    """torchao's weight-only product converts the weight to fp32 at each call, which costs more per byte for our
+    fused gate | up matrix than for the native gate and up: with a torchao weight, ours computes the two halves
+    separately (docs/quantization.md), from views made once per weight."""
+    quantization = pytest.importorskip("torchao.quantization")
+    config = TorchAoConfig(quantization.Int8WeightOnlyConfig())
+    model = ScratchDecoderForCausalLM.from_pretrained(folders["ours"], quantization_config=config).eval()
+    up_proj = model.model.layers[0].mlp.up_proj
+    with torch.no_grad(), TorchaoProducts() as products:
+        model(**inputs)
+    # Per layer: the fused QKV (64 + 2 x 32 rows, GQA) stays one product; gate and up (128 rows each), o and down.
+    assert products.shapes == [(128, 64), (64, 64), (128, 64), (128, 64), (64, 128)] * 4
+    parts = up_proj._torchao_parts(up_proj.weight)
+    assert up_proj._torchao_parts(up_proj.weight) is parts  # kept: slicing a torchao tensor costs 80 us
+    # A copy makes views of its own weight; `to` drops them (torch refuses to swap a weight's tensors while views
+    # of it are kept elsewhere).
+    copied = copy.deepcopy(up_proj)
+    assert "_torchao_cache" not in copied.__dict__
+    assert copied._torchao_parts(copied.weight)[0][0].qdata.data_ptr() == copied.weight.qdata.data_ptr()
+    del parts
+    up_proj.to("cpu")
+    assert "_torchao_cache" not in up_proj.__dict__
 
 
 @pytest.mark.parametrize("side", CLASSES)
