@@ -14,7 +14,8 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
-from .scratch_layers import ScratchMLMTransform, dropout
+from .scratch_dropout import dropout
+from .scratch_layers import ScratchMLMTransform
 from .scratch_linear import ScratchLinear
 
 

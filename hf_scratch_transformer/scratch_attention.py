@@ -21,6 +21,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .scratch_dropout import dropout as scratch_dropout
 from .scratch_linear import ScratchLinear
 from .scratch_positions import apply_rotary
 
@@ -59,7 +60,7 @@ def eager_attention_forward(
         else:
             scores = scores + attention_mask
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    weights = scratch_dropout(weights, dropout, module.training)
     output = torch.matmul(weights, value)  # (B, H, T, D)
     return output.transpose(1, 2).contiguous(), weights
 

@@ -19,6 +19,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .scratch_attention import ScratchAttention
+from .scratch_dropout import dropout
 from .scratch_linear import ScratchLinear
 from .scratch_positions import ScratchLearnedPositionalEmbedding, ScratchSinusoidalPositionalEmbedding
 
@@ -60,15 +61,6 @@ ACTIVATIONS = {
     "swiglu": ("silu", True),
     "geglu": ("gelu", True),
 }
-
-
-def dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`F.dropout`, handing its input back without a call when inactive (eval, or p = 0). A function of the module's
-    `training` flag and a rate from the config, as in transformers' Llama, not a module: a forward calls it about 13
-    times (20 per decoded token), and a module call costs more than the dropout it skips (docs/nanogpt.md)."""
-    if training and p > 0:
-        return nn.functional.dropout(inputs, p, training=True)
-    return inputs
 
 
 class ScratchFeedForward(nn.Module):
