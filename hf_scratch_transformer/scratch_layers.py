@@ -77,7 +77,7 @@ class ScratchFeedForward(nn.Module):
             self.up_proj.fused_sizes = (config.intermediate_size, config.intermediate_size)
             # torchao's weight-only CPU product converts the int8 weight to an fp32 copy at every call, which costs
             # more per byte for this matrix, twice the native model's largest, than for the native gate and up
-            # (3072 x 384: 210 us against 2 x 65, Intel Xeon; docs/quantization.md): one product per part.
+            # (3072 x 384: 210 us against 2 x 65, AVX-512 Intel Xeon; docs/quantization.md): one product per part.
             self.up_proj.quantized_in_parts = True
         self.down_proj = ScratchLinear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.activation_dropout = config.activation_dropout
