@@ -5,9 +5,10 @@ grouped-query attention, K = 1 multi-query), D head size.
 
 Two hand-written back-ends with one signature, picked by `config._attn_implementation` (transformers'
 `attn_implementation`): `eager` spells the math out and can return the attention weights; `sdpa` calls
-`torch.nn.functional.scaled_dot_product_attention`. Any other name (flex, flash, kernels) is looked up in
-transformers' `ALL_ATTENTION_FUNCTIONS`. Masks arrive prepared (see `scratch_masks.py`): `None`, boolean
-(True = attend) or additive float, broadcastable to (B, H, T, S).
+`torch.nn.functional.scaled_dot_product_attention`, except in a bf16 CPU training step at short sequences on a
+machine where PyTorch's flash kernel is the slower (`scratch_attention_kernel.py`), which computes eager's math.
+Any other name (flex, flash, kernels) is looked up in transformers' `ALL_ATTENTION_FUNCTIONS`. Masks arrive
+prepared (see `scratch_masks.py`): `None`, boolean (True = attend) or additive float, broadcastable to (B, H, T, S).
 
 Continuous batching (`generate_batch`, `transformers serve --continuous-batching`) packs every request into one row
 (B = 1) and passes `cache=PagedAttentionCache`, which must receive the new keys and values before GQA repeats them and
@@ -21,6 +22,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .scratch_attention_kernel import causal_mask, takes_eager_math
 from .scratch_dropout import dropout as scratch_dropout
 from .scratch_linear import ScratchLinear
 from .scratch_positions import apply_rotary
@@ -81,6 +83,10 @@ def sdpa_attention_forward(
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, cache=cache, **kwargs
         )
+    if takes_eager_math(query, key):  # bf16 training at short sequences, where this CPU's flash kernel is slower
+        if attention_mask is None and module.is_causal and query.shape[2] > 1:
+            attention_mask = causal_mask(query.shape[2], key.shape[2], query.device)
+        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)[0], None
     key = repeat_kv(key, module.num_key_value_groups)
     value = repeat_kv(value, module.num_key_value_groups)
     # A `None` mask on a causal layer means "plain causal": let the kernel build it. With one query token

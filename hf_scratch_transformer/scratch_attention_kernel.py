@@ -1,0 +1,91 @@
+"""Which kernel computes attention in a bf16 training step on CPU at short sequences: sdpa's flash kernel or the
+eager math (two products and a softmax, `scratch_attention.eager_attention_forward`).
+
+PyTorch's CPU flash-attention kernel is slow in bf16 at short sequences, its backward above all: forward and
+backward of 64 x 8 heads x 32 tokens (head size 64, causal) took 22.4 ms, against 5.0 ms for the eager math and
+4.8 ms for the same kernel in fp32 (Intel Xeon, AVX-512 + AMX, 2 threads; docs/performance.md). Its advantage grows
+with the length: at 256 tokens flash took 15.3 ms against 23.4. The eager math also keeps the (B, H, T, S)
+probabilities for backward, which flash recomputes; so it is a candidate only up to EAGER_MAX_KEYS keys, where they
+cost at most 6 bytes x 128 per query and head (the fp32 softmax output and its bf16 copy), 1.5 times the query,
+key, value and output flash keeps at head size 64. Whether eager wins here is timed once per process, at
+the first such step, at EAGER_MAX_KEYS keys (the length least favourable to eager in that range); the answer holds
+for every shorter sequence. HF_SCRATCH_CPU_ATTENTION=sdpa|eager forces one. fp32, inference (no backward), longer
+sequences, other devices, `torch.compile` and `torch.func` keep sdpa's kernel.
+"""
+
+import functools
+import math
+import os
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from .scratch_linear import inside_torch_func, one_thread
+
+ATTENTION_VARIABLE = "HF_SCRATCH_CPU_ATTENTION"
+CHOICES = ("auto", "sdpa", "eager")
+EAGER_MAX_KEYS = 128
+EAGER_MARGIN = 0.9  # eager must be 10% faster: on a tie, or within noise, the native kernel
+
+
+@functools.cache
+def bf16_training_kernel() -> str:
+    """"eager" or "sdpa": the kernel for bf16 CPU attention with gradients over at most EAGER_MAX_KEYS keys.
+    HF_SCRATCH_CPU_ATTENTION=sdpa|eager forces one; auto (the default) times both once per process.
+    `bf16_training_kernel.cache_clear()` makes the choice again."""
+    choice = os.environ.get(ATTENTION_VARIABLE, "").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"{ATTENTION_VARIABLE} must be one of {', '.join(CHOICES)}; got {choice!r}.")
+    if choice != "auto":
+        return choice
+    sdpa, eager = time_kernels()
+    return "eager" if eager < EAGER_MARGIN * sdpa else "sdpa"
+
+
+def time_kernels(repeats: int = 3) -> tuple[float, float]:
+    """Best seconds (sdpa, eager) of a causal bf16 forward and backward over 2 x 8 heads x EAGER_MAX_KEYS tokens
+    (head size 64) on one core, the two interleaved after a warm-up round; about 50 ms. Its own generator leaves the
+    global random state alone; one core, as `scratch_linear.time_kernels`, so the machine's load does not decide."""
+    from .scratch_attention import eager_attention_forward  # that module asks this one which to take
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (2, 8, EAGER_MAX_KEYS, 64)
+    best = {"sdpa": math.inf, "eager": math.inf}
+    with one_thread(), torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        query, key, value = (torch.randn(shape, generator=generator).bfloat16().requires_grad_() for _ in range(3))
+        grad_output = torch.randn(shape, generator=generator).transpose(1, 2).bfloat16()  # eager's (B, T, H, D)
+        causal = causal_mask(EAGER_MAX_KEYS, EAGER_MAX_KEYS, query.device)
+        layer = SimpleNamespace(num_key_value_groups=1, training=False)
+        kernels = {
+            "sdpa": lambda: F.scaled_dot_product_attention(query, key, value, is_causal=True).transpose(1, 2),
+            "eager": lambda: eager_attention_forward(layer, query, key, value, causal, scaling=64**-0.5)[0],
+        }
+        for repeat in range(repeats + 1):
+            for kernel in sorted(best, reverse=repeat % 2 == 1):
+                start = time.perf_counter()
+                torch.autograd.grad(kernels[kernel](), (query, key, value), grad_output)
+                if repeat:  # round 0 warms up
+                    best[kernel] = min(best[kernel], time.perf_counter() - start)
+    return best["sdpa"], best["eager"]
+
+
+def causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
+    """(T, S) bool, True where a query may attend: the last query sees every key (sdpa's `is_causal` when T = S)."""
+    return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril_(key_length - query_length)
+
+
+def takes_eager_math(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether sdpa attention over query (B, H, T, D) and key (B, K, S, D) computes the eager math instead: a bf16
+    CPU step that will run backward, over at most EAGER_MAX_KEYS keys, where this machine's flash kernel is slower."""
+    return (
+        query.dtype == torch.bfloat16
+        and key.shape[2] <= EAGER_MAX_KEYS
+        and query.is_cpu
+        and torch.is_grad_enabled()
+        and (query.requires_grad or key.requires_grad)
+        and not torch.compiler.is_compiling()
+        and not inside_torch_func()
+        and bf16_training_kernel() == "eager"
+    )

@@ -1,0 +1,171 @@
+"""The bf16 CPU training attention choice (`scratch_attention_kernel`): both kernels give the same attention and
+gradients to bf16 rounding, forced either way, in a layer and in whole models; the eager math is taken only where
+the choice applies; the choice is made once per process and can be forced."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_models import FAMILIES, lm_inputs, tiny_lm
+
+from hf_scratch_transformer import scratch_attention, scratch_attention_kernel
+from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS, bf16_training_kernel
+
+
+@pytest.fixture
+def attention(monkeypatch):
+    """`attention(choice)` sets HF_SCRATCH_CPU_ATTENTION for this test; the choice is made afresh on both sides."""
+
+    def force(choice: str) -> None:
+        monkeypatch.setenv(scratch_attention_kernel.ATTENTION_VARIABLE, choice)
+        bf16_training_kernel.cache_clear()
+
+    yield force
+    bf16_training_kernel.cache_clear()
+
+
+@pytest.fixture
+def eager_calls(monkeypatch):
+    """The query shapes of every eager computation the sdpa back-end hands over to."""
+    calls = []
+    eager = scratch_attention.eager_attention_forward
+
+    def counting(module, query, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        return eager(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(scratch_attention, "eager_attention_forward", counting)
+    return calls
+
+
+class Layer(torch.nn.Module):
+    """What the attention functions read of their module."""
+
+    def __init__(self, heads: int, kv_heads: int, causal: bool):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = heads // kv_heads, causal
+
+
+def sdpa_attention(layer, query, key, value, mask):
+    """The sdpa back-end's output (B, T, H, D) and the gradients of query, key, value for a fixed output grad."""
+    leaves = [tensor.detach().requires_grad_() for tensor in (query, key, value)]
+    output, _ = scratch_attention.sdpa_attention_forward(layer, *leaves, mask, scaling=query.shape[-1] ** -0.5)
+    grad_output = torch.linspace(-1, 1, output.numel()).reshape(output.shape).to(output.dtype)
+    return output, torch.autograd.grad(output, leaves, grad_output)
+
+
+MASKS = ("causal, no mask (sdpa's own flag)", "causal over a cached prefix", "causal and padded", "padded", "none")
+
+
+@pytest.mark.parametrize("masking", MASKS)
+# The fixture only sets the choice, which each example sets again.
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batch=st.integers(1, 3),
+    heads_and_groups=st.sampled_from([(2, 1), (4, 1), (4, 2), (4, 4)]),
+    query_length=st.integers(1, 24),
+    prefix=st.integers(1, 8),
+    seed=st.integers(0, 2**16),
+)
+def test_both_kernels_give_the_same_attention_and_gradients(
+    attention, masking, batch, heads_and_groups, query_length, prefix, seed
+):
+    heads, groups = heads_and_groups
+    causal = masking.startswith("causal")
+    # Keys beyond the queries: a cache prefix (causal), a longer source (cross-attention).
+    key_length = query_length + (0 if masking == MASKS[0] else prefix)
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, heads, query_length, 16, generator=generator).bfloat16()
+    key, value = (torch.randn(batch, heads // groups, key_length, 16, generator=generator).bfloat16() for _ in "kv")
+    mask = None
+    if masking not in (MASKS[0], "none"):
+        mask = torch.ones(batch, 1, query_length, key_length, dtype=torch.bool)
+        if causal:
+            mask &= scratch_attention_kernel.causal_mask(query_length, key_length, query.device)
+        if "padded" in masking:
+            mask[0, ..., : torch.randint(0, key_length, (), generator=generator)] = False  # left padding
+            mask[..., -1] = True  # every query keeps a key
+    layer = Layer(heads, heads // groups, causal)
+    results = {}
+    for choice in ("sdpa", "eager"):
+        attention(choice)
+        results[choice] = sdpa_attention(layer, query, key, value, mask)
+    (output, grads), (expected, expected_grads) = results["eager"], results["sdpa"]
+    torch.testing.assert_close(output, expected, atol=2e-2, rtol=2e-2)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, atol=3e-2, rtol=3e-2)
+
+
+def test_eager_math_only_where_the_choice_applies(attention, eager_calls):
+    layer = Layer(4, 4, causal=True)
+    short, long = (torch.randn(2, 4, length, 16) for length in (EAGER_MAX_KEYS, EAGER_MAX_KEYS + 1))
+    attention("eager")
+    sdpa_attention(layer, short.bfloat16(), short.bfloat16(), short.bfloat16(), None)
+    assert eager_calls == [(2, 4, EAGER_MAX_KEYS, 16)]
+    sdpa_attention(layer, long.bfloat16(), long.bfloat16(), long.bfloat16(), None)  # too many keys
+    sdpa_attention(layer, short, short, short, None)  # fp32
+    with torch.no_grad():  # nothing to differentiate: flash's forward is the faster
+        scratch_attention.sdpa_attention_forward(layer, *(short.bfloat16(),) * 3, None, scaling=0.25)
+    assert len(eager_calls) == 1
+    attention("sdpa")
+    sdpa_attention(layer, short.bfloat16(), short.bfloat16(), short.bfloat16(), None)
+    assert len(eager_calls) == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bf16_training_step_is_the_same_with_either_kernel(family, attention, eager_calls):
+    model = tiny_lm(family).train()
+    inputs = lm_inputs(family)
+    results = {}
+    for choice in ("sdpa", "eager"):
+        attention(choice)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        results[choice] = loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    layers = {"decoder": 2, "encoder": 2, "seq2seq": 6}[family]  # seq2seq: encoder, decoder self and cross
+    assert len(eager_calls) == layers
+    (loss, grads), (expected_loss, expected_grads) = results["eager"], results["sdpa"]
+    torch.testing.assert_close(loss, expected_loss, atol=1e-2, rtol=1e-2)
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected, atol=2e-2, rtol=5e-2)
+
+
+def test_the_choice_is_made_once_and_can_be_forced(attention, monkeypatch):
+    attention("auto")
+    timings = []
+
+    def timed():
+        timings.append(1)
+        return 1.0, 0.5  # sdpa, eager: eager at half the time
+
+    monkeypatch.setattr(scratch_attention_kernel, "time_kernels", timed)
+    assert bf16_training_kernel() == bf16_training_kernel() == "eager"
+    assert len(timings) == 1
+    for choice in ("sdpa", "eager"):
+        attention(choice)
+        assert bf16_training_kernel() == choice
+    attention("flash")
+    with pytest.raises(ValueError, match="HF_SCRATCH_CPU_ATTENTION must be one of auto, sdpa, eager; got 'flash'"):
+        bf16_training_kernel()
+
+
+def test_the_timing_measures_both_kernels_and_leaves_the_random_state_alone():
+    state, threads = torch.get_rng_state(), torch.get_num_threads()
+    sdpa, eager = scratch_attention_kernel.time_kernels(repeats=1)
+    assert 0 < sdpa < 10 and 0 < eager < 10
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.get_num_threads() == threads
+
+
+def test_the_eager_math_equals_flash_attention_in_fp32():
+    """The computation the choice switches to is causal attention itself (fp32: to rounding)."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(2, 4, 9, 16) for _ in range(3))
+    layer = Layer(4, 4, causal=True)
+    mask = scratch_attention_kernel.causal_mask(9, 9, query.device)
+    output, _ = scratch_attention.eager_attention_forward(layer, query, key, value, mask, scaling=0.25)
+    expected = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=0.25).transpose(1, 2)
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-5)
