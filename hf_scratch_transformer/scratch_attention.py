@@ -130,8 +130,8 @@ class ScratchAttention(nn.Module):
             self.qkv_proj = ScratchLinear(config.hidden_size, q_size + 2 * kv_size, bias=config.use_bias)
             self.qkv_proj.fused_sizes = (q_size, kv_size, kv_size)  # read by the Xavier initialisation
             # A torchao weight stays one product: this matrix is no larger than the FFN's, whose fp32 copy the
-            # native model makes too, and one call beat three on the AVX-512 Xeon (docs/quantization.md; not yet
-            # measured on an AVX2 host).
+            # native model makes too, and one call beat three on the Xeon, AVX-512 and limited to AVX2 alike
+            # (docs/quantization.md).
         self.o_proj = ScratchLinear(q_size, config.hidden_size, bias=config.use_bias)
 
     def _split_heads(self, projected: torch.Tensor) -> torch.Tensor:

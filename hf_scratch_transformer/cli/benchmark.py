@@ -76,6 +76,7 @@ from transformers import (
 
 from hf_scratch_transformer import training
 from hf_scratch_transformer.conversion import from_hf
+from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 from hf_scratch_transformer.scratch_linear import KERNELS_VARIABLE, fp32_kernel, onednn_linear
 
 FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
@@ -408,11 +409,14 @@ def machine_class(cpu: str, capability: str) -> str:
     return "-".join(words[:2] + [capability]).lower()
 
 
-def kernel_choices() -> dict:
-    """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`)."""
+def kernel_choices(bf16_native: bool) -> dict:
+    """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`,
+    `scratch_attention_kernel.bf16_training_kernel`, the latter only where bf16 is native: it times bf16 kernels)."""
+    attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
             "fp32 decoding": fp32_kernel(False), "fp32 prefill and training": fp32_kernel(True),
-            "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)"}
+            "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
+            "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-"}
 
 
 def _number(value: float) -> str:
@@ -432,7 +436,8 @@ def markdown(report: dict) -> str:
         f"CPU capability {m['cpu_capability']}; bf16 {'native' if m['bf16_native'] else 'not native'} (bf16 "
         f"products at {peaks['bf16'] / peaks['fp32']:.2f}x the fp32 rate). fp32 kernel chosen ({k['setting']}): "
         f"decoding steps {k['fp32 decoding']}, prefill and training {k['fp32 prefill and training']}; CPU "
-        f"cross-entropy {k['CPU cross-entropy']}.",
+        f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
+        f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel).",
         f"Sizes: {s['layers']} layers (Marian {max(1, s['layers'] // 2)} + {max(1, s['layers'] // 2)}), width "
         f"{s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; "
         f"decode: prompt {s['prompt']}, {s['new_tokens']} new tokens; {s['warmup']} warm-up, "
@@ -460,8 +465,8 @@ def main() -> None:
         print(f"bf16 is not native on this CPU (bf16 products at {peaks['bf16'] / peaks['fp32']:.3f}x the fp32 rate): "
               "no bf16 training rows.")
     report = dict(machine=this_machine, settings={k: getattr(args, k) for k in SIZES["full"]},
-                  matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, kernels=kernel_choices(), results=[],
-                  details={})
+                  matmul_gflops={k: v / 1e9 for k, v in peaks.items()},
+                  kernels=kernel_choices(this_machine["bf16_native"]), results=[], details={})
     for family in FAMILIES if args.family == "all" else (args.family,):
         rows, report["details"][family] = bench_family(family, peaks)
         report["results"] += rows
