@@ -83,7 +83,7 @@ def sdpa_attention_forward(
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, cache=cache, **kwargs
         )
-    if takes_eager_math(query, key):  # bf16 training at short sequences, where this CPU's flash kernel is slower
+    if takes_eager_math(query, key, module.training):  # bf16 training, short sequences, this CPU's flash the slower
         if attention_mask is None and module.is_causal and query.shape[2] > 1:
             attention_mask = causal_mask(query.shape[2], key.shape[2], query.device)
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)[0], None

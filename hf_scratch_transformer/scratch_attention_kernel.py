@@ -9,8 +9,8 @@ probabilities for backward, which flash recomputes; so it is a candidate only up
 cost at most 6 bytes x 128 per query and head (the fp32 softmax output and its bf16 copy), 1.5 times the query,
 key, value and output flash keeps at head size 64. Whether eager wins here is timed once per process, at
 the first such step, at EAGER_MAX_KEYS keys (the length least favourable to eager in that range); the answer holds
-for every shorter sequence. HF_SCRATCH_CPU_ATTENTION=sdpa|eager forces one. fp32, inference (no backward), longer
-sequences, other devices, `torch.compile` and `torch.func` keep sdpa's kernel.
+for every shorter sequence. HF_SCRATCH_CPU_ATTENTION=sdpa|eager forces one. fp32, eval mode (inference: no
+backward), longer sequences, other devices, `torch.compile` and `torch.func` keep sdpa's kernel.
 """
 
 import functools
@@ -76,15 +76,16 @@ def causal_mask(query_length: int, key_length: int, device: torch.device) -> tor
     return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril_(key_length - query_length)
 
 
-def takes_eager_math(query: torch.Tensor, key: torch.Tensor) -> bool:
+def takes_eager_math(query: torch.Tensor, key: torch.Tensor, training: bool) -> bool:
     """Whether sdpa attention over query (B, H, T, D) and key (B, K, S, D) computes the eager math instead: a bf16
-    CPU step that will run backward, over at most EAGER_MAX_KEYS keys, where this machine's flash kernel is slower."""
+    CPU layer in training mode, over at most EAGER_MAX_KEYS keys, where this machine's flash kernel is slower.
+    Training mode, not gradient mode, decides: reentrant gradient checkpointing runs the forward without gradients
+    and again with them, and both runs must compute (and drop out) alike."""
     return (
-        query.dtype == torch.bfloat16
+        training
+        and query.dtype == torch.bfloat16
         and key.shape[2] <= EAGER_MAX_KEYS
         and query.is_cpu
-        and torch.is_grad_enabled()
-        and (query.requires_grad or key.requires_grad)
         and not torch.compiler.is_compiling()
         and not inside_torch_func()
         and bf16_training_kernel() == "eager"

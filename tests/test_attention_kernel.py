@@ -105,12 +105,16 @@ def test_eager_math_only_where_the_choice_applies(attention, eager_calls):
     assert eager_calls == [(2, 4, EAGER_MAX_KEYS, 16)]
     sdpa_attention(layer, long.bfloat16(), long.bfloat16(), long.bfloat16(), None)  # too many keys
     sdpa_attention(layer, short, short, short, None)  # fp32
-    with torch.no_grad():  # nothing to differentiate: flash's forward is the faster
-        scratch_attention.sdpa_attention_forward(layer, *(short.bfloat16(),) * 3, None, scaling=0.25)
-    assert len(eager_calls) == 1
-    attention("sdpa")
+    layer.eval()  # inference: nothing to differentiate, and flash's forward is the faster
     sdpa_attention(layer, short.bfloat16(), short.bfloat16(), short.bfloat16(), None)
     assert len(eager_calls) == 1
+    layer.train()
+    with torch.no_grad():  # training mode decides: a reentrant checkpoint's first forward has no gradients
+        scratch_attention.sdpa_attention_forward(layer, *(short.bfloat16(),) * 3, None, scaling=0.25)
+    assert len(eager_calls) == 2
+    attention("sdpa")
+    sdpa_attention(layer, short.bfloat16(), short.bfloat16(), short.bfloat16(), None)
+    assert len(eager_calls) == 2
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -169,3 +173,25 @@ def test_the_eager_math_equals_flash_attention_in_fp32():
     output, _ = scratch_attention.eager_attention_forward(layer, query, key, value, mask, scaling=0.25)
     expected = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=0.25).transpose(1, 2)
     torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_reentrant_checkpointing_recomputes_the_same_attention_and_dropout(attention):
+    """Reentrant checkpointing runs a layer without gradients, then again with them: both runs must take the same
+    kernel and draw the same attention dropout, so the gradients are those of the uncheckpointed step."""
+    attention("eager")
+    model = tiny_lm("decoder", attention_dropout=0.5).train()
+    inputs = lm_inputs("decoder")
+    results = []
+    for checkpointed in (False, True):
+        if checkpointed:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+        model.zero_grad()
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss, grads), (expected_loss, expected_grads) = results[1], results[0]
+    torch.testing.assert_close(loss, expected_loss)
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-3, rtol=1e-3)
