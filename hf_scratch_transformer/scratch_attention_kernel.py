@@ -3,8 +3,8 @@ eager math (two products and a softmax, `scratch_attention.eager_attention_forwa
 
 PyTorch's CPU flash-attention kernel is slow in bf16 at short sequences, its backward above all: forward and
 backward of 64 x 8 heads x 32 tokens (head size 64, causal) took 22.4 ms, against 5.0 ms for the eager math and
-4.8 ms for the same kernel in fp32 (Intel Xeon, AVX-512 + AMX, 2 threads; docs/performance.md). Its advantage grows
-with the length: at 256 tokens flash took 15.3 ms against 23.4. The eager math also keeps the (B, H, T, S)
+4.8 ms for the same kernel in fp32 (Intel Xeon, AVX-512 + AMX, 2 threads; docs/performance.md). Longer sequences
+favour flash: at 256 tokens it took 15.3 ms against 23.4. The eager math also keeps the (B, H, T, S)
 probabilities for backward, which flash recomputes; so it is a candidate only up to EAGER_MAX_KEYS keys, where they
 cost at most 6 bytes x 128 per query and head (the fp32 softmax output and its bf16 copy), 1.5 times the query,
 key, value and output flash keeps at head size 64. Whether eager wins here is timed once per process, at
@@ -32,7 +32,7 @@ EAGER_MARGIN = 0.9  # eager must be 10% faster: on a tie, or within noise, the n
 
 @functools.cache
 def bf16_training_kernel() -> str:
-    """"eager" or "sdpa": the kernel for bf16 CPU attention with gradients over at most EAGER_MAX_KEYS keys.
+    """"eager" or "sdpa": the kernel for bf16 CPU attention in training mode over at most EAGER_MAX_KEYS keys.
     HF_SCRATCH_CPU_ATTENTION=sdpa|eager forces one; auto (the default) times both once per process.
     `bf16_training_kernel.cache_clear()` makes the choice again."""
     choice = os.environ.get(ATTENTION_VARIABLE, "").strip().lower() or "auto"
