@@ -4,9 +4,10 @@
     python scripts/nanogpt_side_by_side.py --nanogpt ~/nanoGPT      # and nanoGPT's own train.py, same machine
     python scripts/nanogpt_side_by_side.py --nanogpt ~/nanoGPT --step-for-step   # the two models' training steps
 
-`--step-for-step` leaves both training loops out: it builds our model with the recipe's knobs and nanoGPT's `GPT`
-(its model.py) with the same sizes, and times one training step of each (forward, loss, backward, clipping, AdamW,
-the same random batch), alternating step by step in one process; each round prints the median of its steps.
+`--step-for-step` leaves both training loops out: it builds our model with the recipe's knobs, nanoGPT's `GPT`
+(its model.py) with the same sizes and, for scale, transformers' own `GPT2LMHeadModel` (with its biases, which GPT-2
+cannot leave out), and times one training step of each (forward, loss, backward, clipping, AdamW, the same random
+batch), alternating step by step in one process; each round prints the median of its steps.
 
 The recipe is the one nanoGPT's README gives for CPU: 4 layers, 4 heads, 128 wide, block 64, batch 12, 2,000
 iterations, dropout 0, learning rate 1e-3 with 100 warm-up steps and cosine decay, AdamW beta2 0.99, weight decay
@@ -91,9 +92,11 @@ def run_nanogpt(checkout: Path) -> dict:
 
 def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65) -> None:
     """Training steps of our model and of nanoGPT's, alternating, at the recipe's sizes (vocabulary: the 65
-    characters of Tiny Shakespeare on both sides). Prints ms per step and ours / nanoGPT for every round."""
+    characters of Tiny Shakespeare on both sides), and transformers' GPT-2 of the same sizes. Prints ms per step and
+    the ratios to nanoGPT for every round."""
     sys.path.insert(0, str(checkout))
     from model import GPT, GPTConfig  # nanoGPT's model.py
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
     from hf_scratch_transformer.presets import get_preset
@@ -103,7 +106,10 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
     config = get_preset("gpt-mini", vocab_size=vocab_size, **{k: json.loads(v) for k, v in settings.items()})
     models = {"ours": ScratchDecoderForCausalLM(config).train(),
               "nanoGPT": GPT(GPTConfig(block_size=64, vocab_size=vocab_size, n_layer=4, n_head=4, n_embd=128,
-                                       dropout=0.0, bias=False)).train()}
+                                       dropout=0.0, bias=False)).train(),
+              "GPT-2": GPT2LMHeadModel(GPT2Config(n_layer=4, n_head=4, n_embd=128, n_inner=512, vocab_size=vocab_size,
+                                                 n_positions=64, activation_function="gelu", resid_pdrop=0.0,
+                                                 embd_pdrop=0.0, attn_pdrop=0.0)).train()}
     optimizers = {name: torch.optim.AdamW(  # nanoGPT's configure_optimizers: decay on matrices only
         [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
          {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99))
@@ -115,6 +121,8 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
         start = time.perf_counter()
         if name == "ours":
             loss = models[name](input_ids=inputs, labels=inputs).loss  # shifted inside
+        elif name == "GPT-2":
+            loss = models[name](input_ids=inputs, labels=inputs, use_cache=False).loss  # ours makes no cache either
         else:
             loss = models[name](inputs, targets)[1]
         loss.backward()
@@ -133,8 +141,9 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
         for i in range(steps):
             for name in (list(models) if i % 2 == 0 else list(models)[::-1]):
                 times[name].append(step(name))
-        ours, nanogpt = (statistics.median(times[name]) * 1e3 for name in models)
-        print(f"round {round_ + 1}: ms per step ours {ours:.1f}, nanoGPT {nanogpt:.1f}; ratio {ours / nanogpt:.3f}")
+        ours, nanogpt, gpt2 = (statistics.median(times[name]) * 1e3 for name in models)
+        print(f"round {round_ + 1}: ms per step ours {ours:.1f}, nanoGPT {nanogpt:.1f}, transformers' GPT-2 "
+              f"{gpt2:.1f}; ours / nanoGPT {ours / nanogpt:.3f}, GPT-2 / nanoGPT {gpt2 / nanogpt:.3f}")
 
 
 def main() -> None:
