@@ -1,4 +1,5 @@
-"""pytest set-up: no Hub access, a fixed seed per test, one fp32 CPU kernel."""
+"""pytest set-up: no Hub access, a fixed seed per test, one fp32 CPU kernel and one bf16 training attention kernel;
+`force_choice` for the tests of those choices."""
 
 import os
 
@@ -6,6 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One fp32 kernel for the whole suite: on "auto" each process times the kernels, and the two processes of one test (a
 # run and its resumed half) could pick different ones and differ at fp32 rounding. tests/test_linear.py covers both.
 os.environ.setdefault("HF_SCRATCH_CPU_KERNELS", "onednn")
+# Likewise for bf16 training attention at short sequences (tests/test_attention_kernel.py covers both).
+os.environ.setdefault("HF_SCRATCH_CPU_ATTENTION", "eager")
 
 import pytest
 import torch
@@ -14,3 +17,19 @@ import torch
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def force_choice(monkeypatch):
+    """`force_choice(variable, decide, choice)` sets a kernel-choice variable for this test and makes `decide`, the
+    process's cached choice (`scratch_linear.fp32_kernel`, ...), choose afresh; afresh again after the test."""
+    decided = []
+
+    def force(variable: str, decide, choice: str) -> None:
+        monkeypatch.setenv(variable, choice)
+        decide.cache_clear()
+        decided.append(decide)
+
+    yield force
+    for decide in decided:
+        decide.cache_clear()

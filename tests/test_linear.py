@@ -16,15 +16,9 @@ MANY_ROWS = 2 * scratch_linear.FEW_ROWS
 
 
 @pytest.fixture
-def kernels(monkeypatch):
+def kernels(force_choice):
     """`kernels(choice)` sets HF_SCRATCH_CPU_KERNELS for this test; the choice is made afresh on both sides of it."""
-
-    def force(choice: str) -> None:
-        monkeypatch.setenv(scratch_linear.KERNELS_VARIABLE, choice)
-        fp32_kernel.cache_clear()
-
-    yield force
-    fp32_kernel.cache_clear()
+    return lambda choice: force_choice(scratch_linear.KERNELS_VARIABLE, fp32_kernel, choice)
 
 
 @pytest.fixture
