@@ -7,10 +7,11 @@ backward of 64 x 8 heads x 32 tokens (head size 64, causal) took 22.4 ms, agains
 favour flash: at 256 tokens it took 15.3 ms against 23.4. The eager math also keeps the (B, H, T, S)
 probabilities for backward, which flash recomputes; so it is a candidate only up to EAGER_MAX_KEYS keys, where they
 cost at most 6 bytes x 128 per query and head (the fp32 softmax output and its bf16 copy), 1.5 times the query,
-key, value and output flash keeps at head size 64. Whether eager wins here is timed once per process, at
-the first such step, at EAGER_MAX_KEYS keys (the length least favourable to eager in that range); the answer holds
-for every shorter sequence. HF_SCRATCH_CPU_ATTENTION=sdpa|eager forces one. fp32, eval mode (inference: no
-backward), longer sequences, other devices, `torch.compile` and `torch.func` keep sdpa's kernel.
+key, value and output flash keeps at head size 64. Whether eager wins here is timed once per process, at the first
+such step, at EAGER_MAX_KEYS keys (the length least favourable to eager in that range on the Xeon, where its
+advantage grew as sequences shortened); the answer is taken for every shorter sequence. HF_SCRATCH_CPU_ATTENTION=
+sdpa|eager forces one. fp32, eval mode (inference: no backward), longer sequences, other devices, `torch.compile`
+and `torch.func` keep sdpa's kernel.
 """
 
 import functools
