@@ -8,7 +8,7 @@ prefills and requests spread over several pages.
 
 import pytest
 import torch
-from tiny_models import VOCAB, tiny_config, tiny_lm
+from tiny_models import DECODER_VARIANTS, VOCAB, tiny_config, tiny_lm, variant_id
 from transformers import ContinuousBatchingConfig, GenerationConfig
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -16,23 +16,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 from hf_scratch_transformer.scratch_masks import build_self_attention_mask
 from hf_scratch_transformer.scratch_positions import ScratchAlibiBias
 
-VARIANTS = [
-    dict(position_embedding_type="learned"),
-    dict(position_embedding_type="sinusoidal"),
-    dict(position_embedding_type="rope"),
-    dict(position_embedding_type="alibi"),
-    dict(position_embedding_type="rope", num_key_value_heads=2),
-    dict(position_embedding_type="learned", num_key_value_heads=1),
-    dict(position_embedding_type="rope", sliding_window=4),
-    dict(position_embedding_type="alibi", sliding_window=3, num_key_value_heads=2),
-]
 NEW_TOKENS = 10
 # A wide initialisation, so that the tiny random model's greedy tokens vary and depend on positions.
 WIDE = dict(initializer_range=0.5)
-
-
-def _variant_id(variant: dict) -> str:
-    return "-".join(f"{key}={value}" for key, value in variant.items())
 
 
 def _prompts(lengths=(3, 9, 5, 12), seed: int = 3) -> list[list[int]]:
@@ -53,7 +39,7 @@ def _generate_alone(model, prompt: list[int]) -> tuple[list[int], list[float]]:
 
 @pytest.mark.filterwarnings(r"ignore:The `paged\|` prefix is no longer needed")  # transformers' own deprecation
 @pytest.mark.parametrize("implementation", ["paged|sdpa", "paged|eager"])
-@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=variant_id)
 def test_generate_batch_gives_each_request_the_tokens_of_generate(variant, implementation):
     model = tiny_lm("decoder", **variant, **WIDE)
     prompts = _prompts()
@@ -75,7 +61,7 @@ def test_generate_batch_gives_each_request_the_tokens_of_generate(variant, imple
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=variant_id)
 def test_packed_sequences_equal_separate_forwards(variant, implementation):
     """Several sequences in one row, told apart by `position_ids` that restart at 0 (as transformers'
     `DataCollatorWithFlattening` packs them): each gets its own logits."""

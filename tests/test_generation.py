@@ -4,25 +4,8 @@ that upstream's `GenerationTesterMixin` would make (it is not in the PyPI sdist)
 
 import pytest
 import torch
-from tiny_models import BOS, EOS, PAD, VOCAB, tiny_lm
+from tiny_models import BOS, DECODER_VARIANTS, EOS, PAD, POSITION_VARIANTS, VOCAB, tiny_lm, variant_id
 from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig, StaticCache
-
-POSITION_VARIANTS = [
-    dict(position_embedding_type="learned"),
-    dict(position_embedding_type="sinusoidal"),
-    dict(position_embedding_type="rope"),
-    dict(position_embedding_type="alibi"),
-    dict(position_embedding_type="rope", num_key_value_heads=2),
-    dict(position_embedding_type="learned", num_key_value_heads=1),
-]
-DECODER_VARIANTS = POSITION_VARIANTS + [
-    dict(position_embedding_type="rope", sliding_window=4),
-    dict(position_embedding_type="alibi", sliding_window=3, num_key_value_heads=2),
-]
-
-
-def _variant_id(variant: dict) -> str:
-    return "-".join(f"{key}={value}" for key, value in variant.items())
 
 
 def _prompt(length: int = 5, batch: int = 1, seed: int = 3) -> torch.Tensor:
@@ -37,7 +20,7 @@ def _greedy(model, inputs: dict, **kwargs) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- cache
 
 
-@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=variant_id)
 def test_decoder_cached_and_uncached_decoding_agree(variant):
     model = tiny_lm("decoder", **variant)
     inputs = {"input_ids": _prompt(batch=2)}
@@ -45,14 +28,14 @@ def test_decoder_cached_and_uncached_decoding_agree(variant):
     assert torch.equal(cached, _greedy(model, inputs, max_new_tokens=10, use_cache=False))
 
 
-@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=variant_id)
 def test_seq2seq_cached_and_uncached_decoding_agree(variant):
     model = tiny_lm("seq2seq", **variant)
     inputs = {"input_ids": _prompt(batch=2)}
     assert torch.equal(_greedy(model, inputs), _greedy(model, inputs, use_cache=False))
 
 
-@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=variant_id)
 def test_cached_step_logits_equal_a_full_forward(variant):
     """Logits of each cached decoding step equal those of a full forward over the whole sequence."""
     model = tiny_lm("decoder", **variant)
@@ -88,7 +71,7 @@ def test_gqa_cache_stores_only_the_key_value_heads():
 # ---------------------------------------------------------------------------------------------- padding
 
 
-@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=variant_id)
 def test_left_padded_batch_gives_each_prompts_tokens(variant):
     model = tiny_lm("decoder", **variant)
     prompts = [_prompt(length=6, seed=1)[0], _prompt(length=3, seed=2)[0]]
@@ -101,7 +84,7 @@ def test_left_padded_batch_gives_each_prompts_tokens(variant):
         assert torch.equal(batch[row, width:], alone[0, len(prompt):]), row
 
 
-@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=variant_id)
 def test_right_padded_source_batch_gives_each_sources_tokens(variant):
     model = tiny_lm("seq2seq", **variant)
     sources = [_prompt(length=6, seed=1)[0], _prompt(length=3, seed=2)[0]]
@@ -189,7 +172,7 @@ def test_max_new_tokens_is_honoured():
 
 
 @pytest.mark.parametrize("family", ["decoder", "seq2seq"])
-@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", POSITION_VARIANTS, ids=variant_id)
 def test_static_cache_gives_the_dynamic_caches_tokens(family, variant):
     model = tiny_lm(family, **variant)
     inputs = {"input_ids": _prompt(batch=2)}

@@ -25,6 +25,24 @@ TINY = dict(
     dropout=0.0,
 )
 FAMILIES = ("decoder", "encoder", "seq2seq")
+# The decoder's position schemes and head groupings, then with sliding windows (caches and masks differ for each).
+POSITION_VARIANTS = [
+    dict(position_embedding_type="learned"),
+    dict(position_embedding_type="sinusoidal"),
+    dict(position_embedding_type="rope"),
+    dict(position_embedding_type="alibi"),
+    dict(position_embedding_type="rope", num_key_value_heads=2),
+    dict(position_embedding_type="learned", num_key_value_heads=1),
+]
+DECODER_VARIANTS = POSITION_VARIANTS + [
+    dict(position_embedding_type="rope", sliding_window=4),
+    dict(position_embedding_type="alibi", sliding_window=3, num_key_value_heads=2),
+]
+
+
+def variant_id(variant: dict) -> str:
+    """A pytest id for a dict of config overrides."""
+    return "-".join(f"{key}={value}" for key, value in variant.items())
 
 
 def tiny_config(family: str, **overrides):
