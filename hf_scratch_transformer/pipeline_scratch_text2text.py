@@ -34,8 +34,11 @@ class ScratchText2TextPipeline(Pipeline):
 
     def _forward(self, model_inputs, **generate_kwargs):
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+        inputs = model_inputs["input_ids"].shape[0]
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)  # (inputs x returned, L)
+        # (inputs, returned, L): the pipeline splits a batch along dim 0, so each input keeps its own sequences.
+        return {"output_ids": output_ids.reshape(inputs, -1, output_ids.shape[-1])}
 
     def postprocess(self, model_outputs, skip_special_tokens: bool = True):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=skip_special_tokens)
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=skip_special_tokens)
         return [{"generated_text": text.strip()} for text in texts]

@@ -154,6 +154,10 @@ def test_scratch_text2text_pipeline(tokenizers, tmp_path):
     assert [o["generated_text"] for o in outputs[0]] == [
         t.strip() for t in tokenizer.batch_decode(expected, skip_special_tokens=True)]
     assert len(outputs) == 2 and len(outputs[1]) == 2
+    # Batched (two inputs a batch, the third alone), each input keeps its own sequences.
+    texts = [TEXT, "Now is the winter", "O Romeo"]
+    settings = dict(max_new_tokens=6, num_beams=2, num_return_sequences=2)
+    assert translator(texts, batch_size=2, **settings) == [translator(text, **settings) for text in texts]
 
 
 def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizers, tmp_path):
