@@ -84,9 +84,26 @@ class _StateDict:
     source (transformers' `all_tied_weights_keys` names such copies)."""
 
     def __init__(self, model: PreTrainedModel):
-        self.tensors = {k: v.detach() for k, v in model.state_dict().items()}  # `_load` copies them
-        self.read = set(model.all_tied_weights_keys)
         self.model_name = type(model).__name__
+        self.tensors = {k: v.detach() for k, v in model.state_dict().items()}  # `_load` copies them
+        self._check_plain_and_in_memory()
+        self.read = set(model.all_tied_weights_keys)
+
+    def _check_plain_and_in_memory(self) -> None:
+        """Conversion slices, transposes and concatenates ordinary tensors: a quantized weight (a tensor subclass
+        such as torchao's) or an offloaded one (left on the meta device by `device_map`) fails deep inside torch or
+        torchao with an error that names neither; name it here."""
+        for key, tensor in self.tensors.items():
+            if tensor.is_meta:
+                raise ValueError(
+                    f"Cannot convert this {self.model_name}: `{key}` is not in memory (on the meta device, as "
+                    "`device_map` offloading leaves it). Load the model without offloading, then convert it."
+                )
+            if type(tensor) is not torch.Tensor:
+                raise ValueError(
+                    f"Cannot convert this {self.model_name}: `{key}` is a quantized {type(tensor).__name__}. Convert "
+                    "the full-precision model (loaded without `quantization_config`), then quantize the result."
+                )
 
     def take(self, key: str) -> torch.Tensor:
         self.read.add(key)

@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM, TorchAoConfig
 
 from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
-from hf_scratch_transformer.conversion import from_hf
+from hf_scratch_transformer.conversion import from_hf, to_hf
 from hf_scratch_transformer.scratch_linear import PLAIN_TYPES, ScratchLinear, fp32_kernel, is_torchao_weight
 
 VOCAB = 99
@@ -198,3 +198,22 @@ def test_device_map_auto_offloads_to_cpu_and_disk_with_the_same_outputs(side, fo
     assert torch.equal(tokens, fp32[side][1])
     # accelerate's hooks put plain fp32 weights back before each forward: ours keeps its fast path on them.
     assert bool(onednn_calls) == (side == "ours")
+
+
+@pytest.mark.parametrize("side", CLASSES)
+def test_quantized_or_offloaded_models_are_refused_by_conversion_with_the_weight_named(side, folders, tmp_path):
+    """`from_hf` / `to_hf` map full-precision tensors in memory: an int8 or offloaded weight would fail inside
+    torchao or torch with an error that names neither (a torchao dispatch error, "Cannot copy out of meta tensor")."""
+    quantization = pytest.importorskip("torchao.quantization")
+    convert = to_hf if side == "ours" else from_hf
+    int8 = CLASSES[side].from_pretrained(
+        folders[side], quantization_config=TorchAoConfig(quantization.Int8WeightOnlyConfig()))
+    with pytest.raises(ValueError, match=r"`model\.layers\.0\.\S+` is a quantized Int8Tensor\. Convert the full"):
+        convert(int8)
+    plain = CLASSES[side].from_pretrained(folders[side])
+    size = sum(parameter.nbytes for parameter in plain.parameters())
+    offloaded = CLASSES[side].from_pretrained(folders[side], device_map="auto", max_memory={"cpu": int(0.6 * size)},
+                                              offload_folder=tmp_path)
+    with pytest.raises(ValueError, match=r"`model\.\S+` is not in memory \(on the meta device"):
+        convert(offloaded)
+    assert type(convert(plain)).__name__ == CLASSES["native" if side == "ours" else "ours"].__name__
