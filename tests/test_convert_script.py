@@ -201,3 +201,28 @@ def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expe
     for fragment in expected:
         assert fragment in result.stderr
     assert not (tmp_path / "output").exists()
+
+
+def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path):
+    """A second conversion into the same folder stops naming what it holds; with --overwrite-output-dir the folder
+    is replaced whole: nothing of the earlier model (here its shards and their index) stays beside the new one."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    native = gpt2()
+    native.save_pretrained(source)
+    tiny_lm("decoder").save_pretrained(output, max_shard_size="20KB")
+    earlier = sorted(path.name for path in output.iterdir())
+    assert "model.safetensors.index.json" in earlier
+
+    refused = run_command(source, output)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "already holds files (config.json" in refused.stderr and "--overwrite-output-dir" in refused.stderr
+    assert sorted(path.name for path in output.iterdir()) == earlier
+
+    replaced = run_command(source, output, "--overwrite-output-dir")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert not any("model-0000" in path.name or "index" in path.name for path in output.iterdir())
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"]  # no staging folder left
+    ours = AutoModelForCausalLM.from_pretrained(output).eval()
+    inputs = _inputs("decoder")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)

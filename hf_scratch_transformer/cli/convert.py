@@ -16,12 +16,14 @@ The converted model is checked (unless --no-check: the logits of both models on 
 agree within --atol) and saved with `save_pretrained` in the source's dtype, with its generation config and the
 source's tokenizer when it has one. A Scratch result loads with `AutoModelFor*.from_pretrained(output)` after
 `import hf_scratch_transformer`, or with `trust_remote_code=True` where the package is not installed; a native
-result loads with the plain Auto classes, no remote code. Local folders only: the Hub is never contacted.
+result loads with the plain Auto classes, no remote code. Local folders only: the Hub is never contacted. An output
+folder that already holds files is replaced only with --overwrite-output-dir.
 """
 
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -51,6 +53,8 @@ parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=Tr
                     help="compare logits of both models before saving (default: on)")
 parser.add_argument("--atol", type=float, default=1e-4, help="largest allowed |logit difference| (default 1e-4)")
 parser.add_argument("--seed", type=int, default=0, help="seed of the random check batch (default 0)")
+parser.add_argument("--overwrite-output-dir", action="store_true",
+                    help="replace an output folder that already holds files (replaced whole once the new one is saved)")
 args = parser.parse_args()
 
 
@@ -66,6 +70,12 @@ if not (args.source / "config.json").is_file():
     fail(f"{args.source} has no config.json; expected a folder written by `save_pretrained`")
 if args.output.resolve() == args.source.resolve():
     fail("the output folder must differ from the source folder")
+if args.output.exists() and not args.output.is_dir():
+    fail(f"the output {args.output} is a file, not a folder")
+held = sorted(path.name for path in args.output.iterdir()) if args.output.is_dir() else []
+if held and not args.overwrite_output_dir:
+    fail(f"{args.output} already holds files ({', '.join(held[:5])}{' ...' if len(held) > 5 else ''}): pass "
+         "--overwrite-output-dir to replace it, or choose another output folder")
 source_config = json.loads((args.source / "config.json").read_text(encoding="utf-8"))
 model_type, architectures = source_config.get("model_type"), source_config.get("architectures") or []
 to_scratch = model_type in NATIVE_CLASSES
@@ -131,10 +141,19 @@ if args.check:
     print(f"parity check passed: max |logit difference| {diff:.3g} <= {args.atol:g}")
 
 # ----------------------------------------------------------------------------------------------- save
+# Written beside the output, then renamed into place: a crash leaves the earlier folder or the complete new one
+# (between the two renames, both under hidden names), never a mix, and no stale file of the earlier folder stays.
+output = args.output.resolve()
+staging, replaced = (output.with_name(f".{output.name}.{what}-{os.getpid()}") for what in ("converting", "replaced"))
+staging.mkdir(parents=True)
 dtype = source_config.get("dtype") or source_config.get("torch_dtype") or "float32"
-converted.to(getattr(torch, dtype)).save_pretrained(args.output)  # with generation_config.json where it generates
+converted.to(getattr(torch, dtype)).save_pretrained(staging)  # with generation_config.json where it generates
 if tokenizer is not None:
-    tokenizer.save_pretrained(args.output)
+    tokenizer.save_pretrained(staging)
+if output.exists():
+    os.replace(output, replaced)
+os.replace(staging, output)
+shutil.rmtree(replaced, ignore_errors=True)
 print(f"{source_class} -> {type(converted).__name__} ({converted.num_parameters():,} parameters, {dtype}) "
       f"saved to {args.output}{' with its tokenizer' if tokenizer is not None else ''}")
 if not to_scratch:
