@@ -11,7 +11,13 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 from tiny_tokenizers import wordpiece
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+    pipeline,
+)
 
 import hf_scratch_transformer
 
@@ -114,6 +120,26 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls/model")
     assert isinstance(model, hf_scratch_transformer.ScratchEncoderForSequenceClassification)
     assert set(model.config.id2label.values()) == {"animal", "other"}
+
+
+def test_finetune_text_classification_from_our_causal_lm_scores_texts_independently_of_their_batch(
+        causal_lm_run, tmp_path):
+    """The causal LM's tokenizer pads on the left (for generation) and gpt-mini's positions are absolute: the
+    classifier's folder pads on the right, so a text's score is the same alone and in a batch of longer ones."""
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
+    (tmp_path / "train.csv").write_text("\n".join(rows))
+    run_script("finetune.py", "--model", causal_lm_run[0] / "model", "--task", "text-classification",
+               "--train-file", tmp_path / "train.csv", "--max-steps", 2, "--batch-size", 8,
+               "--output-dir", tmp_path / "cls", cwd=tmp_path)
+    classifier = pipeline("text-classification", model=str(tmp_path / "cls/model"), top_k=None)
+    assert classifier.tokenizer.padding_side == "right"
+    assert isinstance(classifier.model, hf_scratch_transformer.ScratchDecoderForSequenceClassification)
+    texts = ["a dog", "the red horse walks down the big street", "the woman sees"]
+    alone = [classifier(text)[0] for text in texts]
+    batched = classifier(texts, batch_size=3)
+    for one, together in zip(alone, batched, strict=True):
+        assert [entry["label"] for entry in one] == [entry["label"] for entry in together]
+        assert [entry["score"] for entry in one] == pytest.approx([entry["score"] for entry in together], abs=1e-5)
 
 
 def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):

@@ -104,6 +104,10 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
 tokenizer = AutoTokenizer.from_pretrained(args.model)
 if tokenizer.pad_token is None:
     tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no padding token
+# A decoder's tokenizer pads on the left for batched generation; with absolute positions, a left-padded text's tokens
+# then take positions that depend on the longest text of its batch. Classifiers find the last real token on either
+# side, so they pad on the right (as GPT-2's tokenizer does), in training and in the saved folder's pipelines.
+tokenizer.padding_side = "right"
 model = HEADS[args.task].from_pretrained(
     source, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
     pad_token_id=tokenizer.pad_token_id,
