@@ -2,12 +2,15 @@
 `hf_scratch_transformer` cannot be imported, and write what the models compute.
 
     python load_without_package.py JOBS.pt RESULTS.pt
+    python load_without_package.py --run SCRIPT.py
 
 JOBS.pt holds a list of {"folder", "auto_class", "inputs"} and optionally {"pipeline_task", "text"}; RESULTS.pt
-gets, per job, the model's first output (logits or last hidden state) and the pipeline's result.
+gets, per job, the model's first output (logits or last hidden state) and the pipeline's result. With --run, the
+script runs instead (a model card's example, say).
 """
 
 import importlib.abc
+import runpy
 import sys
 
 
@@ -25,13 +28,17 @@ sys.meta_path.insert(0, _NotInstalled())
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-jobs_path, results_path = sys.argv[1:3]
 try:
     import hf_scratch_transformer  # noqa: F401
 except ModuleNotFoundError:
     pass
 else:
     raise SystemExit("hf_scratch_transformer is importable: this check would prove nothing")
+if sys.argv[1] == "--run":
+    runpy.run_path(sys.argv[2], run_name="__main__")
+    raise SystemExit(0)
+
+jobs_path, results_path = sys.argv[1:3]
 
 results = []
 for job in torch.load(jobs_path):

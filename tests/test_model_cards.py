@@ -13,6 +13,7 @@ import torch
 from huggingface_hub import ModelCard, metadata_load
 from matplotlib.figure import Figure
 from tiny_models import lm_inputs, tiny_lm
+from tiny_tokenizers import byte_level_bpe, wordpiece
 
 from hf_scratch_transformer import hub
 
@@ -177,3 +178,33 @@ def test_published_folder_loads_where_the_package_is_missing(folders, tmp_path):
     [result] = torch.load(tmp_path / "results.pt")
     assert result["class"] == "ScratchDecoderForCausalLM"
     torch.testing.assert_close(result["output"], expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", list(TASK_OF))
+def test_the_cards_example_runs_where_the_package_is_missing_without_asking(family, tmp_path):
+    """The "How to use" block of the card, with its repo id pointing at the published folder (model, tokenizer,
+    card), run in a process where the package cannot be imported, with no terminal to answer a
+    `trust_remote_code` question: every loader in it must say `trust_remote_code=True`."""
+    tokenizer = {"encoder": wordpiece, "decoder": byte_level_bpe, "seq2seq": byte_level_bpe}[family]
+    tokenizer = tokenizer() if family == "encoder" else tokenizer(family=family)
+    specials = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                    eos_token_id=tokenizer.eos_token_id)
+    if family == "seq2seq":
+        specials["decoder_start_token_id"] = tokenizer.bos_token_id
+    folder = tmp_path / "published"
+    model = tiny_lm(family, vocab_size=len(tokenizer), **specials)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    card = hub.write_model_card(folder, task=TASK_OF[family], model_name="someone/tiny", preset=None,
+                                config=model.config.to_dict(), num_parameters=model.num_parameters(),
+                                dataset="tiny_shakespeare", hyperparameters={}, eval_results={})
+    example = card.text.split("## How to use")[1].split("```python\n")[1].split("```")[0]
+    (tmp_path / "example.py").write_text(example.replace('"someone/tiny"', repr(str(folder))))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    script = Path(__file__).with_name("load_without_package.py")
+    completed = subprocess.run([sys.executable, str(script), "--run", str(tmp_path / "example.py")],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=tmp_path, env=env,
+                               timeout=600, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "custom code" not in completed.stdout + completed.stderr  # transformers' question, unanswered
