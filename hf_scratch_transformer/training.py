@@ -217,19 +217,25 @@ def perplexity(eval_loss: float) -> float:
 
 
 def argmax_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """`Trainer(preprocess_logits_for_metrics=...)`: keep predictions, not (batch, length, vocab) logits."""
-    return logits.argmax(-1)
+    """`Trainer(preprocess_logits_for_metrics=...)`: predictions (batch, length), not (batch, length, vocab) logits.
+    With `sparse_prediction` the model gives (N, vocab) logits for the N labelled positions only, in order; they are
+    put back in place (-100 elsewhere), so that the predictions are shaped like the labels: Trainer trims a last,
+    short batch by examples, which would cut a flat list of predictions at the wrong place."""
+    predictions = logits.argmax(-1)
+    if predictions.shape == labels.shape:
+        return predictions
+    placed = torch.full_like(labels, -100)
+    placed[labels != -100] = predictions
+    return placed
 
 
 def mlm_accuracy(eval_prediction) -> dict:
-    """Share of masked tokens predicted exactly. With `sparse_prediction` the model predicts only the masked
-    positions, in order, so the predictions are already a flat list of them."""
+    """Share of masked tokens (labels other than -100) predicted exactly."""
     predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
     masked = labels != -100
     if not masked.any():
         return {"mlm_accuracy": 0.0}
-    predicted = predictions[masked] if predictions.shape == labels.shape else predictions.reshape(-1)
-    return {"mlm_accuracy": float((predicted == labels[masked]).mean())}
+    return {"mlm_accuracy": float((predictions[masked] == labels[masked]).mean())}
 
 
 def translation_metrics(tokenizer) -> Callable:

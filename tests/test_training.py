@@ -119,8 +119,19 @@ def test_files_or_dataset_not_both():
 def test_mlm_accuracy_counts_masked_positions_only():
     prediction = SimpleNamespace(predictions=np.array([[1, 2, 3]]), label_ids=np.array([[1, -100, 4]]))
     assert training.mlm_accuracy(prediction) == {"mlm_accuracy": 0.5}
-    sparse = SimpleNamespace(predictions=np.array([1, 3]), label_ids=np.array([[1, -100, 4]]))
-    assert training.mlm_accuracy(sparse) == {"mlm_accuracy": 0.5}
+
+
+def test_sparse_mlm_predictions_are_put_back_in_place_of_their_labels():
+    """`sparse_prediction` logits (one row per labelled position) become predictions shaped like the labels, which
+    Trainer can trim by examples (a last, short batch) without misaligning them."""
+    labels = torch.tensor([[5, -100, 7], [-100, -100, 2]])
+    logits = torch.nn.functional.one_hot(torch.tensor([5, 1, 2]), 9).float()  # argmax 5, 1, 2
+    placed = training.argmax_logits(logits, labels)
+    assert placed.tolist() == [[5, -100, 1], [-100, -100, 2]]
+    trimmed = SimpleNamespace(predictions=placed[:1].numpy(), label_ids=labels[:1].numpy())
+    assert training.mlm_accuracy(trimmed) == {"mlm_accuracy": 0.5}
+    dense = torch.nn.functional.one_hot(torch.tensor([[5, 0, 1], [3, 3, 2]]), 9).float()
+    assert training.argmax_logits(dense, labels).tolist() == [[5, 0, 1], [3, 3, 2]]
 
 
 def test_classification_metrics():
