@@ -83,8 +83,9 @@ def test_training_continues_from_a_saved_model_folder(causal_lm_run, tmp_path):
 
 def test_masked_lm_training(tmp_path):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(_words(200, seed=0)))
-    # 13 evaluation examples in batches of 4: the last batch is short (the default corpus's 362 in 16s is too).
+    corpus.write_text("\n\n".join(" ".join(_words(6, seed=i)) for i in range(300)))  # 30 words a paragraph
+    # 13 evaluation examples in batches of 4: the last batch is short (the default corpus's 362 in 16s is too), and
+    # its one example has several masked tokens.
     run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir", tmp_path,
                *TINY_RUN, *TINY_MODEL, "--max-eval-samples", 13, cwd=tmp_path)
     results = json.loads((tmp_path / "model/eval_results.json").read_text())
