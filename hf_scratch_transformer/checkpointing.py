@@ -25,7 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import Seq2SeqTrainer, Trainer
+from safetensors import safe_open
+from transformers import Seq2SeqTrainer, Trainer, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import TrainOutput
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 MANIFEST = "COMPLETE.json"
 PARTIAL_SUFFIX = ".tmp"  # being written
@@ -276,7 +280,30 @@ class CrashSafeCheckpoints:
             if self.is_world_process_zero():
                 print(f"resuming from {resume_from_checkpoint}")
             resume_from_checkpoint = str(resume_from_checkpoint)
+            finished = self._finished_run(resume_from_checkpoint)
+            if finished is not None:
+                return finished
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+    def _finished_run(self, checkpoint: str) -> TrainOutput | None:
+        """Trainer tests `max_steps` only after a step, so resuming a checkpoint at or past it would train one step
+        more and save a checkpoint beyond the run's end. Such a run has nothing left to train: the checkpoint's
+        weights and state are loaded, as resuming would, and no step is taken."""
+        state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        if self.args.max_steps <= 0 or state.global_step < self.args.max_steps:
+            return None
+        if self.is_world_process_zero():
+            print(f"{Path(checkpoint).name} is at step {state.global_step}, --max-steps {self.args.max_steps}: "
+                  "nothing left to train")
+        self._load_from_checkpoint(checkpoint)
+        self.state = state
+        return TrainOutput(state.global_step, float("nan"), {})  # no loss: this call trained nothing
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        # Trainer loads weights non-strictly (a tied head is not saved): a checkpoint of another model would fail
+        # with a traceback about sizes, or, of the same sizes with other tensors, leave them at their initialisation.
+        _check_same_tensors(resume_from_checkpoint, self.model if model is None else model)
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if checkpoint is None:
@@ -290,6 +317,27 @@ class CrashSafeCheckpoints:
         except Exception as error:
             raise CheckpointError(f"Checkpoint {checkpoint}: the random state {name} cannot be loaded ({error}).") \
                 from error
+
+
+def _check_same_tensors(checkpoint: str, model) -> None:
+    """A checkpoint's `model.safetensors` must hold the tensors of `model`, by name and shape (tied copies, which
+    are not saved, aside); else `CheckpointError` naming the first differences. Sharded (FSDP) and adapter
+    checkpoints are left to their loaders."""
+    file = Path(checkpoint) / SAFE_WEIGHTS_NAME
+    if not file.is_file() or not hasattr(model, "all_tied_weights_keys"):
+        return
+    with safe_open(file, "pt") as weights:
+        saved = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()
+                if name not in model.all_tied_weights_keys}
+    differing = [f"`{name}` {saved.get(name, 'absent')} there, {expected.get(name, 'absent')} here"
+                 for name in sorted(saved.keys() | expected.keys()) if saved.get(name) != expected.get(name)]
+    if differing:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} holds another model than this run builds ({len(differing)} tensors differ: "
+            f"{'; '.join(differing[:3])}{' ...' if len(differing) > 3 else ''}). Resume with the run's own task, "
+            "preset and settings, or start a new run in another output folder."
+        )
 
 
 class CrashSafeTrainer(CrashSafeCheckpoints, Trainer):

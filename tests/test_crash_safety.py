@@ -163,3 +163,30 @@ def test_a_time_budget_stops_with_a_checkpoint_that_resumes_exactly(workspace, u
     assert loss_curve(entry, output) == loss_curve(entry, full)
     expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
+
+
+def test_resuming_a_finished_run_trains_nothing_more(workspace, uninterrupted, tmp_path):
+    """Killed after its last checkpoint, before its model folder was written: resumed, the run writes the model of
+    its last step (Trainer alone would train one step past --max-steps and checkpoint it)."""
+    entry, full = uninterrupted
+    prefix = ENTRY_POINTS[entry][2]
+    output = tmp_path / "finished"
+    shutil.copytree(full, output)
+    shutil.rmtree(output / "model")
+    run(command(entry, workspace, output, "--resume"), workspace)
+    assert [path.name for path in checkpointing.checkpoints(output / "checkpoints", prefix)] == \
+        [f"{prefix}-8", f"{prefix}-10"]
+    expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), "the last step's weights"
+
+
+def test_resuming_with_another_model_is_an_error_naming_the_tensors(workspace, uninterrupted, tmp_path):
+    entry, full = uninterrupted
+    if entry != "trainer":
+        pytest.skip("the Accelerate loop's checkpoints are checked by accelerate's own loading")
+    output = tmp_path / "other-model"
+    shutil.copytree(full, output)
+    wider = ["--set", "num_hidden_layers=1", "hidden_size=64", "num_attention_heads=2", "intermediate_size=64"]
+    stderr = run(command(entry, workspace, output, "--resume", *wider), workspace, returncode=2)
+    assert "holds another model than this run builds" in stderr and "Traceback" not in stderr
+    assert "`model.embeddings.embed_tokens.weight` (320, 32) there, (320, 64) here" in stderr
