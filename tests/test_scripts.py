@@ -3,6 +3,7 @@ the three tasks, resuming, and fine-tuning (`scripts/finetune.py`) of ours and o
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,11 @@ def test_main_job_writes_a_hub_ready_folder_and_samples_from_it(causal_lm_run):
 
 def test_training_resumes_from_the_last_checkpoint(causal_lm_run):
     output, _ = causal_lm_run
-    run_script("train.py", "--max-steps", 6, "--output-dir", output, "--resume", *TINY_RUN, *TINY_MODEL, cwd=output)
+    run_tokenizer = (output / "checkpoints/checkpoint-4/tokenizer.json").read_text()
+    stdout = run_script("train.py", "--max-steps", 6, "--output-dir", output, "--resume", *TINY_RUN, *TINY_MODEL,
+                        cwd=output)
+    assert "tokenizer: the run's own, from" in stdout  # not trained again
+    assert (output / "model/tokenizer.json").read_text() == run_tokenizer
     state = json.loads(next((output / "checkpoints").glob("checkpoint-6")).joinpath("trainer_state.json").read_text())
     steps = [entry["step"] for entry in state["log_history"] if "loss" in entry]
     assert steps[0] == 1 and steps[-1] == 6 and len(steps) == len(set(steps)), "history continued, not restarted"
@@ -90,6 +95,12 @@ def test_masked_lm_training(tmp_path):
                *TINY_RUN, *TINY_MODEL, "--max-eval-samples", 13, cwd=tmp_path)
     results = json.loads((tmp_path / "model/eval_results.json").read_text())
     assert 0.0 <= results["mlm_accuracy"] <= 1.0
+    # Resumed from step 2, the run keeps its WordPiece vocabulary (trained again, it comes out differently).
+    shutil.rmtree(tmp_path / "checkpoints/checkpoint-4")
+    run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir", tmp_path,
+               *TINY_RUN, *TINY_MODEL, "--max-eval-samples", 13, "--resume", cwd=tmp_path)
+    assert (tmp_path / "model/tokenizer.json").read_text() == \
+        (tmp_path / "checkpoints/checkpoint-2/tokenizer.json").read_text()
 
 
 def test_seq2seq_training_with_the_seed_recipe(tmp_path):

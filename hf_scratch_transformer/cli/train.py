@@ -34,7 +34,13 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_transformer import hub, training
-from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeSeq2SeqTrainer, CrashSafeTrainer
+from hf_scratch_transformer.checkpointing import (
+    TRAINER_PREFIX,
+    CheckpointError,
+    CrashSafeSeq2SeqTrainer,
+    CrashSafeTrainer,
+    latest_checkpoint,
+)
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULT_CORPUS,
@@ -109,7 +115,16 @@ optimisation = {
 }
 task = args.task
 output_dir = args.output_dir or Path("outputs") / task
-claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, int(os.environ.get("RANK", 0)) == 0)
+is_main_process = int(os.environ.get("RANK", 0)) == 0
+claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process)
+resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)
+if args.resume:
+    try:
+        resumed = latest_checkpoint(output_dir / "checkpoints", TRAINER_PREFIX, print if is_main_process else None)
+    except CheckpointError as error:
+        parser.error(str(error))
+    if resumed is None and is_main_process:
+        print(f"no checkpoint in {output_dir / 'checkpoints'}: starting from step 0")
 set_seed(args.seed)
 default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
@@ -120,6 +135,9 @@ print(f"data: {len(raw['train'])} training and {len(raw['validation'])} validati
 # ----------------------------------------------------------------------------------------------- tokenizer
 if args.model or args.tokenizer:
     tokenizer = AutoTokenizer.from_pretrained(args.model or args.tokenizer)
+elif resumed is not None:  # trained again, a tokenizer need not come out the same (WordPiece does not)
+    tokenizer = AutoTokenizer.from_pretrained(resumed)
+    print(f"tokenizer: the run's own, from {resumed}")
 else:
     tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
                                 vocab_size=args.vocab_size, model_max_length=args.max_length)
@@ -214,7 +232,7 @@ if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):  # else each
     parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but they found no device to train together "
                  "on: on CPU set ACCELERATE_USE_CPU=1")
 try:
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
     parser.error(str(error))
 if budget and budget.stopped_at:
