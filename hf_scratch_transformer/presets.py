@@ -4,6 +4,8 @@ config, so validation always runs. No model file imports this module (it never t
 """
 
 import copy
+import dataclasses
+import difflib
 
 from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
 
@@ -168,9 +170,22 @@ def get_preset(name: str, **overrides):
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}.")
     values = copy.deepcopy(PRESETS[name])
-    family = values.pop("family")
+    config_class = FAMILY_CONFIGS[values.pop("family")]
+    _check_fields(config_class, overrides)
     values.update(overrides)
-    return FAMILY_CONFIGS[family](**values)
+    return config_class(**values)
+
+
+def _check_fields(config_class, overrides: dict) -> None:
+    """transformers' configs keep any unknown keyword as an attribute, so a misspelt field (`num_layers`) would be
+    saved in config.json and change nothing: name it instead. `attn_implementation` is the one keyword every config
+    takes that is neither a field nor an attribute."""
+    known = {field.name for field in dataclasses.fields(config_class)} | {"attn_implementation"}
+    unknown = [key for key in overrides if key not in known and not hasattr(config_class, key)]
+    if unknown:
+        hints = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, known, n=1)) else key
+                 for key in unknown]
+        raise ValueError(f"{config_class.__name__} has no field {', '.join(hints)}.")
 
 
 __all__ = ["PRESETS", "FAMILY_CONFIGS", "get_preset"]

@@ -120,6 +120,13 @@ def test_get_preset_applies_overrides_and_validates():
         get_preset("gpt-mini", hidden_size=100)
 
 
+def test_a_misspelt_field_is_named_with_the_field_it_resembles():
+    # transformers' configs keep unknown keywords as attributes: `num_layers` would be saved and change nothing.
+    with pytest.raises(ValueError, match=r"has no field num_layers \(did you mean num_hidden_layers\?\), zzz\.$"):
+        get_preset("gpt-mini", num_layers=1, zzz=2)
+    assert get_preset("gpt-mini", attn_implementation="eager")._attn_implementation == "eager"
+
+
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="gpt2-small"):
         get_preset("gpt5")

@@ -21,6 +21,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer
+from hf_scratch_transformer.cli.run_options import config_override
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
@@ -170,3 +171,23 @@ def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
     assert "accuracy" in stdout
     config = json.loads((tmp_path / "ner/model/config.json").read_text())
     assert config["model_type"] == "scratch_encoder" and set(config["id2label"].values()) == {"ANIMAL", "O"}
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--set", "num_layers=1"], "ScratchDecoderConfig has no field num_layers (did you mean num_hidden_layers?)"),
+    (["--set", "hidden_size=33"], "hidden_size"),
+    (["--set", "hidden_size"], "'hidden_size' is not KEY=VALUE"),
+    (["--model", "somewhere", "--set", "dropout=0.2"], "--set configures a new model"),
+], ids=["misspelt-field", "invalid-value", "no-value", "with-model"])
+def test_config_overrides_are_checked_before_any_work(options, message, tmp_path):
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--output-dir", str(tmp_path / "run"),
+                             *options], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_override_is_json_or_else_a_string():
+    assert config_override("dropout=0.2") == ("dropout", 0.2)
+    assert config_override("sliding_window=null") == ("sliding_window", None)
+    assert config_override("position_embedding_type=rope") == ("position_embedding_type", "rope")

@@ -2,6 +2,7 @@
 (Accelerate), so that both take the same data, model and tokenizer arguments."""
 
 import argparse
+import json
 from importlib.resources import files
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
 from hf_scratch_transformer import checkpointing, training
+from hf_scratch_transformer.presets import get_preset
 
 # Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
 DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
@@ -41,10 +43,36 @@ def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     model_args.add_argument("--model", type=Path, help="continue training a saved model folder (its tokenizer too)")
     model_args.add_argument("--preset", help="default: gpt-mini / bert-prenorm / transformer-base by task")
     model_args.add_argument("--config", type=Path, help="a config.json to build the model from instead of a preset")
-    model_args.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, JSON values")
+    model_args.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", type=config_override,
+                            help="config overrides of a new model (VALUE as JSON, else a string)")
     model_args.add_argument("--tokenizer", type=Path, help="a saved tokenizer folder; default: train one")
     model_args.add_argument("--tokenizer-kind", choices=["bpe", "wordpiece", "unigram"], help="default by task")
     model_args.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default 4096)")
+
+
+def config_override(item: str) -> tuple[str, object]:
+    """`--set KEY=VALUE` -> (KEY, VALUE read as JSON: 3, 0.1, true, null, [1, 2]; anything else is a string)."""
+    key, separator, value = item.partition("=")
+    if not separator or not key:
+        raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
+    """The --set overrides, checked against the preset's config before any data or tokenizer work: an unknown
+    field (a typo would be saved and do nothing) or an invalid value stops the command, naming it."""
+    overrides = dict(args.set)
+    if overrides and args.model:
+        parser.error("--set configures a new model (a preset or --config); --model continues a saved one as it is")
+    if not (args.model or args.config):
+        try:
+            get_preset(args.preset or DEFAULTS[args.task][0], **overrides)
+        except ValueError as error:
+            parser.error(str(error))
+    return overrides
 
 
 def load_run_data(args) -> tuple[DatasetDict, Dataset]:

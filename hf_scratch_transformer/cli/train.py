@@ -48,6 +48,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_data_and_model_arguments,
     add_run_safety_arguments,
     claim_output_dir,
+    config_overrides,
     load_run_data,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -116,6 +117,7 @@ optimisation = {
 task = args.task
 output_dir = args.output_dir or Path("outputs") / task
 is_main_process = int(os.environ.get("RANK", 0)) == 0
+overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process)
 resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)
 if args.resume:
@@ -148,7 +150,6 @@ if args.model:
     model = AUTO_MODEL[task].from_pretrained(args.model)
     preset = None
 else:
-    overrides = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.set)}
     overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer)}
     overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
     if args.config:
