@@ -50,6 +50,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_data_and_model_arguments,
     add_run_safety_arguments,
     claim_output_dir,
+    config_overrides,
     load_run_data,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -112,6 +113,7 @@ if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
 if refusal := training.slow_bf16_refusal(accelerator.mixed_precision, accelerator.device, args.force_bf16,
                                          "--mixed-precision bf16"):
     parser.error(refusal)
+overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
                  accelerator.is_main_process)
 try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
@@ -148,7 +150,6 @@ set_seed(args.seed)  # the same initial weights in every process
 if args.model:
     model, preset = AUTO_MODEL[task].from_pretrained(args.model), None
 else:
-    overrides = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.set)}
     overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer)}
     overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
     preset = None if args.config else args.preset or default_preset
