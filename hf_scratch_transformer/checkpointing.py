@@ -26,12 +26,14 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import Seq2SeqTrainer, Trainer, TrainerState
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 MANIFEST = "COMPLETE.json"
+LOSS_WINDOW = "loss_window.json"  # Trainer checkpoints: the loss summed since the last log (CrashSafeCheckpoints)
 PARTIAL_SUFFIX = ".tmp"  # being written
 DELETED_SUFFIX = ".deleted"  # being removed
 ACCELERATE_PREFIX = "step"  # Accelerate checkpoints: step-N
@@ -239,9 +241,18 @@ class CrashSafeCheckpoints:
     written aside and committed like Accelerate's (`commit_checkpoint`), `train(resume_from_checkpoint=True)` takes
     the newest `checkpoint-N` that verifies, and a missing or unloadable RNG state is an error (Trainer logs it at
     INFO and carries on with another random stream). The optimizer and scheduler files are checked by the
-    manifest: a checkpoint lacking one does not verify."""
+    manifest: a checkpoint lacking one does not verify.
+
+    A checkpoint also keeps the training loss summed since the last log (`LOSS_WINDOW`), which Trainer starts
+    again from zero when it resumes: with it, the resumed run logs the same losses as the uninterrupted one, also
+    when the checkpoint falls between two logs (a `--max-minutes` stop)."""
 
     _staging_dir: Path | None = None
+    _resumed_loss_window: dict | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_callback(_RestoreLossWindow(self))
 
     def _get_output_dir(self, trial) -> str:
         # While a checkpoint is saved, Trainer writes `<staging>/checkpoint-N` and rotates inside <staging>.
@@ -260,8 +271,12 @@ class CrashSafeCheckpoints:
             super()._save_checkpoint(model, trial)
         finally:
             self._staging_dir = None
+        # The mean over processes: each adds its own losses to it, and the log takes the mean again.
+        window = {"loss": nested_gather(self._tr_loss, self.args.parallel_mode).mean().item(),
+                  "last_logged_step": self._globalstep_last_logged}
         self.accelerator.wait_for_everyone()  # every process's RNG state is on disk
         if self.args.should_save:
+            (staging / final.name / LOSS_WINDOW).write_text(json.dumps(window), encoding="utf-8")
             commit_checkpoint(staging / final.name, final, step, keep=self.args.save_total_limit)
             staging.rmdir()
             if self.state.best_model_checkpoint == str(staging / final.name):
@@ -283,6 +298,8 @@ class CrashSafeCheckpoints:
             finished = self._finished_run(resume_from_checkpoint)
             if finished is not None:
                 return finished
+            window = Path(resume_from_checkpoint) / LOSS_WINDOW
+            self._resumed_loss_window = json.loads(window.read_text(encoding="utf-8")) if window.is_file() else None
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
 
     def _finished_run(self, checkpoint: str) -> TrainOutput | None:
@@ -317,6 +334,19 @@ class CrashSafeCheckpoints:
         except Exception as error:
             raise CheckpointError(f"Checkpoint {checkpoint}: the random state {name} cannot be loaded ({error}).") \
                 from error
+
+
+class _RestoreLossWindow(TrainerCallback):
+    """Puts a resumed checkpoint's loss window back once Trainer has reset its own, before the first step."""
+
+    def __init__(self, trainer: CrashSafeCheckpoints):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        window, self.trainer._resumed_loss_window = self.trainer._resumed_loss_window, None
+        if window is not None:
+            self.trainer._tr_loss += window["loss"]
+            self.trainer._globalstep_last_logged = window["last_logged_step"]
 
 
 def _check_same_tensors(checkpoint: str, model) -> None:

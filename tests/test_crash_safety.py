@@ -165,6 +165,31 @@ def test_a_time_budget_stops_with_a_checkpoint_that_resumes_exactly(workspace, u
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
 
 
+@pytest.mark.slow
+def test_a_stop_between_two_logs_resumes_with_the_same_logged_losses(workspace, uninterrupted, tmp_path):
+    """40 steps log every 2: stopped by the time budget after step 1, the run's checkpoint keeps step 1's loss,
+    so that the resumed run logs the mean of steps 1 and 2 at step 2, as the uninterrupted run does (Trainer would
+    start the sum again and log step 2's loss alone)."""
+    entry, _ = uninterrupted
+    if entry != "trainer":
+        pytest.skip("--max-minutes is an option of the Trainer entry point (the main job)")
+    longer = ["--max-steps", "40", "--eval-steps", "20", "--save-steps", "20"]
+    run(command(entry, workspace, tmp_path / "full", *longer), workspace)
+    output = tmp_path / "stopped"
+    assert "stopped after step 1 of 40" in run(command(entry, workspace, output, *longer, "--max-minutes", "0.0001"),
+                                               workspace)
+    run(command(entry, workspace, output, *longer, "--resume"), workspace)
+
+    def losses(folder: Path) -> list:
+        state = json.loads((folder / "checkpoints/checkpoint-40/trainer_state.json").read_text())
+        return [(record["step"], record["loss"]) for record in state["log_history"] if "loss" in record]
+
+    assert losses(output)[0][0] == 2 and losses(output) == losses(tmp_path / "full")
+    expected = load_file(tmp_path / "full/model/model.safetensors")
+    resumed = load_file(output / "model/model.safetensors")
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
+
+
 def test_resuming_a_finished_run_trains_nothing_more(workspace, uninterrupted, tmp_path):
     """Killed after its last checkpoint, before its model folder was written: resumed, the run writes the model of
     its last step (Trainer alone would train one step past --max-steps and checkpoint it)."""
