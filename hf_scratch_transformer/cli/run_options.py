@@ -3,6 +3,7 @@
 
 import argparse
 import json
+import os
 from importlib.resources import files
 from pathlib import Path
 
@@ -23,6 +24,53 @@ DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
 }
 
 
+# ----------------------------------------------------------------------------------------------- argument types
+# Values checked as argparse parses them, so that a wrong one stops at once with "argument --NAME: ..." and exit
+# code 2, before any data, tokenizer or model work (and before anything is written).
+
+
+def at_least(minimum: int | float, kind: type = int, exclusive: bool = False):
+    """An argparse `type`: a number of `kind` that is >= `minimum` (> with `exclusive`)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if value < minimum or (exclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if exclusive else '>='} {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def local_path(what: str = "folder"):
+    """An argparse `type` for a saved `what` ("folder", or "file or folder"): a value that looks like a local path
+    (it holds a path separator or starts with '.' or '~') must exist, so that a typo is not reported by
+    `from_pretrained` as an invalid Hub repo id. A bare name is left to `from_pretrained` (a Hub id, when online)."""
+
+    def parse(text: str) -> Path:
+        path = Path(text).expanduser()
+        if path.exists():
+            if what == "folder" and not path.is_dir():
+                raise argparse.ArgumentTypeError(f"{text} is a file, not a folder written by `save_pretrained`")
+            return path
+        if os.sep in text or "/" in text or text.startswith((".", "~")):
+            raise argparse.ArgumentTypeError(f"{what} {text} does not exist")
+        return path
+
+    return parse
+
+
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+positive_float = at_least(0, float, exclusive=True)
+# The shortest --max-length that leaves a token to learn from: a causal LM needs 2 (one predicts the next), a masked
+# LM 3 ([CLS] and [SEP] around one token it can mask); shorter ones train on nothing and report a loss of nan.
+sequence_length = at_least(3)
+
+
 def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The "data" and "model and tokenizer" argument groups."""
     data = parser.add_argument_group("data (default: the embedded Tiny Shakespeare)")
@@ -38,16 +86,18 @@ def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--text-column", default="text")
     data.add_argument("--source-column", default="source")
     data.add_argument("--target-column", default="target")
-    data.add_argument("--max-length", type=int, default=128, help="tokens per sequence (default 128)")
+    data.add_argument("--max-length", type=sequence_length, default=128, help="tokens per sequence, >= 3 (default 128)")
     model_args = parser.add_argument_group("model and tokenizer")
-    model_args.add_argument("--model", type=Path, help="continue training a saved model folder (its tokenizer too)")
+    model_args.add_argument("--model", type=local_path(),
+                            help="continue training a saved model folder (its tokenizer too)")
     model_args.add_argument("--preset", help="default: gpt-mini / bert-prenorm / transformer-base by task")
-    model_args.add_argument("--config", type=Path, help="a config.json to build the model from instead of a preset")
+    model_args.add_argument("--config", type=local_path("file or folder"),
+                            help="a config.json to build the model from instead of a preset")
     model_args.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", type=config_override,
                             help="config overrides of a new model (VALUE as JSON, else a string)")
-    model_args.add_argument("--tokenizer", type=Path, help="a saved tokenizer folder; default: train one")
+    model_args.add_argument("--tokenizer", type=local_path(), help="a saved tokenizer folder; default: train one")
     model_args.add_argument("--tokenizer-kind", choices=["bpe", "wordpiece", "unigram"], help="default by task")
-    model_args.add_argument("--vocab-size", type=int, default=4096, help="tokenizer vocabulary (default 4096)")
+    model_args.add_argument("--vocab-size", type=positive_int, default=4096, help="tokenizer vocabulary (default 4096)")
 
 
 def config_override(item: str) -> tuple[str, object]:

@@ -50,6 +50,9 @@ from hf_scratch_transformer.cli.run_options import (
     claim_output_dir,
     config_overrides,
     load_run_data,
+    non_negative_int,
+    positive_float,
+    positive_int,
 )
 from hf_scratch_transformer.presets import get_preset
 from hf_scratch_transformer.sharding import ShardedTrainer
@@ -75,12 +78,12 @@ parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
 add_data_and_model_arguments(parser)
 optim = parser.add_argument_group("optimisation")
 optim.add_argument("--recipe", choices=sorted(RECIPES), help="the seeds' recipe; explicit flags below still win")
-optim.add_argument("--max-steps", type=int, default=600, help="default 600")
-optim.add_argument("--batch-size", type=int, default=16, help="sequences per device step (default 16)")
-optim.add_argument("--gradient-accumulation-steps", type=int, default=1)
+optim.add_argument("--max-steps", type=positive_int, default=600, help="default 600")
+optim.add_argument("--batch-size", type=positive_int, default=16, help="sequences per device step (default 16)")
+optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1)
 optim.add_argument("--learning-rate", type=float, default=1e-3, help="default 1e-3")
 optim.add_argument("--lr-scheduler", help="transformers scheduler name (default cosine; `inverse_sqrt` = Noam)")
-optim.add_argument("--warmup-steps", type=int, help="default 5%% of the steps")
+optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
 optim.add_argument("--adam-beta2", type=float, help="default 0.99")
 optim.add_argument("--adam-epsilon", type=float, help="default 1e-8")
 optim.add_argument("--weight-decay", type=float, default=0.01)
@@ -91,14 +94,15 @@ optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU
 optim.add_argument("--fsdp", action="store_true", help="FSDP2 with ScratchBlock units and sharded checkpoints, as "
                    "configs/accelerate/fsdp.yaml (for launchers without that config, e.g. torchrun)")
 run = parser.add_argument_group("run")
-run.add_argument("--eval-steps", type=int, help="default: 4 evaluations per run")
-run.add_argument("--max-eval-samples", type=int, help="evaluate on the first N validation sequences (default: all)")
-run.add_argument("--save-steps", type=int, help="checkpoint every N steps (default: as --eval-steps)")
-run.add_argument("--max-minutes", type=float, help="stop training after this many minutes, checkpointed (the main "
-                 "job's budget on slow machines; --resume continues to --max-steps)")
+run.add_argument("--eval-steps", type=positive_int, help="default: 4 evaluations per run")
+run.add_argument("--max-eval-samples", type=positive_int,
+                 help="evaluate on the first N validation sequences (default: all)")
+run.add_argument("--save-steps", type=positive_int, help="checkpoint every N steps (default: as --eval-steps)")
+run.add_argument("--max-minutes", type=positive_float, help="stop training after this many minutes, checkpointed "
+                 "(the main job's budget on slow machines; --resume continues to --max-steps)")
 run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
 add_run_safety_arguments(run)
-run.add_argument("--num-beams", type=int, default=4, help="seq2seq evaluation and sample (default 4)")
+run.add_argument("--num-beams", type=positive_int, default=4, help="seq2seq evaluation and sample (default 4)")
 run.add_argument("--sample-prompt", default="ROMEO:", help="causal LM sample prompt")
 run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
 run.add_argument("--seed", type=int, default=1337)

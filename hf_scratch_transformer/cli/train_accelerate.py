@@ -52,6 +52,8 @@ from hf_scratch_transformer.cli.run_options import (
     claim_output_dir,
     config_overrides,
     load_run_data,
+    non_negative_int,
+    positive_int,
 )
 from hf_scratch_transformer.presets import get_preset
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
@@ -62,12 +64,14 @@ parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help=
 parser.add_argument("--output-dir", type=Path, help="default: outputs/accelerate/<task>")
 add_data_and_model_arguments(parser)
 optim = parser.add_argument_group("optimisation")
-optim.add_argument("--max-steps", type=int, default=600, help="optimizer steps (default 600)")
-optim.add_argument("--batch-size", type=int, default=16, help="sequences per process and micro-step (default 16)")
-optim.add_argument("--gradient-accumulation-steps", type=int, default=1, help="micro-steps per step (default 1)")
+optim.add_argument("--max-steps", type=positive_int, default=600, help="optimizer steps (default 600)")
+optim.add_argument("--batch-size", type=positive_int, default=16,
+                   help="sequences per process and micro-step (default 16)")
+optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
+                   help="micro-steps per step (default 1)")
 optim.add_argument("--learning-rate", type=float, default=1e-3, help="default 1e-3")
 optim.add_argument("--lr-scheduler", default="cosine", help="transformers' get_scheduler name (default cosine)")
-optim.add_argument("--warmup-steps", type=int, help="default 5%% of the steps")
+optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
 optim.add_argument("--adam-betas", type=float, nargs=2, default=[0.9, 0.99], help="default 0.9 0.99")
 optim.add_argument("--adam-epsilon", type=float, default=1e-8, help="default 1e-8")
 optim.add_argument("--weight-decay", type=float, default=0.01, help="on matrices and embeddings (default 0.01)")
@@ -77,14 +81,15 @@ optim.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="default: the `accelerate launch` config, else no. bf16 runs on CPU and GPU, fp16 on GPU only")
 optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
 run = parser.add_argument_group("checkpoints and logging")
-run.add_argument("--save-steps", type=int, help="checkpoint every N steps (default: 4 per run) and at the end")
-run.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept (default 2)")
+run.add_argument("--save-steps", type=positive_int, help="checkpoint every N steps (default: 4 per run) and at the end")
+run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="complete checkpoints kept (default 2)")
 run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies, if any")
 run.add_argument("--resume-from", type=Path, help="continue from this checkpoint folder")
 add_run_safety_arguments(run)
-run.add_argument("--stop-at-step", type=int, help="end this run after that step (checkpointed); the schedule still "
-                 "runs to --max-steps")
-run.add_argument("--max-eval-samples", type=int, help="final validation loss on the first N sequences (default: all)")
+run.add_argument("--stop-at-step", type=positive_int, help="end this run after that step (checkpointed); the "
+                 "schedule still runs to --max-steps")
+run.add_argument("--max-eval-samples", type=positive_int,
+                 help="final validation loss on the first N sequences (default: all)")
 run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
 run.add_argument("--seed", type=int, default=1337)
 run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
