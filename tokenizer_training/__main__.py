@@ -20,6 +20,22 @@ from tokenizer_training.trainers import FAMILIES, KINDS
 # -----------------------------------------------------------------------------------------------
 # Arguments
 
+
+def at_least(minimum: int):
+    """An argparse `type`: an integer >= `minimum`, so that a wrong count stops here, naming its option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return parse
+
+
 parser = argparse.ArgumentParser(
     prog="python -m tokenizer_training", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
 )
@@ -31,11 +47,17 @@ source.add_argument("--dataset", help="a `datasets` name on the Hub, or a local 
 parser.add_argument("--dataset-config", default=None, help="dataset configuration name (default: none)")
 parser.add_argument("--split", default="train", help="dataset split to train on (default: train)")
 parser.add_argument("--text-column", default="text", help="dataset column holding the text (default: text)")
-parser.add_argument("--vocab-size", type=int, default=8000, help="tokens, special ones included (default: 8000)")
-parser.add_argument("--min-frequency", type=int, default=2, help="least count of a pair to merge (default: 2)")
-parser.add_argument("--model-max-length", type=int, default=None, help="longest input for truncation (default: unset)")
+parser.add_argument("--vocab-size", type=at_least(1), default=8000,
+                    help="tokens, special ones included (default: 8000)")
+parser.add_argument("--min-frequency", type=at_least(0), default=2, help="least count of a pair to merge (default: 2)")
+parser.add_argument("--model-max-length", type=at_least(1), default=None,
+                    help="longest input for truncation (default: unset)")
 parser.add_argument("--output-dir", type=Path, required=True, help="folder to write the tokenizer to")
 args = parser.parse_args()
+# `save_pretrained` only logs that a file is in the way and writes nothing: refuse before training.
+blocking = next((folder for folder in (args.output_dir, *args.output_dir.parents) if folder.exists()), None)
+if blocking is not None and not blocking.is_dir():
+    parser.error(f"--output-dir {args.output_dir}: {blocking} is a file, not a folder")
 
 # -----------------------------------------------------------------------------------------------
 # Data
@@ -47,23 +69,34 @@ if args.dataset is not None:
     # `load_dataset` takes Hub names and local folders; a single local file needs its format named.
     builders = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
     path = Path(args.dataset)
-    if path.is_file():
-        if path.suffix not in builders:
-            parser.error(f"--dataset {path}: unknown file type; use one of {', '.join(builders)}")
-        if path.suffix == ".txt":
-            check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
-        dataset = datasets.load_dataset(builders[path.suffix], data_files=str(path), split=args.split)
-    else:
-        dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
+    try:
+        if path.is_file():
+            if path.suffix not in builders:
+                parser.error(f"--dataset {path}: unknown file type; use one of {', '.join(builders)}")
+            if path.suffix != ".parquet":
+                check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
+            dataset = datasets.load_dataset(builders[path.suffix], data_files=str(path), split=args.split)
+        else:
+            dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
+    except datasets.exceptions.DatasetGenerationError as error:  # the reader's own error is its cause
+        parser.error(f"--dataset {args.dataset}: cannot be read: {error.__cause__ or error}")
+    except ValueError as error:  # a file that is not text, one without rows, or a split the data does not have
+        no_rows = "corresponds to no data" in str(error)  # `datasets`' words for a split of no rows
+        parser.error(f"--dataset {args.dataset}: {'holds no rows' if no_rows else error}")
+    if len(dataset) == 0:
+        parser.error(f"--dataset {args.dataset}: the {args.split!r} split holds no rows")
 
 # -----------------------------------------------------------------------------------------------
 # Training
 
 t0 = time.time()
-tokenizer = train_tokenizer(
-    args.kind, args.family, files=args.files, dataset=dataset, text_column=args.text_column,
-    vocab_size=args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
-)
+try:
+    tokenizer = train_tokenizer(
+        args.kind, args.family, files=args.files, dataset=dataset, text_column=args.text_column,
+        vocab_size=args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
+    )
+except (ValueError, FileNotFoundError) as error:  # a missing or unreadable file, or a missing column: named
+    parser.error(str(error))
 print(f"trained {args.kind} for {args.family} in {time.time() - t0:.1f}s")
 print(f"vocabulary: {len(tokenizer):,} tokens -> model vocab_size {padded_vocab_size(tokenizer):,} (padded to 64)")
 
