@@ -17,7 +17,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from datasets import load_dataset
+from datasets import DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -34,29 +35,50 @@ from transformers import (
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_transformer import training
 from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer
-from hf_scratch_transformer.cli.run_options import add_run_safety_arguments, claim_output_dir
+from hf_scratch_transformer.cli.run_options import (
+    add_run_safety_arguments,
+    claim_output_dir,
+    local_path,
+    positive_float,
+    positive_int,
+    sequence_length,
+)
 from hf_scratch_transformer.conversion import from_hf
+from tokenizer_training import check_text_file
 
 NATIVE_LMS = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
          "token-classification": AutoModelForTokenClassification}
+FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json"}  # local file suffix -> `datasets` builder
+
+
+def step_budget(text: str) -> int:
+    """--max-steps: a positive count, or -1 for Trainer's "train for --epochs"."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, or -1 to train for --epochs; got {text}")
+    return value
+
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-parser.add_argument("--model", type=Path, required=True, help="a saved folder: ours, or native GPT-2 / BERT")
+parser.add_argument("--model", type=local_path(), required=True, help="a saved folder: ours, or native GPT-2 / BERT")
 parser.add_argument("--task", choices=sorted(HEADS), required=True)
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
-parser.add_argument("--train-file", help="CSV or JSON (lines) file")
+parser.add_argument("--train-file", help="CSV (.csv) or JSON lines (.json, .jsonl) file")
 parser.add_argument("--validation-file", help="default: 10%% of the training file")
 parser.add_argument("--dataset", help="a `datasets.load_dataset` name or path instead of files")
 parser.add_argument("--dataset-config")
 parser.add_argument("--text-column", default="text", help="text-classification input (default text)")
 parser.add_argument("--tokens-column", default="tokens", help="token-classification input words (default tokens)")
 parser.add_argument("--label-column", default="label", help="label, or list of labels per word (default label)")
-parser.add_argument("--max-length", type=int, default=128)
-parser.add_argument("--epochs", type=float, default=3.0)
-parser.add_argument("--max-steps", type=int, default=-1, help="overrides --epochs when > 0")
-parser.add_argument("--batch-size", type=int, default=16)
+parser.add_argument("--max-length", type=sequence_length, default=128, help="tokens per text, >= 3 (default 128)")
+parser.add_argument("--epochs", type=positive_float, default=3.0)
+parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides --epochs when > 0 (default -1)")
+parser.add_argument("--batch-size", type=positive_int, default=16)
 parser.add_argument("--learning-rate", type=float, default=5e-5)
 parser.add_argument("--seed", type=int, default=42)
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
@@ -67,32 +89,127 @@ output_dir = args.output_dir or Path("outputs") / args.task
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir)
 
 # ----------------------------------------------------------------------------------------------- data
+# Everything about the data is checked here, before the model is built: `datasets` and the label mapping would
+# otherwise report a bad file, a missing label or a label the training data lacks deep inside, with a traceback.
+
+
+def load_data_file(option: str, path: str):
+    """The rows of a local CSV or JSON lines file, or a parser error naming `path` and what is wrong with it."""
+    file = Path(path)
+    if not file.is_file():
+        parser.error(f"{option} {path}: no such file")
+    if file.suffix not in FORMATS:
+        parser.error(f"{option} {path}: unsupported format {file.suffix or '(no extension)'!r}; use CSV (.csv) or "
+                     "JSON lines (.json, .jsonl)")
+    if args.task == "token-classification" and FORMATS[file.suffix] == "csv":
+        parser.error(f"{option} {path}: token classification needs a list of words and a list of labels per row, "
+                     "which CSV cannot hold: use JSON lines (.json, .jsonl)")
+    try:
+        check_text_file(file)  # binary, not UTF-8, empty
+        data = load_dataset(FORMATS[file.suffix], data_files=str(file), split="train")
+    except DatasetGenerationError as error:  # the reader's own error is its cause
+        parser.error(f"{option} {path}: cannot be read as {FORMATS[file.suffix].upper()}: {error.__cause__ or error}")
+    except ValueError as error:
+        no_rows = "corresponds to no data" in str(error)  # `datasets`' words for a file without rows
+        parser.error(f"{option} {path}: {'holds no rows' if no_rows else error}")
+    if data.num_rows == 0:
+        parser.error(f"{option} {path}: holds no rows")
+    return data
+
+
+def rows(indices: list[int]) -> str:
+    shown = ", ".join(str(i + 1) for i in indices[:5]) + (f" and {len(indices) - 5} more" if len(indices) > 5 else "")
+    return f"row{'s' if len(indices) > 1 else ''} {shown} (counted from 1, after any header)"
+
+
+def label_key(value) -> str:
+    """A label as a class name: whole floats (CSV columns with gaps are read as floats) as their integer."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def check_labels(where: str, data) -> set[str]:
+    """The label names of one split, or a parser error naming the rows whose labels (or words) are missing or
+    malformed."""
+    missing, fractional, malformed, mismatched = [], [], [], []
+    if args.task == "text-classification":
+        values = [[value] for value in data[args.label_column]]
+    else:
+        values = data[args.label_column]
+        for index, (words, labels) in enumerate(zip(data[input_column], values, strict=True)):
+            if not isinstance(words, list) or not isinstance(labels, list):
+                malformed.append(index)
+            elif len(words) != len(labels):
+                mismatched.append(index)
+        if malformed:
+            parser.error(f"{where}: token classification needs lists in {input_column!r} and {args.label_column!r}, "
+                         f"one label per word; not lists in {rows(malformed)}")
+        if mismatched:
+            first = data[mismatched[0]]
+            parser.error(f"{where}: the number of labels differs from the number of words in {rows(mismatched)}; "
+                         f"row {mismatched[0] + 1} has {len(first[input_column])} words in {input_column!r} and "
+                         f"{len(first[args.label_column])} labels in {args.label_column!r}: give one label per word")
+    for index, row in enumerate(values):
+        for value in row:
+            if value is None or (isinstance(value, float) and value != value):  # None, or NaN
+                missing.append(index)
+            elif isinstance(value, float) and not value.is_integer():
+                fractional.append(index)
+            elif not isinstance(value, str | int):
+                malformed.append(index)
+    if missing:
+        parser.error(f"{where}: the label column {args.label_column!r} has no value in {rows(sorted(set(missing)))}")
+    if fractional:
+        parser.error(f"{where}: fractional labels in {args.label_column!r} (scores for regression?) in "
+                     f"{rows(sorted(set(fractional)))}: classification needs class names or integer ids")
+    if malformed:
+        hint = " (lists: use --task token-classification)" if args.task == "text-classification" else ""
+        parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids{hint} "
+                     f"in {rows(sorted(set(malformed)))}")
+    return {label_key(value) for row in values for value in row}
+
+
 if (args.train_file is None) == (args.dataset is None):
     parser.error("give --train-file or --dataset")
+if args.validation_file and not args.train_file:
+    parser.error("--validation-file goes with --train-file (a --dataset brings its own validation split)")
 if args.train_file:
-    extension = "csv" if args.train_file.endswith(".csv") else "json"
-    files = {"train": args.train_file} | ({"validation": args.validation_file} if args.validation_file else {})
-    raw = load_dataset(extension, data_files=files)
+    raw = DatasetDict({"train": load_data_file("--train-file", args.train_file)})
+    if args.validation_file:
+        raw["validation"] = load_data_file("--validation-file", args.validation_file)
 else:
     raw = load_dataset(args.dataset, args.dataset_config)
-if "validation" not in raw:
-    split = raw["train"].train_test_split(test_size=0.1, seed=args.seed)
-    raw["train"], raw["validation"] = split["train"], split["test"]
+sources = {"train": args.train_file, "validation": args.validation_file}
+where = {split: f"--{split}-file {sources[split]}" if sources.get(split) else f"the {split!r} split" for split in raw}
 input_column = args.text_column if args.task == "text-classification" else args.tokens_column
-for column in (input_column, args.label_column):
-    if column not in raw["train"].column_names:
-        parser.error(f"the data has no column {column!r}; columns: {raw['train'].column_names}")
+for name in raw:
+    for column in (input_column, args.label_column):
+        if column not in raw[name].column_names:
+            parser.error(f"{where[name]}: the data has no column {column!r}; columns: {raw[name].column_names}")
 
 labels_feature = raw["train"].features[args.label_column]
-# `datasets` ClassLabel columns hold ids already and carry their names; other labels are mapped to ids here.
+# `datasets` ClassLabel columns hold ids already and carry their names; other labels are mapped to ids here, from
+# the whole training data (before a validation share is split off), and every other split must use only those.
 class_names = getattr(getattr(labels_feature, "feature", labels_feature), "names", None)
-values = raw["train"][args.label_column]
-names = class_names or sorted({str(v) for row in values for v in (row if isinstance(row, list) else [row])})
+if not class_names:
+    names = sorted(check_labels(where["train"], raw["train"]))
+    for name in set(raw) - {"train"}:
+        if unknown := check_labels(where[name], raw[name]) - set(names):
+            parser.error(f"{where[name]}: labels {sorted(unknown)} do not occur in the training data "
+                         f"({where['train']}), whose labels are {names}")
+    if len(names) < 2:
+        parser.error(f"{where['train']}: every row has the label {names[0]!r}; classification needs two or more")
+names = class_names or names
+if "validation" not in raw:
+    if raw["train"].num_rows < 2:
+        parser.error(f"{where['train']}: holds {raw['train'].num_rows} row(s), too few to split off a validation "
+                     "set; give --validation-file")
+    split = raw["train"].train_test_split(test_size=0.1, seed=args.seed)
+    raw["train"], raw["validation"] = split["train"], split["test"]
 label2id = {name: i for i, name in enumerate(names)}
 
 
 def label_id(value) -> int:
-    return value if class_names else label2id[str(value)]
+    return value if class_names else label2id[label_key(value)]
 
 
 # ----------------------------------------------------------------------------------------------- model
