@@ -3,7 +3,11 @@ UnicodeDecodeError, and never a silently wrong result: positions, labels, input 
 types, config field types, training text files and weights files."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +15,8 @@ from tiny_models import FAMILIES, VOCAB, lm_inputs, tiny_config, tiny_lm
 
 from hf_scratch_transformer import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig, hub, training
 from tokenizer_training import train_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------- model inputs
 
@@ -236,3 +242,141 @@ def test_corrupt_weights_are_named_when_publishing_and_loading(saved, tmp_path, 
     with pytest.raises(ValueError, match=expected) as error:
         model_class.from_pretrained(folder)
     assert error.value.__cause__ is not None  # safetensors' own error, kept as the cause
+
+
+# ---------------------------------------------------------------------------------------------- command-line input
+# Bad options and data files stop the commands with exit code 2 and a message naming the problem, before any
+# tokenizer or model work: run in this process through `hf-scratch`'s own entry point, with that work replaced by a
+# tripwire (speed-independent: a check that came too late fails the test at once), and nothing written.
+
+
+class ReachedModelWork(Exception):
+    pass
+
+
+@pytest.fixture
+def hf_scratch(monkeypatch, capsys):
+    """`hf_scratch(*arguments)`: run `hf-scratch ARGUMENTS` here, expecting a refusal; returns its stderr."""
+    import accelerate
+    import transformers
+
+    import tokenizer_training
+    from hf_scratch_transformer.cli import main
+
+    def tripwire(*args, **kwargs):
+        raise ReachedModelWork("the command got past its checks to tokenizer, model or Accelerate work")
+
+    monkeypatch.setattr(tokenizer_training, "train_tokenizer", tripwire)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tripwire)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", tripwire)
+    monkeypatch.setattr(accelerate, "Accelerator", tripwire)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])  # `main` sets it: restored afterwards
+
+    def run(*arguments) -> str:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main([str(argument) for argument in arguments])
+        stderr = capsys.readouterr().err
+        assert stopped.value.code == 2, stderr
+        assert "Traceback" not in stderr
+        return stderr
+
+    return run
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(f"paragraph {i} of a small corpus" for i in range(40)))
+    return path
+
+
+@pytest.mark.parametrize(
+    "arguments,message",
+    [
+        (["train", "--max-steps", "0"], "argument --max-steps: must be >= 1, got 0"),
+        (["train", "--max-steps", "-3"], "argument --max-steps: must be >= 1, got -3"),
+        (["train", "--max-minutes", "0"], "argument --max-minutes: must be > 0, got 0"),
+        (["train", "--max-minutes", "-1"], "argument --max-minutes: must be > 0, got -1"),
+        (["train", "--max-length", "0"], "argument --max-length: must be >= 3, got 0"),
+        (["train", "--gradient-accumulation-steps", "0"], "argument --gradient-accumulation-steps: must be >= 1"),
+        (["train", "--model", "no/such/model"], "argument --model: folder no/such/model does not exist"),
+        (["train", "--tokenizer", "./no-tokenizer"], "argument --tokenizer: folder ./no-tokenizer does not exist"),
+        (["train-accelerate", "--keep-checkpoints", "0"], "argument --keep-checkpoints: must be >= 1, got 0"),
+        (["train-accelerate", "--gradient-accumulation-steps", "0"], "argument --gradient-accumulation-steps: must"),
+        (["tokenizer", "--kind", "bpe", "--family", "decoder", "--min-frequency", "-1"],
+         "argument --min-frequency: must be >= 0, got -1"),
+        (["finetune", "--task", "text-classification", "--max-steps", "0"],
+         "argument --max-steps: must be >= 1, or -1 to train for --epochs; got 0"),
+        (["finetune", "--task", "text-classification", "--max-length", "0"], "argument --max-length: must be >= 3"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else "",
+)
+def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, arguments, message):
+    command, options = arguments[0], arguments[1:]
+    data = {"train": ["--train-files", corpus], "train-accelerate": ["--train-files", corpus],
+            "tokenizer": ["--files", corpus], "finetune": ["--model", tmp_path, "--train-file", tmp_path / "x.csv"]}
+    output = tmp_path / "out"
+    assert message in hf_scratch(command, *data[command], *options, "--output-dir", output)
+    assert not output.exists()
+
+
+def test_tokenizer_refuses_an_output_dir_that_is_a_file(tmp_path, corpus):
+    # `save_pretrained` only logged "should be a directory": the command said "saved to" and exited 0, writing nothing.
+    in_the_way = tmp_path / "afile"
+    in_the_way.write_text("")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # this checkout, not an installed copy
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    for output in (in_the_way, in_the_way / "tokenizer"):
+        result = subprocess.run(
+            [sys.executable, "-m", "hf_scratch_transformer.cli", "tokenizer", "--kind", "bpe", "--family", "decoder",
+             "--files", str(corpus), "--vocab-size", "300", "--output-dir", str(output)],
+            capture_output=True, text=True, env=env, timeout=300, check=False,
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert f"--output-dir {output}: {in_the_way} is a file, not a folder" in result.stderr
+        assert "saved" not in result.stdout and in_the_way.read_text() == ""
+
+
+# finetune data: file name -> (task, content, words the refusal must hold)
+BAD_FINETUNE_DATA = {
+    "missing.csv": ("text-classification", "text,label\na dog,animal\na man,other\nsome text,\nmore,\n",
+                    "the label column 'label' has no value in rows 3, 4"),
+    "fractional.csv": ("text-classification", "text,label\na dog,0.5\na man,1.5\n",
+                       "fractional labels in 'label' (scores for regression?) in rows 1, 2"),
+    "short.json": ("token-classification",
+                   '{"tokens": ["a", "dog"], "tags": ["O", "ANIMAL"]}\n{"tokens": ["a", "man"], "tags": ["O"]}\n',
+                   "the number of labels differs from the number of words in row 2"),
+    "tokens.csv": ("token-classification", "tokens,tags\n\"['a', 'dog']\",\"['O', 'ANIMAL']\"\n",
+                   "token classification needs a list of words and a list of labels per row"),
+    "corpus.txt": ("text-classification", "a dog\na man\n", "unsupported format '.txt'; use CSV (.csv) or JSON"),
+    "binary.csv": ("text-classification", b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "not UTF-8 text"),
+    "header.csv": ("text-classification", "text,label\n", "holds no rows"),
+    "empty.json": ("text-classification", "", "holds no text"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FINETUNE_DATA))
+def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path, name):
+    task, content, message = BAD_FINETUNE_DATA[name]
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    output = tmp_path / "out"
+    stderr = hf_scratch("finetune", "--model", tmp_path, "--task", task, "--train-file", path,
+                        "--label-column", "tags" if task == "token-classification" else "label", "--output-dir", output)
+    assert f"--train-file {path}: " in stderr and message in stderr
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    "validation,message",
+    [("text,label\na cat,animal\na tree,plant\n", "labels ['plant'] do not occur in the training data"),
+     ("text,label\na cat,0.5\n", "fractional labels in 'label'")],
+)
+def test_finetune_checks_the_labels_of_the_validation_file(hf_scratch, tmp_path, validation, message):
+    (tmp_path / "train.csv").write_text("text,label\na dog,animal\na man,other\na horse,animal\n")
+    (tmp_path / "dev.csv").write_text(validation)
+    stderr = hf_scratch("finetune", "--model", tmp_path, "--task", "text-classification", "--train-file",
+                        tmp_path / "train.csv", "--validation-file", tmp_path / "dev.csv", "--output-dir",
+                        tmp_path / "out")
+    assert f"--validation-file {tmp_path / 'dev.csv'}: {message}" in stderr
