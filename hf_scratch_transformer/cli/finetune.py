@@ -68,7 +68,7 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter
 parser.add_argument("--model", type=local_path(), required=True, help="a saved folder: ours, or native GPT-2 / BERT")
 parser.add_argument("--task", choices=sorted(HEADS), required=True)
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
-parser.add_argument("--train-file", help="CSV (.csv) or JSON lines (.json, .jsonl) file")
+parser.add_argument("--train-file", help="CSV (.csv), JSON or JSON lines (.json, .jsonl) file")
 parser.add_argument("--validation-file", help="default: 10%% of the training file")
 parser.add_argument("--dataset", help="a `datasets.load_dataset` name or path instead of files")
 parser.add_argument("--dataset-config")
@@ -178,6 +178,8 @@ if args.train_file:
         raw["validation"] = load_data_file("--validation-file", args.validation_file)
 else:
     raw = load_dataset(args.dataset, args.dataset_config)
+    if "train" not in raw:
+        parser.error(f"--dataset {args.dataset}: no 'train' split (it has {', '.join(raw)})")
 sources = {"train": args.train_file, "validation": args.validation_file}
 where = {split: f"--{split}-file {sources[split]}" if sources.get(split) else f"the {split!r} split" for split in raw}
 input_column = args.text_column if args.task == "text-classification" else args.tokens_column
