@@ -14,27 +14,12 @@ import argparse
 import time
 from pathlib import Path
 
+from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
 from tokenizer_training import check_text_file, padded_vocab_size, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
 # Arguments
-
-
-def at_least(minimum: int):
-    """An argparse `type`: an integer >= `minimum`, so that a wrong count stops here, naming its option."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
-        return value
-
-    return parse
-
 
 parser = argparse.ArgumentParser(
     prog="python -m tokenizer_training", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -47,10 +32,11 @@ source.add_argument("--dataset", help="a `datasets` name on the Hub, or a local 
 parser.add_argument("--dataset-config", default=None, help="dataset configuration name (default: none)")
 parser.add_argument("--split", default="train", help="dataset split to train on (default: train)")
 parser.add_argument("--text-column", default="text", help="dataset column holding the text (default: text)")
-parser.add_argument("--vocab-size", type=at_least(1), default=8000,
+parser.add_argument("--vocab-size", type=positive_int, default=8000,
                     help="tokens, special ones included (default: 8000)")
-parser.add_argument("--min-frequency", type=at_least(0), default=2, help="least count of a pair to merge (default: 2)")
-parser.add_argument("--model-max-length", type=at_least(1), default=None,
+parser.add_argument("--min-frequency", type=non_negative_int, default=2,
+                    help="least count of a pair to merge (default: 2)")
+parser.add_argument("--model-max-length", type=positive_int, default=None,
                     help="longest input for truncation (default: unset)")
 parser.add_argument("--output-dir", type=Path, required=True, help="folder to write the tokenizer to")
 args = parser.parse_args()
