@@ -52,11 +52,12 @@ def checkpoint_path(folder: str | Path, step: int, prefix: str = ACCELERATE_PREF
 
 
 def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict | None = None,
-                    extra_files: dict[str, str] | None = None, keep: int | None = None) -> Path:
+                    extra_files: dict[str, str | bytes] | None = None, keep: int | None = None) -> Path:
     """`accelerator.save_state` made crash-safe: returns `folder/step-{step}`, complete. Call it on every process.
 
-    `extra_files` (name -> text, e.g. the loss log so far) are written by the main process beside the state;
-    `metadata` goes into the manifest. See `commit_checkpoint` for what happens to other checkpoints."""
+    `extra_files` (relative path -> text or bytes, e.g. the loss log so far, `tokenizer/tokenizer.json`) are written
+    by the main process beside the state, and checked by the manifest like it; `metadata` goes into the manifest.
+    See `commit_checkpoint` for what happens to other checkpoints."""
     final = checkpoint_path(folder, step)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
     if accelerator.is_main_process:
@@ -66,8 +67,12 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict |
     accelerator.save_state(str(partial))
     accelerator.wait_for_everyone()  # every process's files (its RNG state, its FSDP shard) are on disk
     if accelerator.is_main_process:
-        for name, text in (extra_files or {}).items():
-            (partial / name).write_text(text, encoding="utf-8")
+        for name, content in (extra_files or {}).items():
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                (partial / name).write_bytes(content)
+            else:
+                (partial / name).write_text(content, encoding="utf-8")
         commit_checkpoint(partial, final, step, metadata, keep)
     accelerator.wait_for_everyone()
     return final

@@ -359,3 +359,15 @@ def test_the_saved_model_reloads_tied_with_the_trained_weights(uninterrupted):
     trained.tie_weights()
     input_ids = torch.randint(0, reloaded.config.vocab_size, (2, 16))
     torch.testing.assert_close(reloaded(input_ids).logits, trained(input_ids).logits, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------- (f) branches
+
+
+def test_extra_files_in_subfolders_are_checked_by_the_manifest(tmp_path):
+    path = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2, extra_files={
+        "tokenizer/tokenizer.json": b'{"version": "1.0"}', "loss_curve.jsonl": "{}\n"})
+    assert (path / "tokenizer/tokenizer.json").read_bytes() == b'{"version": "1.0"}'
+    (path / "tokenizer/tokenizer.json").write_bytes(b'{"version": "2.0"}')
+    with pytest.raises(CheckpointError, match=r"tokenizer/tokenizer\.json does not match its SHA-256"):
+        checkpointing.verify_checkpoint(path)
