@@ -5,6 +5,7 @@
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -364,6 +365,34 @@ def test_the_saved_model_reloads_tied_with_the_trained_weights(uninterrupted):
 # ----------------------------------------------------------------------------------------------- (f) branches
 
 
+def files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes ({} where there is no such folder)."""
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file()}
+
+
+def refused(*arguments, cwd: Path) -> str:
+    """The output of a command that must stop as the project's refusals do: exit status 2, no traceback."""
+    environment = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run([sys.executable, *map(str, arguments)], cwd=cwd, env=environment, capture_output=True,
+                            text=True, timeout=600, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    return output
+
+
+def masked_lm(workspace: Path) -> list:
+    # No --tokenizer: the run trains its WordPiece tokenizer, which training again need not reproduce.
+    return [SCRIPT, "--task", "masked-lm", "--train-files", workspace / "corpus.txt", "--vocab-size", 300, *RUN, *TINY,
+            "--batch-size", 4, "--max-steps", 4, "--save-steps", 2]
+
+
+@pytest.fixture(scope="module")
+def masked_lm_run(workspace):
+    run(*masked_lm(workspace), "--output-dir", workspace / "am1", cwd=workspace)
+    return workspace / "am1"
+
+
 def test_extra_files_in_subfolders_are_checked_by_the_manifest(tmp_path):
     path = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2, extra_files={
         "tokenizer/tokenizer.json": b'{"version": "1.0"}', "loss_curve.jsonl": "{}\n"})
@@ -371,3 +400,73 @@ def test_extra_files_in_subfolders_are_checked_by_the_manifest(tmp_path):
     (path / "tokenizer/tokenizer.json").write_bytes(b'{"version": "2.0"}')
     with pytest.raises(CheckpointError, match=r"tokenizer/tokenizer\.json does not match its SHA-256"):
         checkpointing.verify_checkpoint(path)
+
+
+def test_checkpoints_carry_the_runs_tokenizer(workspace, masked_lm_run, uninterrupted):
+    for step in (2, 4):  # the tokenizer the run trained, byte for byte, checked by the manifest
+        checkpoint = masked_lm_run / f"checkpoints/step-{step}"
+        assert "tokenizer/tokenizer.json" in checkpointing.verify_checkpoint(checkpoint)["files"]
+        assert files(checkpoint / "tokenizer") == files(masked_lm_run / "tokenizer") != {}
+    given = AutoTokenizer.from_pretrained(workspace / "decoder")  # or the one it was given
+    assert AutoTokenizer.from_pretrained(uninterrupted / "checkpoints/step-8/tokenizer").get_vocab() == \
+        given.get_vocab()
+
+
+def test_a_branch_of_another_run_keeps_its_tokenizer_and_leaves_its_folder_untouched(workspace, masked_lm_run):
+    before, checkpoint, branch = files(masked_lm_run), masked_lm_run / "checkpoints/step-2", workspace / "am2"
+    stdout = run(*masked_lm(workspace), "--output-dir", branch, "--resume-from", checkpoint, cwd=workspace)
+    assert f"resumed from {checkpoint} at step 2" in stdout and "changed settings" not in stdout
+    assert files(masked_lm_run) == before, "the other run's folder is untouched, byte for byte"
+    tokenizer = files(masked_lm_run / "tokenizer")
+    assert files(checkpoint / "tokenizer") == tokenizer
+    assert files(branch / "tokenizer") == tokenizer, "the branch trained no tokenizer of its own"
+    assert files(branch / "checkpoints/step-4/tokenizer") == tokenizer
+    # The saved model's tokenizer also records the truncation set while tokenizing: as the run it branched from.
+    assert (branch / "model/tokenizer.json").read_bytes() == (masked_lm_run / "model/tokenizer.json").read_bytes()
+    expected, branched = losses(masked_lm_run), losses(branch)  # the same steps as the run it branched from
+    assert sorted(branched) == [1, 2, 3, 4]
+    for step in branched:
+        assert branched[step] == pytest.approx(expected[step], abs=1e-6), step
+
+
+def test_a_branch_over_an_earlier_run_is_refused_unless_overwriting(workspace, masked_lm_run, uninterrupted,
+                                                                     tmp_path):
+    earlier, checkpoint = tmp_path / "earlier", masked_lm_run / "checkpoints/step-2"
+    shutil.copytree(uninterrupted, earlier)  # a causal-LM run of its own
+    before = {folder: files(folder) for folder in (earlier, masked_lm_run)}
+    arguments = [*masked_lm(workspace), "--output-dir", earlier, "--resume-from", checkpoint]
+    output = refused(*arguments, cwd=workspace)
+    assert f"{earlier} holds an earlier run" in output, output[-2000:]
+    assert f"--resume-from {checkpoint} is a checkpoint of another run" in output and "--overwrite-output-dir" in output
+    assert {folder: files(folder) for folder in before} == before, "neither run was touched"
+    # A tokenizer other than the checkpoint's is refused, not used on its weights.
+    output = refused(*masked_lm(workspace), "--output-dir", tmp_path / "new", "--resume-from", checkpoint,
+                     "--tokenizer", workspace / "decoder", cwd=workspace)
+    assert f"the tokenizer of {workspace / 'decoder'} differs from the one {checkpoint} was trained with" in output
+    # --overwrite-output-dir replaces the earlier run by the branch, and still leaves the other run as it was.
+    run(*arguments, "--overwrite-output-dir", cwd=workspace)
+    assert files(masked_lm_run) == before[masked_lm_run]
+    assert [path.name for path in checkpointing.checkpoints(earlier / "checkpoints")] == ["step-4"]
+    assert files(earlier / "tokenizer") == files(earlier / "checkpoints/step-4/tokenizer") == files(
+        checkpoint / "tokenizer")
+    assert losses(earlier) == pytest.approx(losses(masked_lm_run), abs=1e-6)
+
+
+def test_a_checkpoint_written_without_a_tokenizer_resumes_with_its_runs(workspace, masked_lm_run, tmp_path):
+    """Checkpoints written before they carried the tokenizer: the run folder's (RUN/tokenizer) is taken, with a
+    note; where there is none either, the run stops and asks for --tokenizer rather than train one."""
+    old = tmp_path / "old-run"
+    shutil.copytree(masked_lm_run, old)
+    checkpoint = old / "checkpoints/step-2"
+    metadata = checkpointing.verify_checkpoint(checkpoint)["metadata"]
+    shutil.rmtree(checkpoint / "tokenizer")
+    checkpointing.write_manifest(checkpoint, 2, metadata)
+    stdout = run(*masked_lm(workspace), "--output-dir", tmp_path / "branch", "--resume-from", checkpoint,
+                 cwd=workspace)
+    assert f"note: {checkpoint} carries no tokenizer" in stdout and f"using its run's, {old / 'tokenizer'}" in stdout
+    assert files(tmp_path / "branch/checkpoints/step-4/tokenizer") == files(masked_lm_run / "tokenizer")
+    assert losses(tmp_path / "branch") == pytest.approx(losses(masked_lm_run), abs=1e-6)
+    shutil.rmtree(old / "tokenizer")
+    output = refused(*masked_lm(workspace), "--output-dir", tmp_path / "branch2", "--resume-from", checkpoint,
+                     cwd=workspace)
+    assert "pass the tokenizer it was trained with as --tokenizer" in output

@@ -148,13 +148,27 @@ def add_run_safety_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start again in an output folder that holds an earlier run, removing its checkpoints")
 
 
+def continues_run(checkpoint: Path, output_dir: Path) -> bool:
+    """Whether `checkpoint` lies in `output_dir/checkpoints`: resuming it continues the run this folder holds.
+    Any other checkpoint belongs to another run, and resuming it into `output_dir` starts a branch of that run."""
+    return Path(checkpoint).resolve().is_relative_to((output_dir / "checkpoints").resolve())
+
+
 def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
-                     is_main_process: bool = True) -> None:
+                     is_main_process: bool = True, resume_from: Path | None = None) -> None:
     """Refuse to start a new run over an earlier one unless asked: `--resume` continues it, `--overwrite-output-dir`
-    replaces it (its checkpoints are removed first, atomically, so that no later `--resume` mixes the two runs)."""
+    replaces it (its checkpoints are removed first, atomically, so that no later `--resume` mixes the two runs).
+    `resume_from` (`--resume-from`) outside this folder's checkpoints starts a branch of another run: for this folder
+    that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other."""
     earlier = [name for name in RUN_FILES if (output_dir / name).exists()]
-    if not earlier or resume:
+    branch = resume_from is not None and not continues_run(resume_from, output_dir)
+    if not earlier or (resume and not branch):
         return
+    if not overwrite and branch:
+        parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}), and --resume-from {resume_from} is a "
+                     f"checkpoint of another run (not in {output_dir / 'checkpoints'}): continuing it here would "
+                     "replace the earlier run. Choose a new --output-dir for the continuation, or pass "
+                     "--overwrite-output-dir to replace the earlier run.")
     if not overwrite:
         parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, or "
                      "--overwrite-output-dir to replace it, or choose another --output-dir.")

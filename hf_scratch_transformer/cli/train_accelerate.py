@@ -17,13 +17,15 @@ are those of `hf-scratch train`.
 --batch-size is per process and micro-step; the loss of a step is normalised over the labelled tokens of its whole
 global batch (all micro-steps, all processes), so 2 processes x batch 8 take the same steps as 1 process x batch 16.
 Writes OUTPUT_DIR/loss_curve.jsonl (one line per step), OUTPUT_DIR/checkpoints/step-N (atomic: see
-hf_scratch_transformer/checkpointing.py), OUTPUT_DIR/tokenizer and OUTPUT_DIR/model (save_pretrained, tokenizer,
-loss_curve.png, model card). See docs/distributed.md.
+hf_scratch_transformer/checkpointing.py; each carries the run's tokenizer), OUTPUT_DIR/tokenizer and OUTPUT_DIR/model
+(save_pretrained, tokenizer, loss_curve.png, model card). --resume-from a checkpoint of another run continues it as a
+branch in a new --output-dir, with its tokenizer, and leaves that run's folder as it was. See docs/checkpoints.md.
 """
 
 import argparse
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -51,6 +53,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
     claim_output_dir,
     config_overrides,
+    continues_run,
     load_run_data,
     non_negative_int,
     positive_int,
@@ -84,7 +87,8 @@ run = parser.add_argument_group("checkpoints and logging")
 run.add_argument("--save-steps", type=positive_int, help="checkpoint every N steps (default: 4 per run) and at the end")
 run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="complete checkpoints kept (default 2)")
 run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies, if any")
-run.add_argument("--resume-from", type=Path, help="continue from this checkpoint folder")
+run.add_argument("--resume-from", type=Path, help="continue from this checkpoint folder; one of another run "
+                 "continues that run as a branch, in a new --output-dir")
 add_run_safety_arguments(run)
 run.add_argument("--stop-at-step", type=positive_int, help="end this run after that step (checkpointed); the "
                  "schedule still runs to --max-steps")
@@ -120,7 +124,7 @@ if refusal := training.slow_bf16_refusal(accelerator.mixed_precision, accelerato
     parser.error(refusal)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
-                 accelerator.is_main_process)
+                 accelerator.is_main_process, resume_from=args.resume_from)
 try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
     if args.resume_from:
         resume, manifest = args.resume_from, checkpointing.verify_checkpoint(args.resume_from)
@@ -138,16 +142,65 @@ with accelerator.main_process_first():  # the main process fills the `datasets` 
     raw, tokenizer_texts = load_run_data(args)
 
 # ----------------------------------------------------------------------------------------------- tokenizer
-# Trained once, by the main process, into OUTPUT_DIR/tokenizer; the other processes and resumed runs load it there
-# (WordPiece and Unigram training is not deterministic, so retraining could change the vocabulary).
-tokenizer_dir = output_dir / "tokenizer"
-with accelerator.main_process_first():
-    if args.model or args.tokenizer or (resume and tokenizer_dir.is_dir()) or not accelerator.is_main_process:
-        tokenizer = AutoTokenizer.from_pretrained(args.model or args.tokenizer or tokenizer_dir)
-    else:
-        tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
-                                    vocab_size=args.vocab_size, model_max_length=args.max_length)
-        tokenizer.save_pretrained(tokenizer_dir)
+# A new run trains one once, by the main process, into OUTPUT_DIR/tokenizer; the other processes load it there. Every
+# checkpoint carries the run's tokenizer (TOKENIZER/), and a resumed run takes it from there, never trains one again:
+# WordPiece and Unigram training is not deterministic, so the vocabulary could change under the weights.
+TOKENIZER = "tokenizer"
+tokenizer_dir = output_dir / TOKENIZER
+given = args.model or args.tokenizer  # a folder that holds the tokenizer, among other files
+
+
+def resumed_tokenizer_folder(checkpoint: Path) -> Path | None:
+    """The folder holding the tokenizer of the run `checkpoint` belongs to: the one the checkpoint carries, or for a
+    checkpoint written before checkpoints carried one, its run folder's (RUN/tokenizer beside RUN/checkpoints).
+    None when neither exists: the run was given --tokenizer or --model."""
+    if (checkpoint / TOKENIZER).is_dir():
+        return checkpoint / TOKENIZER
+    run_tokenizer = checkpoint.parent.parent / TOKENIZER
+    if checkpoint.parent.name == "checkpoints" and run_tokenizer.is_dir():
+        accelerator.print(f"note: {checkpoint} carries no tokenizer (written before checkpoints carried one): using "
+                          f"its run's, {run_tokenizer}")
+        return run_tokenizer
+    if not given:
+        parser.error(f"{checkpoint} carries no tokenizer (written before checkpoints carried one) and its run folder "
+                     "has none: pass the tokenizer it was trained with as --tokenizer.")
+    accelerator.print(f"note: {checkpoint} carries no tokenizer (written before checkpoints carried one): using "
+                      f"{given}")
+    return None
+
+
+def tokenizer_files(folder: Path | None) -> dict[str, bytes]:
+    """The tokenizer's files as each checkpoint carries them ("tokenizer/NAME" -> bytes): those of `folder`, a
+    tokenizer folder, byte for byte, or else `tokenizer` saved (--tokenizer and --model folders hold other files)."""
+    with tempfile.TemporaryDirectory() as saved:
+        if folder is None:
+            tokenizer.save_pretrained(saved)
+        return {f"{TOKENIZER}/{file.name}": file.read_bytes() for file in sorted(Path(folder or saved).iterdir())
+                if file.is_file()}
+
+
+if resume:
+    tokenizer_source = resumed_tokenizer_folder(Path(resume))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source or given)
+    if tokenizer_source and given and AutoTokenizer.from_pretrained(given).get_vocab() != tokenizer.get_vocab():
+        parser.error(f"the tokenizer of {given} differs from the one {resume} was trained with ({tokenizer_source}), "
+                     "which a resumed run keeps: leave out --tokenizer / --model, or pass the same one.")
+else:
+    tokenizer_source = None if given else tokenizer_dir
+    with accelerator.main_process_first():
+        if given or not accelerator.is_main_process:
+            tokenizer = AutoTokenizer.from_pretrained(given or tokenizer_dir)
+        else:
+            tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family,
+                                        dataset=tokenizer_texts, vocab_size=args.vocab_size,
+                                        model_max_length=args.max_length)
+            tokenizer.save_pretrained(tokenizer_dir)
+checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
+if resume and not continues_run(resume, output_dir) and accelerator.is_main_process:
+    # A branch of another run: this folder's tokenizer is that run's, as a run that trained one would leave it.
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in checkpoint_files.items():
+        (output_dir / name).write_bytes(content)
 accelerator.print(f"data: {len(raw['train'])} training examples; tokenizer: {len(tokenizer)} tokens")
 
 # ----------------------------------------------------------------------------------------------- model
@@ -292,7 +345,7 @@ for step in range(start_step + 1, stop + 1):
     progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
     if step % save_steps == 0 or step == stop:
         checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
-                                      extra_files={"loss_curve.jsonl": log_file.read_text()}
+                                      extra_files={"loss_curve.jsonl": log_file.read_text(), **checkpoint_files}
                                       if accelerator.is_main_process else None)
 progress.close()
 if stop < args.max_steps:
