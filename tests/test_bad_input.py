@@ -321,6 +321,18 @@ def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, a
     assert not output.exists()
 
 
+@pytest.mark.parametrize("name", ["missing.txt", "empty.txt", "binary.txt"])
+def test_the_main_job_names_bad_data_or_output_before_any_work(hf_scratch, bad_text, corpus, tmp_path, name):
+    path, message = (str(tmp_path / name), "No such file or directory") if name == "missing.txt" else bad_text(name)
+    output = tmp_path / "out"
+    assert re.search(rf"{name}.* {message}|{message}.*{name}", hf_scratch("train", "--train-files", path,
+                                                                           "--output-dir", output))
+    assert not output.exists()
+    output.write_text("")  # a file where the run's folder would go: refused before the data is read
+    stderr = hf_scratch("train", "--train-files", path, "--output-dir", output)
+    assert f"--output-dir {output} is a file, not a folder" in stderr
+
+
 def test_tokenizer_refuses_an_output_dir_that_is_a_file(tmp_path, corpus):
     # `save_pretrained` only logged "should be a directory": the command said "saved to" and exited 0, writing nothing.
     in_the_way = tmp_path / "afile"

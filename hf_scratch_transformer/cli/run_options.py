@@ -125,9 +125,17 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     return overrides
 
 
-def load_run_data(args) -> tuple[DatasetDict, Dataset]:
+def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, Dataset]:
     """The task's train/validation data from the parsed options, and the texts a new tokenizer learns from (for
-    seq2seq both sides, since the vocabulary is shared)."""
+    seq2seq both sides, since the vocabulary is shared). Data the loaders refuse (a missing, empty or binary file,
+    a missing column, parallel files of different lengths) stops the command with their message, no traceback."""
+    try:
+        return _load_run_data(args)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+
+
+def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
     if args.task == "seq2seq":
         raw = training.load_parallel(
             args.source_files, args.target_files, args.validation_source, args.validation_target,
@@ -160,6 +168,8 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     replaces it (its checkpoints are removed first, atomically, so that no later `--resume` mixes the two runs).
     `resume_from` (`--resume-from`) outside this folder's checkpoints starts a branch of another run: for this folder
     that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other."""
+    if output_dir.exists() and not output_dir.is_dir():
+        parser.error(f"--output-dir {output_dir} is a file, not a folder")
     earlier = [name for name in RUN_FILES if (output_dir / name).exists()]
     branch = resume_from is not None and not continues_run(resume_from, output_dir)
     if not earlier or (resume and not branch):

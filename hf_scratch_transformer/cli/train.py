@@ -135,7 +135,7 @@ set_seed(args.seed)
 default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
 # ----------------------------------------------------------------------------------------------- data
-raw, tokenizer_texts = load_run_data(args)
+raw, tokenizer_texts = load_run_data(parser, args)
 print(f"data: {len(raw['train'])} training and {len(raw['validation'])} validation examples")
 
 # ----------------------------------------------------------------------------------------------- tokenizer

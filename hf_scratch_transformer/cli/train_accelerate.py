@@ -139,7 +139,7 @@ default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
 # ----------------------------------------------------------------------------------------------- data
 with accelerator.main_process_first():  # the main process fills the `datasets` cache, the others then read it
-    raw, tokenizer_texts = load_run_data(args)
+    raw, tokenizer_texts = load_run_data(parser, args)
 
 # ----------------------------------------------------------------------------------------------- tokenizer
 # A new run trains one once, by the main process, into OUTPUT_DIR/tokenizer; the other processes load it there. Every
