@@ -29,12 +29,13 @@ TINY_RUN = ["--max-length", "32", "--batch-size", "4", "--vocab-size", "300", "-
             "--max-eval-samples", "16"]
 
 
-def run_script(name: str, *arguments, cwd: Path) -> str:
+def run_script(name: str, *arguments, cwd: Path, returncode: int = 0) -> str:
+    """Runs scripts/NAME, expecting `returncode`; returns its output (stdout, then stderr)."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *map(str, arguments)], cwd=cwd, env=env,
                             capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+    assert result.returncode == returncode, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout + result.stderr
 
 
 def _words(count: int, seed: int) -> list[str]:
@@ -65,9 +66,13 @@ def test_main_job_writes_a_hub_ready_folder_and_samples_from_it(causal_lm_run):
     assert isinstance(AutoModelForCausalLM.from_pretrained(folder), hf_scratch_transformer.ScratchDecoderForCausalLM)
 
 
-def test_training_resumes_from_the_last_checkpoint(causal_lm_run):
+def test_training_resumes_from_the_last_checkpoint(causal_lm_run, tmp_path):
     output, _ = causal_lm_run
     run_tokenizer = (output / "checkpoints/checkpoint-4/tokenizer.json").read_text()
+    wordpiece().save_pretrained(tmp_path / "other")  # another vocabulary would change the ids under the weights
+    refused = run_script("train.py", "--max-steps", 6, "--output-dir", output, "--resume", "--tokenizer",
+                         tmp_path / "other", *TINY_RUN, *TINY_MODEL, cwd=output, returncode=2)
+    assert f"the tokenizer of {tmp_path / 'other'} differs from the one" in refused and "Traceback" not in refused
     stdout = run_script("train.py", "--max-steps", 6, "--output-dir", output, "--resume", *TINY_RUN, *TINY_MODEL,
                         cwd=output)
     assert "tokenizer: the run's own, from" in stdout  # not trained again
@@ -180,10 +185,8 @@ def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
     (["--model", "somewhere", "--set", "dropout=0.2"], "--set configures a new model"),
 ], ids=["misspelt-field", "invalid-value", "no-value", "with-model"])
 def test_config_overrides_are_checked_before_any_work(options, message, tmp_path):
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--output-dir", str(tmp_path / "run"),
-                             *options], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    output = run_script("train.py", "--output-dir", tmp_path / "run", *options, cwd=tmp_path, returncode=2)
+    assert message in output and "Traceback" not in output
     assert not (tmp_path / "run").exists()
 
 

@@ -139,11 +139,21 @@ raw, tokenizer_texts = load_run_data(parser, args)
 print(f"data: {len(raw['train'])} training and {len(raw['validation'])} validation examples")
 
 # ----------------------------------------------------------------------------------------------- tokenizer
-if args.model or args.tokenizer:
-    tokenizer = AutoTokenizer.from_pretrained(args.model or args.tokenizer)
-elif resumed is not None:  # trained again, a tokenizer need not come out the same (WordPiece does not)
+given = args.model or args.tokenizer
+# A resumed run keeps the tokenizer its checkpoint was trained with (Trainer saves it there; FSDP checkpoints do not,
+# but several processes need --tokenizer anyway): trained again, a tokenizer need not come out the same (WordPiece
+# does not), and another one given would change the ids under the weights.
+saved = resumed is not None and (resumed / "tokenizer_config.json").is_file()
+if saved:
     tokenizer = AutoTokenizer.from_pretrained(resumed)
+    if given and AutoTokenizer.from_pretrained(given).get_vocab() != tokenizer.get_vocab():
+        parser.error(f"the tokenizer of {given} differs from the one {resumed} was trained with, which a resumed run "
+                     "keeps: leave out --tokenizer / --model, or pass the same one.")
     print(f"tokenizer: the run's own, from {resumed}")
+elif given:
+    tokenizer = AutoTokenizer.from_pretrained(given)
+elif resumed is not None:
+    parser.error(f"{resumed} holds no tokenizer: pass the one the run was trained with as --tokenizer.")
 else:
     tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
                                 vocab_size=args.vocab_size, model_max_length=args.max_length)
