@@ -66,3 +66,14 @@ def test_quick_benchmark_prints_a_complete_table(isa):
         assert measurement not in found[family], f"duplicate row: {line}"
         found[family].add(measurement)
     assert found == expected
+
+
+@pytest.mark.parametrize("options", [["--quick"], ["--family", "gpt2"]], ids=["quick", "one-family"])
+def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_path):
+    """docs/benchmarks keeps one full run per machine class: `--write` with a smoke test or one family would replace
+    it (in the folder it runs in), so it stops before measuring anything."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), *options, "--write"],
+                            cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 2 and "--write records a full run of every family" in result.stderr
+    assert not any(tmp_path.iterdir())

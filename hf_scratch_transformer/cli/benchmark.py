@@ -101,6 +101,9 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--memory-worker", nargs=2, metavar=("FAMILY", "SIDE"), help=argparse.SUPPRESS)
 parser.add_argument("--no-bf16", action="store_true", help=argparse.SUPPRESS)  # set for the memory workers
 args = parser.parse_args()
+if args.write and (args.quick or args.family != "all"):  # a smoke test or one family would replace a full record
+    parser.error("--write records a full run of every family (docs/benchmarks keeps one per machine class): "
+                 "leave out --quick and --family")
 for name, value in SIZES["quick" if args.quick else "full"].items():
     if getattr(args, name) is None:
         setattr(args, name, value)
