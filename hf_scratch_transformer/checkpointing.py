@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedType
+from accelerate.utils.constants import FSDP_MODEL_NAME
 from safetensors import safe_open
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
@@ -221,10 +223,23 @@ def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
 # ----------------------------------------------------------------------------------------------- loading
 
 
+def check_sharding(path: str | Path, fsdp: bool) -> None:
+    """A checkpoint resumes under the sharding it was saved with: FSDP writes the model as `pytorch_model_fsdp_N`,
+    a run without FSDP as whole files, and each loader fails on the other kind deep inside, over a missing file."""
+    sharded = any(file.name.startswith(FSDP_MODEL_NAME) for file in Path(path).iterdir())
+    if sharded != fsdp:
+        raise CheckpointError(
+            f"Checkpoint {path} was saved {'sharded by FSDP' if sharded else 'without FSDP'}, and this run "
+            f"{'shards the model with FSDP' if fsdp else 'does not use FSDP'}: resume it launched as it was saved "
+            "(the same accelerate config, or --fsdp for train; docs/distributed.md)."
+        )
+
+
 def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True) -> dict:
     """Check the checkpoint at `path` against its manifest, then `accelerator.load_state` it; returns the manifest.
     Raises `CheckpointError` when this process's random state was not restored."""
     manifest = verify_checkpoint(path, verify_checksums)
+    check_sharding(path, accelerator.distributed_type == DistributedType.FSDP)
     rng_file = Path(path) / f"random_states_{accelerator.process_index}.pkl"
     if not rng_file.is_file():
         raise CheckpointError(f"Checkpoint {path} has no random state for process {accelerator.process_index} "
@@ -297,6 +312,7 @@ class CrashSafeCheckpoints:
                 report(f"no checkpoint in {folder}: starting from step 0")
         if resume_from_checkpoint:
             verify_checkpoint(resume_from_checkpoint)
+            check_sharding(resume_from_checkpoint, self.is_fsdp_enabled)
             if self.is_world_process_zero():
                 print(f"resuming from {resume_from_checkpoint}")
             resume_from_checkpoint = str(resume_from_checkpoint)

@@ -88,6 +88,15 @@ def test_fsdp_equals_one_process_resumes_its_sharded_checkpoint_and_saves_a_plai
                  launcher=fsdp_launcher(), env=CPU, cwd=workspace)
     assert f"resumed from {checkpoint} at step 2" in stdout and "changed settings" not in stdout
     assert losses(resumed) == losses(sharded)
+    # Without FSDP, the sharded checkpoint is refused naming why (Accelerate failed on a missing pytorch_model.bin);
+    # a whole one under FSDP likewise.
+    refused = run(*arguments, "--batch-size", 4, "--output-dir", workspace / "unsharded", "--resume-from", checkpoint,
+                  cwd=workspace, expect_failure=True)
+    assert f"Checkpoint {checkpoint} was saved sharded by FSDP, and this run does not use FSDP" in refused
+    assert "Traceback" not in refused
+    refused = run(*arguments, "--batch-size", 2, "--output-dir", workspace / "sharded-from-whole", "--resume-from",
+                  single / "checkpoints/step-2", launcher=fsdp_launcher(), env=CPU, cwd=workspace, expect_failure=True)
+    assert "was saved without FSDP, and this run shards the model with FSDP" in refused
     assert_same_weights(sharded / "model", resumed / "model", atol=0)
 
     # The final folder: the model's own class, the tied head stored once and tied again on loading, in one process.
@@ -167,6 +176,10 @@ def test_trainer_fsdp_equals_one_process_and_resumes_its_sharded_checkpoint(work
     assert "resuming from" in stdout and "checkpoint-2" in stdout
     assert logged_losses(resumed) == two
     assert_same_weights(sharded / "model", resumed / "model", atol=0)
+    # Without --fsdp it is refused naming why (transformers raised a ValueError with a traceback).
+    refused = run(*arguments, "--batch-size", 8, "--output-dir", resumed, "--resume", cwd=workspace,
+                  expect_failure=True)
+    assert "was saved sharded by FSDP, and this run does not use FSDP" in refused and "Traceback" not in refused
 
 
 def test_the_cpu_fsdp_config_shards_as_the_gpu_one():
