@@ -44,6 +44,23 @@ TASKS = {
         pipeline_call='print(pipe("The house is wonderful.", max_new_tokens=40)[0]["generated_text"])',
         hub_task="translation",
     ),
+    # Fine-tuned heads (`hf-scratch finetune`); the card names the model's own class (encoder or decoder family).
+    "text-classification": dict(
+        family_description="A text classifier",
+        model_class="ScratchEncoderForSequenceClassification",
+        auto_class="AutoModelForSequenceClassification",
+        pipeline_task="text-classification",
+        pipeline_call='print(pipe("To be, or not to be"))',
+        hub_task="text-classification",
+    ),
+    "token-classification": dict(
+        family_description="A token classifier",
+        model_class="ScratchEncoderForTokenClassification",
+        auto_class="AutoModelForTokenClassification",
+        pipeline_task="token-classification",
+        pipeline_call='print(pipe("Romeo and Juliet met in Verona"))',
+        hub_task="token-classification",
+    ),
 }
 
 # eval_results key -> (Hub metric id, pretty name); other keys are used as they are.
@@ -53,6 +70,8 @@ METRICS = {
     "mlm_accuracy": ("accuracy", "MLM accuracy"),
     "bleu": ("bleu", "BLEU"),
     "chrf": ("chrf", "chrF"),
+    "accuracy": ("accuracy", "Accuracy"),
+    "f1": ("f1", "Macro F1"),
 }
 
 # The config fields shown in the card's architecture table, when the family has them.
@@ -85,13 +104,15 @@ def write_model_card(
     license: str = "apache-2.0",
     intended_use: str | None = None,
     limitations: str | None = None,
+    model_class: str | None = None,
 ) -> ModelCard:
     """Render the model card of a trained model and write it to `folder/README.md`.
 
-    `task` is "causal-lm", "masked-lm" or "seq2seq"; `model_name` titles the card and is the id in its usage
+    `task` is "causal-lm", "masked-lm", "seq2seq", "text-classification" or "token-classification" (`model_class`
+    names the model's class where the task's default does not); `model_name` titles the card and is the id in its usage
     snippet (give the Hub repo id, e.g. "user/scratch-gpt-shakespeare"); `config` is the model's config as a dict;
     `dataset` a `datasets` id or a short name; `eval_results` maps metric keys ("perplexity", "eval_loss",
-    "mlm_accuracy", "bleu", "chrf", ...) to values, which also go to the `model-index` metadata. A
+    "mlm_accuracy", "bleu", "chrf", "accuracy", "f1", ...) to values, which also go to the `model-index` metadata. A
     `folder/loss_curve.png` is shown when present. The template is read from the repository checkout
     (`model_cards/template.md`), so the card tooling runs from a checkout, not from an installed wheel.
     """
@@ -117,7 +138,7 @@ def write_model_card(
     card = ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),
-        **spec,
+        **spec | ({"model_class": model_class} if model_class else {}),
         model_name=model_name,  # to_dict() moves it into model-index
         preset=preset,
         architecture={knob: config[knob] for knob in ARCHITECTURE_KNOBS if knob in config},

@@ -12,10 +12,10 @@ import pytest
 import torch
 from huggingface_hub import ModelCard, metadata_load
 from matplotlib.figure import Figure
-from tiny_models import lm_inputs, tiny_lm
+from tiny_models import LM_CLASSES, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece
 
-from hf_scratch_transformer import hub
+from hf_scratch_transformer import ScratchEncoderForSequenceClassification, ScratchEncoderForTokenClassification, hub
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_OF = {"decoder": "causal-lm", "encoder": "masked-lm", "seq2seq": "seq2seq"}
@@ -180,11 +180,19 @@ def test_published_folder_loads_where_the_package_is_missing(folders, tmp_path):
     torch.testing.assert_close(result["output"], expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("family", list(TASK_OF))
-def test_the_cards_example_runs_where_the_package_is_missing_without_asking(family, tmp_path):
+CARD_EXAMPLES = {  # task -> (family, model class)
+    **{task: (family, LM_CLASSES[family]) for family, task in TASK_OF.items()},
+    "text-classification": ("encoder", ScratchEncoderForSequenceClassification),
+    "token-classification": ("encoder", ScratchEncoderForTokenClassification),
+}
+
+
+@pytest.mark.parametrize("task", list(CARD_EXAMPLES))
+def test_the_cards_example_runs_where_the_package_is_missing_without_asking(task, tmp_path):
     """The "How to use" block of the card, with its repo id pointing at the published folder (model, tokenizer,
     card), run in a process where the package cannot be imported, with no terminal to answer a
     `trust_remote_code` question: every loader in it must say `trust_remote_code=True`."""
+    family, model_class = CARD_EXAMPLES[task]
     tokenizer = {"encoder": wordpiece, "decoder": byte_level_bpe, "seq2seq": byte_level_bpe}[family]
     tokenizer = tokenizer() if family == "encoder" else tokenizer(family=family)
     specials = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
@@ -192,10 +200,11 @@ def test_the_cards_example_runs_where_the_package_is_missing_without_asking(fami
     if family == "seq2seq":
         specials["decoder_start_token_id"] = tokenizer.bos_token_id
     folder = tmp_path / "published"
-    model = tiny_lm(family, vocab_size=len(tokenizer), **specials)
+    torch.manual_seed(0)
+    model = model_class(tiny_config(family, vocab_size=len(tokenizer), **specials)).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    card = hub.write_model_card(folder, task=TASK_OF[family], model_name="someone/tiny", preset=None,
+    card = hub.write_model_card(folder, task=task, model_name="someone/tiny", preset=None,
                                 config=model.config.to_dict(), num_parameters=model.num_parameters(),
                                 dataset="tiny_shakespeare", hyperparameters={}, eval_results={})
     example = card.text.split("## How to use")[1].split("```python\n")[1].split("```")[0]

@@ -21,6 +21,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer
+from hf_scratch_transformer import hub
 from hf_scratch_transformer.cli.run_options import config_override
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +140,14 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls/model")
     assert isinstance(model, hf_scratch_transformer.ScratchEncoderForSequenceClassification)
     assert set(model.config.id2label.values()) == {"animal", "other"}
+    # Hub-ready as the main job's folder: a card with the model's class, its metrics and the run (was missing, so
+    # `hf-scratch publish` refused the folder).
+    plan = dict(hub.upload_plan(tmp_path / "cls/model"))
+    assert {"README.md", "config.json", "model.safetensors", "loss_curve.png"} <= set(plan)
+    card = ModelCard.load(tmp_path / "cls/model/README.md")
+    assert card.data.pipeline_tag == "text-classification"
+    assert {result.metric_name for result in card.data.eval_results} == {"Accuracy", "Macro F1", "Eval loss"}
+    assert "(`ScratchEncoderForSequenceClassification`)" in card.text and "| steps_trained | 4 |" in card.text
 
 
 def test_finetune_text_classification_from_our_causal_lm_scores_texts_independently_of_their_batch(
@@ -176,6 +185,8 @@ def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
     assert "accuracy" in stdout
     config = json.loads((tmp_path / "ner/model/config.json").read_text())
     assert config["model_type"] == "scratch_encoder" and set(config["id2label"].values()) == {"ANIMAL", "O"}
+    card = ModelCard.load(tmp_path / "ner/model/README.md")
+    assert card.data.pipeline_tag == "token-classification" and "ScratchEncoderForTokenClassification" in card.text
 
 
 @pytest.mark.parametrize("options, message", [

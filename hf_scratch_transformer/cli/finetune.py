@@ -33,7 +33,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
-from hf_scratch_transformer import training
+from hf_scratch_transformer import hub, training
 from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer
 from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
@@ -81,6 +81,7 @@ parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides
 parser.add_argument("--batch-size", type=positive_int, default=16)
 parser.add_argument("--learning-rate", type=float, default=5e-5)
 parser.add_argument("--seed", type=int, default=42)
+parser.add_argument("--model-name", help="the card's title and repo id (default: scratch-<task>-<data>)")
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
 add_run_safety_arguments(parser)
 args = parser.parse_args()
@@ -277,4 +278,17 @@ folder = output_dir / "model"
 trainer.save_model(str(folder))
 (folder / "eval_results.json").write_text(json.dumps(results, indent=2))
 training.plot_loss_curve(trainer.state.log_history, folder / "loss_curve.png", title=args.task)
-print(f"saved to {folder}")
+dataset = args.dataset or Path(args.train_file).stem
+hub.write_model_card(
+    folder, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
+    config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset=dataset,
+    dataset_description="" if args.dataset else "Files: " + ", ".join(
+        f"`{Path(file).name}`" for file in (args.train_file, args.validation_file) if file),
+    tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens (the base model's)",
+    hyperparameters={"base_model": str(args.model), "epochs": args.epochs, "max_steps": args.max_steps,
+                     "steps_trained": trainer.state.global_step, "batch_size": args.batch_size,
+                     "learning_rate": args.learning_rate},
+    eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
+    model_class=type(model).__name__,
+)
+print(f"saved a Hub-ready folder: {folder}")
