@@ -300,6 +300,7 @@ def corpus(tmp_path):
         (["train", "--max-minutes", "-1"], "argument --max-minutes: must be > 0, got -1"),
         (["train", "--max-length", "0"], "argument --max-length: must be >= 3, got 0"),
         (["train", "--gradient-accumulation-steps", "0"], "argument --gradient-accumulation-steps: must be >= 1"),
+        (["train", "--resume", "--overwrite-output-dir"], "--resume continues the earlier run and --overwrite"),
         (["train", "--model", "no/such/model"], "argument --model: folder no/such/model does not exist"),
         (["train", "--tokenizer", "./no-tokenizer"], "argument --tokenizer: folder ./no-tokenizer does not exist"),
         (["train-accelerate", "--keep-checkpoints", "0"], "argument --keep-checkpoints: must be >= 1, got 0"),

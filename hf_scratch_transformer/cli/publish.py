@@ -1,8 +1,8 @@
 """Publish a saved model folder to the Hugging Face Hub, or list what would be uploaded:
 
-    hf-scratch publish outputs/quickstart --repo-id USER/scratch-gpt-shakespeare --dry-run
+    hf-scratch publish outputs/quickstart/model --repo-id USER/scratch-gpt-shakespeare --dry-run
     hf auth login                                     # or export HF_TOKEN=...
-    hf-scratch publish outputs/quickstart --repo-id USER/scratch-gpt-shakespeare --private
+    hf-scratch publish outputs/quickstart/model --repo-id USER/scratch-gpt-shakespeare --private
 
 The folder needs config.json, the weights and the model code (`save_pretrained` writes them) and a README.md model
 card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not uploaded.

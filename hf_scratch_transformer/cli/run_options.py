@@ -172,6 +172,8 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
         parser.error(f"--output-dir {output_dir} is a file, not a folder")
     earlier = [name for name in RUN_FILES if (output_dir / name).exists()]
     branch = resume_from is not None and not continues_run(resume_from, output_dir)
+    if resume and overwrite and not branch:
+        parser.error("--resume continues the earlier run and --overwrite-output-dir replaces it: pass one of them")
     if not earlier or (resume and not branch):
         return
     if not overwrite and branch:

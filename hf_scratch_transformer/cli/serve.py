@@ -1,8 +1,8 @@
 """Serve a saved model folder as an OpenAI-compatible endpoint with transformers' own server, `transformers serve`
 (its routes, streaming and continuous batching):
 
-    hf-scratch serve outputs/quickstart --port 8000
-    hf-scratch serve outputs/quickstart --continuous-batching --cb-num-blocks 256
+    hf-scratch serve outputs/quickstart/model --port 8000
+    hf-scratch serve outputs/quickstart/model --continuous-batching --cb-num-blocks 256
 
 then `/v1/chat/completions` (the tokenizer needs a chat template), `/v1/completions`, `/v1/models`, `/health`.
 Every option of `transformers serve` works (`hf-scratch serve --help`); it needs `pip install "transformers[serving]"`.

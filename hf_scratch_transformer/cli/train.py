@@ -280,7 +280,7 @@ hub.write_model_card(
     dataset_description="Files: " + ", ".join(f"`{f.name}`" for f in files) if not args.dataset else "",
     tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
     hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,
-                     "batch_size": args.batch_size * args.gradient_accumulation_steps,
+                     "global_batch_size": args.batch_size * args.gradient_accumulation_steps * trainer.args.world_size,
                      "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16},
     eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
 )
