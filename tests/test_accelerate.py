@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.utils import DistributedType
 from accelerate.utils.dataclasses import get_module_class_from_name
 from safetensors.torch import load_file
 from tiny_tokenizers import write_run_corpus
@@ -208,8 +209,8 @@ class FakeAccelerator:
 
     is_main_process, process_index = True, 0
 
-    def __init__(self, fail_after: int | None = None):
-        self.fail_after, self.loaded = fail_after, None
+    def __init__(self, fail_after: int | None = None, distributed_type: DistributedType = DistributedType.NO):
+        self.fail_after, self.loaded, self.distributed_type = fail_after, None, distributed_type
 
     def wait_for_everyone(self):
         pass
@@ -240,6 +241,19 @@ def test_checkpoints_are_written_atomically_with_a_manifest(tmp_path):
     accelerator = FakeAccelerator()
     assert checkpointing.load_checkpoint(accelerator, tmp_path / "step-6")["step"] == 6
     assert accelerator.loaded == str(tmp_path / "step-6")
+
+
+def test_a_checkpoint_resumes_only_under_the_sharding_it_was_saved_with(tmp_path):
+    whole = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
+    with pytest.raises(checkpointing.CheckpointError, match="saved without FSDP, and this run shards the model"):
+        checkpointing.load_checkpoint(FakeAccelerator(distributed_type=DistributedType.FSDP), whole)
+    sharded = tmp_path / "sharded"
+    shutil.copytree(whole, sharded)
+    (sharded / "model.safetensors").rename(sharded / "pytorch_model_fsdp_0.bin")  # FSDP's name for the model
+    checkpointing.write_manifest(sharded, 2)
+    with pytest.raises(checkpointing.CheckpointError, match="saved sharded by FSDP, and this run does not use FSDP"):
+        checkpointing.load_checkpoint(FakeAccelerator(), sharded)
+    checkpointing.load_checkpoint(FakeAccelerator(distributed_type=DistributedType.FSDP), sharded)
 
 
 def test_saving_an_earlier_step_drops_the_abandoned_later_checkpoints(tmp_path):
