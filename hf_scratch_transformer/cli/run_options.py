@@ -8,7 +8,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_scratch_transformer import checkpointing, training
 from hf_scratch_transformer.presets import get_preset
@@ -123,6 +123,17 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
         except ValueError as error:
             parser.error(str(error))
     return overrides
+
+
+def refuse_another_tokenizer(parser: argparse.ArgumentParser, given: Path | None, tokenizer, checkpoint: Path,
+                             source: Path | None = None) -> None:
+    """A resumed run keeps the tokenizer its checkpoint was trained with (`tokenizer`, from `source` when that is
+    not the checkpoint itself): a --tokenizer / --model of another vocabulary would change the ids under the
+    weights."""
+    if given and AutoTokenizer.from_pretrained(given).get_vocab() != tokenizer.get_vocab():
+        parser.error(f"the tokenizer of {given} differs from the one {checkpoint} was trained with"
+                     f"{f' ({source})' if source else ''}, which a resumed run keeps: leave out --tokenizer / "
+                     "--model, or pass the same one.")
 
 
 def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, Dataset]:

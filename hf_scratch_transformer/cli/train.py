@@ -53,6 +53,7 @@ from hf_scratch_transformer.cli.run_options import (
     non_negative_int,
     positive_float,
     positive_int,
+    refuse_another_tokenizer,
 )
 from hf_scratch_transformer.presets import get_preset
 from hf_scratch_transformer.sharding import ShardedTrainer
@@ -146,9 +147,7 @@ given = args.model or args.tokenizer
 saved = resumed is not None and (resumed / "tokenizer_config.json").is_file()
 if saved:
     tokenizer = AutoTokenizer.from_pretrained(resumed)
-    if given and AutoTokenizer.from_pretrained(given).get_vocab() != tokenizer.get_vocab():
-        parser.error(f"the tokenizer of {given} differs from the one {resumed} was trained with, which a resumed run "
-                     "keeps: leave out --tokenizer / --model, or pass the same one.")
+    refuse_another_tokenizer(parser, given, tokenizer, resumed)
     print(f"tokenizer: the run's own, from {resumed}")
 elif given:
     tokenizer = AutoTokenizer.from_pretrained(given)

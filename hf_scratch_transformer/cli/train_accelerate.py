@@ -57,6 +57,7 @@ from hf_scratch_transformer.cli.run_options import (
     load_run_data,
     non_negative_int,
     positive_int,
+    refuse_another_tokenizer,
 )
 from hf_scratch_transformer.presets import get_preset
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
@@ -182,9 +183,8 @@ def tokenizer_files(folder: Path | None) -> dict[str, bytes]:
 if resume:
     tokenizer_source = resumed_tokenizer_folder(Path(resume))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source or given)
-    if tokenizer_source and given and AutoTokenizer.from_pretrained(given).get_vocab() != tokenizer.get_vocab():
-        parser.error(f"the tokenizer of {given} differs from the one {resume} was trained with ({tokenizer_source}), "
-                     "which a resumed run keeps: leave out --tokenizer / --model, or pass the same one.")
+    if tokenizer_source:  # else the tokenizer is the given one
+        refuse_another_tokenizer(parser, given, tokenizer, resume, tokenizer_source)
 else:
     tokenizer_source = None if given else tokenizer_dir
     with accelerator.main_process_first():
