@@ -26,11 +26,15 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_scratch import ScratchConfigBase
 from .scratch_attention import ScratchAttention
 from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
-from .scratch_loss import lm_loss
+from .scratch_loss import lm_loss, sequence_classification_loss
 from .scratch_masks import build_cross_attention_mask, build_self_attention_mask
 from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
 
-LM_LOSSES = {"ForCausalLM": partial(lm_loss, shift=True), "ForMaskedLM": partial(lm_loss, shift=False)}
+LOSSES = {
+    "ForCausalLM": partial(lm_loss, shift=True),
+    "ForMaskedLM": partial(lm_loss, shift=False),
+    "ForSequenceClassification": sequence_classification_loss,
+}
 
 
 def check_labels_shape(labels: torch.Tensor | None, inputs: torch.Tensor | None, name: str = "labels") -> None:
@@ -134,12 +138,13 @@ class ScratchPreTrainedModel(PreTrainedModel):
     @property
     def loss_function(self):
         """transformers' loss for the model's `loss_type`, except the language-model losses, which are the same
-        functions on a faster CPU cross-entropy (`scratch_loss.py`). As in transformers, a function assigned with
+        functions on a faster CPU cross-entropy, and the sequence-classification one, which honours
+        `num_items_in_batch` (`scratch_loss.py`). As in transformers, a function assigned with
         `model.loss_function = ...` wins."""
         assigned = self.__dict__.get("_loss_function")  # not hasattr: a missing module attribute raises, slowly
         if assigned is not None:
             return assigned
-        return LM_LOSSES.get(self.loss_type) or super().loss_function
+        return LOSSES.get(self.loss_type) or super().loss_function
 
     @loss_function.setter
     def loss_function(self, value) -> None:

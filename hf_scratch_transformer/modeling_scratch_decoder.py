@@ -123,7 +123,9 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         pooled_logits = logits[torch.arange(batch_size, device=logits.device), self._last_token_index(input_ids)]
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+            loss = self.loss_function(
+                logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config, **kwargs
+            )
         return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,

@@ -133,7 +133,7 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
         logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

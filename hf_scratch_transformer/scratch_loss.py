@@ -1,4 +1,5 @@
-"""The language-model losses: transformers' `ForCausalLMLoss` / `ForMaskedLMLoss`, with a faster CPU cross-entropy.
+"""The language-model losses: transformers' `ForCausalLMLoss` / `ForMaskedLMLoss`, with a faster CPU cross-entropy;
+and the sequence-classification loss, counted as they are under gradient accumulation.
 
 On CPU, PyTorch's backward of `cross_entropy` over a (tokens, vocab) matrix (nll_loss backward into a zero-filled
 matrix, then log_softmax backward) takes several times its forward: for 2048 x 8192 logits, forward and backward
@@ -14,6 +15,7 @@ and names the way out.
 
 import torch
 import torch.nn.functional as F
+from transformers.loss.loss_utils import ForSequenceClassificationLoss
 
 from .scratch_linear import inside_torch_func
 
@@ -117,3 +119,17 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_ite
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+def sequence_classification_loss(labels: torch.Tensor, pooled_logits: torch.Tensor, config, num_items_in_batch=None,
+                                 **kwargs) -> torch.Tensor:
+    """transformers' `ForSequenceClassificationLoss` (regression, single- or multi-label by `config.problem_type`), a
+    mean over the batch. With `num_items_in_batch` (Trainer's gradient accumulation, which then leaves the loss
+    undivided by the number of micro-batches) the sum over this batch divided by it instead: transformers' own ignores
+    the count except for cross-entropy, which made accumulated updates that many times too large."""
+    loss = ForSequenceClassificationLoss(labels, pooled_logits, config, num_items_in_batch=num_items_in_batch)
+    if num_items_in_batch is None or config.problem_type == "single_label_classification":
+        return loss  # cross-entropy divides its sum by the count itself
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss * labels.numel() / num_items_in_batch  # MSE and BCE average every label value, which Trainer counts

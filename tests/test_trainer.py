@@ -1,9 +1,12 @@
-"""A short `Trainer` run lowers the loss of each family on a small synthetic task."""
+"""A short `Trainer` run lowers the loss of each family on a small synthetic task; gradient accumulation gives each
+head the update of one batch."""
 
 import pytest
 import torch
-from tiny_models import VOCAB, tiny_lm
+from tiny_models import VOCAB, tiny_config, tiny_lm
 from transformers import Trainer, TrainingArguments
+
+import hf_scratch_transformer as hst
 
 
 def _examples(family: str, count: int = 64, length: int = 12) -> list[dict]:
@@ -45,3 +48,46 @@ def test_trainer_lowers_the_loss(family, tmp_path):
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 8
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+HEADS = [
+    ("ScratchEncoderForSequenceClassification", "single_label_classification"),
+    ("ScratchEncoderForSequenceClassification", "regression"),
+    ("ScratchEncoderForSequenceClassification", "multi_label_classification"),
+    ("ScratchDecoderForSequenceClassification", "single_label_classification"),
+    ("ScratchEncoderForTokenClassification", None),
+]
+
+
+def _head_example(index: int, problem_type: str | None) -> dict:
+    generator = torch.Generator().manual_seed(index)
+    ids = torch.randint(3, VOCAB, (6,), generator=generator)
+    labels = {
+        "single_label_classification": index % 3,
+        "regression": torch.randn((), generator=generator).item(),
+        "multi_label_classification": torch.randint(0, 2, (3,), generator=generator).float(),
+        None: torch.randint(0, 3, (6,), generator=generator),
+    }[problem_type]
+    return {"input_ids": ids, "labels": labels}
+
+
+@pytest.mark.parametrize("head, problem_type", HEADS)
+def test_gradient_accumulation_gives_the_update_of_one_batch(head, problem_type, tmp_path):
+    """Trainer passes `num_items_in_batch` to a model whose forward takes **kwargs, and then no longer divides the
+    loss by the number of micro-batches: each head's loss must divide by that count (the classification heads took
+    the mean, so 6 examples in micro-batches of 4 and 2 moved the weights about twice as far as one batch of 6)."""
+    examples = [_head_example(i, problem_type) for i in range(6)]
+    weights = []
+    for batch_size, accumulation in [(6, 1), (4, 2)]:
+        torch.manual_seed(0)
+        family = "decoder" if "Decoder" in head else "encoder"
+        num_labels = 1 if problem_type == "regression" else 3
+        model = getattr(hst, head)(tiny_config(family, num_labels=num_labels, problem_type=problem_type))
+        args = TrainingArguments(
+            output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=1.0, lr_scheduler_type="constant",
+            max_grad_norm=0, save_strategy="no", report_to=[], disable_tqdm=True, use_cpu=True, seed=0,
+        )
+        Trainer(model=model, args=args, train_dataset=examples).train()
+        weights.append(torch.cat([parameter.detach().flatten() for parameter in model.parameters()]))
+    torch.testing.assert_close(weights[1], weights[0])
