@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
+from tiny_models import tiny_config
 from tiny_tokenizers import wordpiece
 from transformers import (
     AutoModelForCausalLM,
@@ -187,6 +188,26 @@ def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
     assert config["model_type"] == "scratch_encoder" and set(config["id2label"].values()) == {"ANIMAL", "O"}
     card = ModelCard.load(tmp_path / "ner/model/README.md")
     assert card.data.pipeline_tag == "token-classification" and "ScratchEncoderForTokenClassification" in card.text
+
+
+def _encoder_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoderForMaskedLM, **config) -> Path:
+    """A tiny encoder of ours with the test WordPiece tokenizer, saved as `hf-scratch finetune` reads it."""
+    tokenizer = wordpiece()
+    torch.manual_seed(0)
+    model_class(tiny_config("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config)
+                ).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_finetune_gives_integer_labels_their_own_ids(tmp_path):
+    """Sorted as text, labels 0..10 took the ids 0, 1, 3, 4, ... 10, 2: class 2 was the head's row 3."""
+    rows = ["text,label"] + [f"{s},{i % 11}" for i, s in enumerate(_words(44, 5))]
+    (tmp_path / "train.csv").write_text("\n".join(rows))
+    run_script("finetune.py", "--model", _encoder_folder(tmp_path / "mlm"), "--task", "text-classification",
+               "--train-file", tmp_path / "train.csv", "--max-steps", 1, "--output-dir", tmp_path / "cls", cwd=tmp_path)
+    config = json.loads((tmp_path / "cls/model/config.json").read_text())
+    assert config["id2label"] == {str(i): str(i) for i in range(11)}
 
 
 @pytest.mark.parametrize("options, message", [

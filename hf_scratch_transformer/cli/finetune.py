@@ -123,6 +123,15 @@ def rows(indices: list[int]) -> str:
     return f"row{'s' if len(indices) > 1 else ''} {shown} (counted from 1, after any header)"
 
 
+def class_order(name: str) -> tuple:
+    """Sort key of class names: integers in numeric order, so that labels 0..N-1 keep their ids (as text, "10" comes
+    before "2"), then the other names alphabetically."""
+    try:
+        return 0, int(name), name
+    except ValueError:
+        return 1, 0, name
+
+
 def label_key(value) -> str:
     """A label as a class name: whole floats (CSV columns with gaps are read as floats) as their integer."""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
@@ -194,7 +203,7 @@ labels_feature = raw["train"].features[args.label_column]
 # the whole training data (before a validation share is split off), and every other split must use only those.
 class_names = getattr(getattr(labels_feature, "feature", labels_feature), "names", None)
 if not class_names:
-    names = sorted(check_labels(where["train"], raw["train"]))
+    names = sorted(check_labels(where["train"], raw["train"]), key=class_order)
     for name in set(raw) - {"train"}:
         if unknown := check_labels(where[name], raw[name]) - set(names):
             parser.error(f"{where[name]}: labels {sorted(unknown)} do not occur in the training data "
