@@ -210,6 +210,27 @@ def test_finetune_gives_integer_labels_their_own_ids(tmp_path):
     assert config["id2label"] == {str(i): str(i) for i in range(11)}
 
 
+def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_path):
+    """A classifier whose classes are not in sorted order, fine-tuned further on them, kept its head's rows under
+    sorted names (its predictions swapped classes); on other classes it gets a new head (sizes were refused)."""
+    base = _encoder_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
+                           id2label={0: "other", 1: "animal"}, label2id={"other": 0, "animal": 1})
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
+    (tmp_path / "train.csv").write_text("\n".join(rows))
+    run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "train.csv",
+               "--max-steps", 1, "--learning-rate", 0, "--output-dir", tmp_path / "same", cwd=tmp_path)
+    before = AutoModelForSequenceClassification.from_pretrained(base).eval()
+    after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "same/model").eval()
+    assert after.config.id2label == before.config.id2label
+    inputs = wordpiece()(["a dog runs", "the man sees a house"], return_tensors="pt", padding=True)
+    torch.testing.assert_close(after(**inputs).logits, before(**inputs).logits)
+    three = ["text,label"] + [f"{s},{i % 3}" for i, s in enumerate(_words(30, 6))]
+    (tmp_path / "three.csv").write_text("\n".join(three))
+    run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "three.csv",
+               "--max-steps", 1, "--output-dir", tmp_path / "three", cwd=tmp_path)
+    assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "three/model").config.num_labels == 3
+
+
 @pytest.mark.parametrize("options, message", [
     (["--set", "num_layers=1"], "ScratchDecoderConfig has no field num_layers (did you mean num_hidden_layers?)"),
     (["--set", "hidden_size=33"], "hidden_size"),

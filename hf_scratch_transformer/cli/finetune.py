@@ -217,6 +217,13 @@ if "validation" not in raw:
                      "set; give --validation-file")
     split = raw["train"].train_test_split(test_size=0.1, seed=args.seed)
     raw["train"], raw["validation"] = split["train"], split["test"]
+
+# ----------------------------------------------------------------------------------------------- model
+config = AutoConfig.from_pretrained(args.model)
+if not class_names and set(config.label2id) == set(names):
+    # A classifier fine-tuned further on the classes it knows keeps their order: each row of its head stays the
+    # class it was trained for (in sorted order, the names of its rows would be swapped).
+    names = sorted(names, key=config.label2id.get)
 label2id = {name: i for i, name in enumerate(names)}
 
 
@@ -224,8 +231,6 @@ def label_id(value) -> int:
     return value if class_names else label2id[label_key(value)]
 
 
-# ----------------------------------------------------------------------------------------------- model
-config = AutoConfig.from_pretrained(args.model)
 source = args.model
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
     source = Path(tempfile.mkdtemp()) / "converted"
@@ -239,7 +244,7 @@ if tokenizer.pad_token is None:
 tokenizer.padding_side = "right"
 model = HEADS[args.task].from_pretrained(
     source, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
-    pad_token_id=tokenizer.pad_token_id,
+    pad_token_id=tokenizer.pad_token_id, ignore_mismatched_sizes=True,  # a classifier of other classes: a new head
 )
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
 
