@@ -282,14 +282,16 @@ def plot_loss_curve(log_history: list[dict], path: Path, title: str = "") -> Pat
 
 
 def classification_metrics(eval_prediction) -> dict:
-    """Accuracy and macro-F1 over labelled items (sequences, or tokens with -100 for the unlabelled ones)."""
+    """Accuracy and macro-F1 over labelled items (sequences, or tokens with -100 for the unlabelled ones). Macro-F1
+    averages every class found in the labels or the predictions, as scikit-learn's does: a class only ever
+    predicted (wrongly) counts, with F1 0."""
     predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
     if predictions.ndim == labels.ndim + 1:  # logits
         predictions = predictions.argmax(-1)
     keep = labels != -100
     predictions, labels = predictions[keep], labels[keep]
     f1_scores = []
-    for label in np.unique(labels):
+    for label in np.union1d(labels, predictions):
         true_positive = np.sum((predictions == label) & (labels == label))
         predicted, actual = np.sum(predictions == label), np.sum(labels == label)
         f1_scores.append(2 * true_positive / (predicted + actual) if predicted + actual else 0.0)

@@ -142,6 +142,16 @@ def test_classification_metrics():
     assert metrics["f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
 
 
+def test_macro_f1_counts_classes_that_are_only_predicted():
+    """As scikit-learn's macro-F1 (which `evaluate`'s f1 is): every class in the labels or the predictions counts.
+    Here class 2 is predicted once, wrongly, so its F1 is 0: (1 + 2/3 + 0) / 3; counting only the labels' classes
+    gave (1 + 2/3) / 2, a better score for a worse model."""
+    tokens = SimpleNamespace(predictions=np.array([[0, 0, 1, 2, 0]]), label_ids=np.array([[0, 0, 1, 1, -100]]))
+    metrics = training.classification_metrics(tokens)
+    assert metrics["accuracy"] == pytest.approx(3 / 4)
+    assert metrics["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
+
+
 def test_translation_metrics_score_a_perfect_and_a_wrong_output():
     tokenizer = byte_level_bpe(family="seq2seq")
     labels = np.array(tokenizer(["a man rides a horse", "two dogs play"], padding=True).input_ids)
