@@ -12,7 +12,7 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 from tiny_models import tiny_config
-from tiny_tokenizers import wordpiece
+from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -190,11 +190,13 @@ def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
     assert card.data.pipeline_tag == "token-classification" and "ScratchEncoderForTokenClassification" in card.text
 
 
-def _encoder_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoderForMaskedLM, **config) -> Path:
-    """A tiny encoder of ours with the test WordPiece tokenizer, saved as `hf-scratch finetune` reads it."""
-    tokenizer = wordpiece()
+def _tiny_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoderForMaskedLM, **config) -> Path:
+    """A tiny model of ours with a test tokenizer (WordPiece for an encoder, else byte-level BPE), saved as
+    `hf-scratch finetune` reads it."""
+    family = model_class.config_class.model_type.removeprefix("scratch_")
+    tokenizer = wordpiece() if family == "encoder" else byte_level_bpe(family=family)
     torch.manual_seed(0)
-    model_class(tiny_config("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config)
+    model_class(tiny_config(family, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config)
                 ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -204,7 +206,7 @@ def test_finetune_gives_integer_labels_their_own_ids(tmp_path):
     """Sorted as text, labels 0..10 took the ids 0, 1, 3, 4, ... 10, 2: class 2 was the head's row 3."""
     rows = ["text,label"] + [f"{s},{i % 11}" for i, s in enumerate(_words(44, 5))]
     (tmp_path / "train.csv").write_text("\n".join(rows))
-    run_script("finetune.py", "--model", _encoder_folder(tmp_path / "mlm"), "--task", "text-classification",
+    run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "text-classification",
                "--train-file", tmp_path / "train.csv", "--max-steps", 1, "--output-dir", tmp_path / "cls", cwd=tmp_path)
     config = json.loads((tmp_path / "cls/model/config.json").read_text())
     assert config["id2label"] == {str(i): str(i) for i in range(11)}
@@ -213,7 +215,7 @@ def test_finetune_gives_integer_labels_their_own_ids(tmp_path):
 def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_path):
     """A classifier whose classes are not in sorted order, fine-tuned further on them, kept its head's rows under
     sorted names (its predictions swapped classes); on other classes it gets a new head (sizes were refused)."""
-    base = _encoder_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
+    base = _tiny_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
                            id2label={0: "other", 1: "animal"}, label2id={"other": 0, "animal": 1})
     rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
     (tmp_path / "train.csv").write_text("\n".join(rows))
@@ -229,6 +231,23 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "three.csv",
                "--max-steps", 1, "--output-dir", tmp_path / "three", cwd=tmp_path)
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "three/model").config.num_labels == 3
+
+
+@pytest.mark.parametrize("model_class, task", [
+    (hf_scratch_transformer.ScratchDecoderForCausalLM, "token-classification"),
+    (hf_scratch_transformer.ScratchSeq2SeqForConditionalGeneration, "text-classification"),
+])
+def test_finetune_refuses_a_model_without_the_tasks_head(model_class, task, tmp_path):
+    """The Auto class failed with a traceback ("Unrecognized configuration class ... for this kind of AutoModel")."""
+    rows = [{"tokens": s.split(), "text": s, "label": "A" if "dog" in s else "B", "tags": ["O"] * 4 + ["X"]}
+            for s in _words(20, 7)]
+    (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
+    labels = "tags" if task == "token-classification" else "label"
+    output = run_script("finetune.py", "--model", _tiny_folder(tmp_path / "model", model_class), "--task", task,
+                        "--train-file", tmp_path / "train.json", "--label-column", labels,
+                        "--output-dir", tmp_path / "out", cwd=tmp_path, returncode=2)
+    family = model_class.config_class.model_type
+    assert f"a {family} model has no {task} head; {task} fine-tunes " in output and "Traceback" not in output
 
 
 @pytest.mark.parametrize("options, message", [

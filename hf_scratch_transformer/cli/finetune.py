@@ -49,6 +49,8 @@ from tokenizer_training import check_text_file
 NATIVE_LMS = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
          "token-classification": AutoModelForTokenClassification}
+MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2 or BERT",
+                    "token-classification": "an encoder of ours, or a native BERT"}
 FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json"}  # local file suffix -> `datasets` builder
 
 
@@ -235,6 +237,10 @@ source = args.model
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
     source = Path(tempfile.mkdtemp()) / "converted"
     from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model)).save_pretrained(source)
+# A family without the task's head: the Auto class would fail with a traceback (for a native model, the converted one)
+if type(AutoConfig.from_pretrained(source)) not in HEADS[args.task]._model_mapping:
+    parser.error(f"--model {args.model}: a {config.model_type} model has no {args.task} head; {args.task} fine-tunes "
+                 f"{MODELS_WITH_HEAD[args.task]}")
 tokenizer = AutoTokenizer.from_pretrained(args.model)
 if tokenizer.pad_token is None:
     tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no padding token
