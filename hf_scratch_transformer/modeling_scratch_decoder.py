@@ -120,7 +120,8 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         )
         logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
         batch_size = logits.shape[0]
-        pooled_logits = logits[torch.arange(batch_size, device=logits.device), self._last_token_index(input_ids)]
+        last = self._last_token_index(input_ids, batch_size)
+        pooled_logits = logits[torch.arange(batch_size, device=logits.device), last]
         loss = None
         if labels is not None:
             loss = self.loss_function(
@@ -134,12 +135,13 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
             attentions=outputs.attentions,
         )
 
-    def _last_token_index(self, input_ids: torch.LongTensor | None) -> torch.Tensor | int:
-        """Index of the rightmost non-padding token of each row (works for left and right padding)."""
+    def _last_token_index(self, input_ids: torch.LongTensor | None, batch_size: int) -> torch.Tensor | int:
+        """Index of the rightmost non-padding token of each row (works for left and right padding); the last position
+        for embeddings, as GPT-2 does."""
         pad_token_id = self.config.pad_token_id
+        if pad_token_id is None and batch_size > 1:  # embeddings too: a padded row would be read at its padding
+            raise ValueError("Sequence classification of a batch needs `config.pad_token_id` to find each end.")
         if input_ids is None or pad_token_id is None:
-            if input_ids is not None and input_ids.shape[0] > 1:
-                raise ValueError("Sequence classification of a batch needs `config.pad_token_id` to find each end.")
             return -1
         positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
         return (positions * (input_ids != pad_token_id)).argmax(-1)

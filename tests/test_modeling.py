@@ -141,6 +141,18 @@ def test_decoder_classifier_reads_the_last_real_token_of_left_and_right_padded_r
     torch.testing.assert_close(model(input_ids=ids, attention_mask=(ids != PAD).long()).logits, alone)
 
 
+@pytest.mark.parametrize("inputs", ["input_ids", "inputs_embeds"])
+def test_decoder_classifier_without_a_padding_token_refuses_a_batch(inputs):
+    """As GPT-2: with no `pad_token_id` a row's end is unknown. Embeddings were read at the last position, the
+    padding of any shorter row."""
+    model = hst.ScratchDecoderForSequenceClassification(tiny_config("decoder", num_labels=2, pad_token_id=None))
+    ids = torch.randint(3, VOCAB, (2, 5))
+    given = {"input_ids": ids} if inputs == "input_ids" else {"inputs_embeds": model.get_input_embeddings()(ids)}
+    with pytest.raises(ValueError, match="needs `config.pad_token_id` to find each end"):
+        model(**given)
+    assert model(**{name: value[:1] for name, value in given.items()}).logits.shape == (1, 2)  # one row: its end
+
+
 # ---------------------------------------------------------------------------------------------- outputs
 
 
