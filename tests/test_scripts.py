@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import ClassLabel, Dataset, Features, Value
 from huggingface_hub import ModelCard
 from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe, wordpiece
@@ -225,6 +226,16 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "same/model").eval()
     assert after.config.id2label == before.config.id2label
     inputs = wordpiece()(["a dog runs", "the man sees a house"], return_tensors="pt", padding=True)
+    torch.testing.assert_close(after(**inputs).logits, before(**inputs).logits)
+    # The same from a `datasets` ClassLabel column, whose ids follow its own order of names (here the other one).
+    texts = _words(40, 3)
+    Dataset.from_dict({"text": texts, "label": [0 if "dog" in s or "horse" in s else 1 for s in texts]},
+                      features=Features({"text": Value("string"), "label": ClassLabel(names=["animal", "other"])})
+                      ).to_parquet(tmp_path / "dataset/train.parquet")
+    run_script("finetune.py", "--model", base, "--task", "text-classification", "--dataset", tmp_path / "dataset",
+               "--max-steps", 1, "--learning-rate", 0, "--output-dir", tmp_path / "dataset-run", cwd=tmp_path)
+    after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "dataset-run/model").eval()
+    assert after.config.id2label == before.config.id2label
     torch.testing.assert_close(after(**inputs).logits, before(**inputs).logits)
     three = ["text,label"] + [f"{s},{i % 3}" for i, s in enumerate(_words(30, 6))]
     (tmp_path / "three.csv").write_text("\n".join(three))

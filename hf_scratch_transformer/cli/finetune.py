@@ -222,15 +222,17 @@ if "validation" not in raw:
 
 # ----------------------------------------------------------------------------------------------- model
 config = AutoConfig.from_pretrained(args.model)
-if not class_names and set(config.label2id) == set(names):
+if set(config.label2id) == set(names):
     # A classifier fine-tuned further on the classes it knows keeps their order: each row of its head stays the
-    # class it was trained for (in sorted order, the names of its rows would be swapped).
+    # class it was trained for (in the data's order, the names of its rows would be swapped).
     names = sorted(names, key=config.label2id.get)
 label2id = {name: i for i, name in enumerate(names)}
 
 
 def label_id(value) -> int:
-    return value if class_names else label2id[label_key(value)]
+    if class_names:  # a ClassLabel id, in the dataset's order of names (-1: unlabelled, left as it is)
+        return label2id[class_names[value]] if value >= 0 else value
+    return label2id[label_key(value)]
 
 
 source = args.model
