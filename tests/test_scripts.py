@@ -244,6 +244,19 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "three/model").config.num_labels == 3
 
 
+def test_finetune_trains_classes_from_a_regression_model(tmp_path):
+    """The base's `problem_type` stayed: a regression model fine-tuned for classes took the mean squared error of
+    (batch, classes) logits against (batch,) class ids (a size error, or broadcast in silence at two classes)."""
+    base = _tiny_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
+                        num_labels=1, problem_type="regression")
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
+    (tmp_path / "train.csv").write_text("\n".join(rows))
+    run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "train.csv",
+               "--max-steps", 1, "--output-dir", tmp_path / "run", cwd=tmp_path)
+    config = json.loads((tmp_path / "run/model/config.json").read_text())
+    assert config["problem_type"] == "single_label_classification" and len(config["id2label"]) == 2
+
+
 @pytest.mark.parametrize("model_class, task", [
     (hf_scratch_transformer.ScratchDecoderForCausalLM, "token-classification"),
     (hf_scratch_transformer.ScratchSeq2SeqForConditionalGeneration, "text-classification"),

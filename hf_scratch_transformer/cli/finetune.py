@@ -252,6 +252,7 @@ if tokenizer.pad_token is None:
 tokenizer.padding_side = "right"
 model = HEADS[args.task].from_pretrained(
     source, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
+    problem_type="single_label_classification",  # what this command trains, whatever the base did (regression, say)
     pad_token_id=tokenizer.pad_token_id, ignore_mismatched_sizes=True,  # a classifier of other classes: a new head
 )
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
