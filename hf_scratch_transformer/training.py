@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
 from torch.nn import functional as F
 from transformers import TrainerCallback
 
@@ -93,19 +93,31 @@ def _with_validation(raw: DatasetDict, validation_split: float, seed: int, sourc
 
 def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
     """Documents -> `<s> document </s>` token streams, concatenated and cut into blocks of `block_size` (sequence
-    packing: no padding, every token trains). The tokenizer adds `<s>`; `</s>` ends each document here."""
+    packing: every token trains). The tokenizer adds `<s>`; `</s>` ends each document here. The stream is cut as one,
+    so blocks run on across documents and batches; only the last block may be short: it is padded on the right,
+    with labels -100 there (no attention mask needed: a causal model never attends to later positions), so that even
+    data shorter than one block gives a block rather than an empty split."""
 
     def tokenize(batch):
         return {"input_ids": [ids + [tokenizer.eos_token_id] for ids in tokenizer(batch["text"]).input_ids]}
 
-    def cut(batch):
-        stream = [token for ids in batch["input_ids"] for token in ids]
-        usable = len(stream) // block_size * block_size
-        blocks = [stream[i : i + block_size] for i in range(0, usable, block_size)]
-        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+    def blocks():
+        stream = []
+        for batch in tokenized.iter(batch_size=1000):
+            stream += [token for ids in batch["input_ids"] for token in ids]
+            usable = len(stream) // block_size * block_size
+            for start in range(0, usable, block_size):
+                yield {"input_ids": stream[start : start + block_size], "labels": stream[start : start + block_size]}
+            del stream[:usable]  # the rest opens the next block
+        if stream:
+            padding = block_size - len(stream)
+            yield {"input_ids": stream + [tokenizer.pad_token_id or 0] * padding, "labels": stream + [-100] * padding}
 
     tokenized = texts.map(tokenize, batched=True, remove_columns=texts.column_names, desc="tokenizing")
-    return tokenized.map(cut, batched=True, batch_size=1000, desc=f"packing into blocks of {block_size}")
+    columns = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64"))})
+    if tokenized.num_rows == 0:  # `from_generator` refuses to make a dataset of no rows
+        return Dataset.from_dict({"input_ids": [], "labels": []}, features=columns)
+    return Dataset.from_generator(blocks, features=columns)  # cached, under a hash of `blocks` and what it reads
 
 
 def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
