@@ -33,6 +33,9 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
     Local files are read by paragraph (blank-line separated), so line breaks inside a document survive."""
     if (files is None) == (dataset is None):
         raise ValueError("Give either training files or a dataset name, not both or neither.")
+    if dataset is not None and validation_files:  # else they would be left out without a word
+        raise ValueError("Validation files go with training files: a dataset brings its own validation split, or "
+                         "one is split off its training data.")
     if files is not None:
         for path in [*files, *(validation_files or [])]:
             check_text_file(path)  # `datasets` reports an empty or binary file without naming it
@@ -52,6 +55,11 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
                   dataset: str | None = None, dataset_config: str | None = None, source_column: str = "source",
                   target_column: str = "target", validation_split: float = 0.05, seed: int = 0) -> DatasetDict:
     """A DatasetDict of aligned pairs in columns "source" and "target", from parallel files or a dataset."""
+    # Files that would be left out without a word: beside a dataset, or one validation side without the other.
+    if dataset is not None and (source_files or target_files or validation_source or validation_target):
+        raise ValueError("Give either parallel files or a dataset name, not both.")
+    if bool(validation_source) != bool(validation_target):
+        raise ValueError("Give validation files for both sides, source and target, or for neither.")
     if dataset is not None:
         raw = load_dataset(dataset, dataset_config)
         for column in (source_column, target_column):
@@ -62,7 +70,7 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
     if not source_files or not target_files:
         raise ValueError("Give source and target training files (or a dataset name).")
     splits = {"train": _read_pairs(source_files, target_files)}
-    if validation_source and validation_target:
+    if validation_source:
         splits["validation"] = _read_pairs(validation_source, validation_target)
     return _with_validation(DatasetDict(splits), validation_split, seed, ", ".join(map(str, source_files)), "line")
 

@@ -334,6 +334,31 @@ def test_the_main_job_names_bad_data_or_output_before_any_work(hf_scratch, bad_t
     assert f"--output-dir {output} is a file, not a folder" in stderr
 
 
+@pytest.mark.parametrize(
+    "arguments,message",
+    [
+        (["--source-files", "{c}", "--target-files", "{c}"],
+         "--source-files, --target-files: not data for --task causal-lm"),
+        (["--task", "masked-lm", "--train-files", "{c}", "--validation-target", "{c}"],
+         "--validation-target: not data for --task masked-lm"),
+        (["--task", "seq2seq", "--source-files", "{c}", "--target-files", "{c}", "--validation-files", "{c}"],
+         "--validation-files: not data for --task seq2seq"),
+        (["--task", "seq2seq", "--source-files", "{c}", "--target-files", "{c}", "--validation-source", "{c}"],
+         "validation files for both sides"),
+        (["--task", "seq2seq", "--dataset", "some/pairs", "--source-files", "{c}"], "parallel files or a dataset"),
+        (["--dataset", "some/texts", "--validation-files", "{c}"], "Validation files go with training files"),
+    ],
+    ids=["causal-lm source files", "masked-lm validation target", "seq2seq validation files",
+         "one validation side", "pairs beside a dataset", "validation files beside a dataset"],
+)
+def test_data_options_that_would_be_left_out_are_refused(hf_scratch, corpus, tmp_path, arguments, message):
+    # Each was ignored without a word: a causal LM given parallel files trained on the default corpus.
+    output = tmp_path / "out"
+    options = [str(corpus) if argument == "{c}" else argument for argument in arguments]
+    assert message in hf_scratch("train", *options, "--output-dir", output)
+    assert not output.exists()
+
+
 def test_tokenizer_refuses_an_output_dir_that_is_a_file(tmp_path, corpus):
     # `save_pretrained` only logged "should be a directory": the command said "saved to" and exited 0, writing nothing.
     in_the_way = tmp_path / "afile"

@@ -147,6 +147,14 @@ def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, D
 
 
 def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
+    # The other kind of data's options would be left out without a word (a causal LM given --source-files would
+    # train on the default corpus).
+    unused = ["train_files", "validation_files"] if args.task == "seq2seq" else [
+        "source_files", "target_files", "validation_source", "validation_target"]
+    if given := [f"--{name.replace('_', '-')}" for name in unused if getattr(args, name)]:
+        raise ValueError(f"{', '.join(given)}: not data for --task {args.task} (text files: --train-files, "
+                         "--validation-files; parallel files: --source-files, --target-files, --validation-source, "
+                         "--validation-target)")
     if args.task == "seq2seq":
         raw = training.load_parallel(
             args.source_files, args.target_files, args.validation_source, args.validation_target,
