@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import FAMILIES, VOCAB, lm_inputs, tiny_config, tiny_lm
+from tiny_tokenizers import TOKENIZER_KINDS
 
 from hf_scratch_transformer import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig, hub, training
 from tokenizer_training import train_tokenizer
@@ -357,6 +358,30 @@ def test_data_options_that_would_be_left_out_are_refused(hf_scratch, corpus, tmp
     options = [str(corpus) if argument == "{c}" else argument for argument in arguments]
     assert message in hf_scratch("train", *options, "--output-dir", output)
     assert not output.exists()
+
+
+@pytest.mark.parametrize("task,family", [("seq2seq", "decoder"), ("causal-lm", "encoder"), ("masked-lm", "seq2seq")])
+def test_a_tokenizer_of_another_family_is_refused_before_the_model(monkeypatch, capsys, corpus, tmp_path, task, family):
+    # A decoder tokenizer's `<s> text` without `</s>` trained a seq2seq model that never learns to stop, silently.
+    import transformers
+
+    from hf_scratch_transformer.cli import main
+
+    def tripwire(*args, **kwargs):
+        raise ReachedModelWork("the command built a model with the tokenizer of another family")
+
+    train_tokenizer(TOKENIZER_KINDS[family], family, files=[corpus], vocab_size=300).save_pretrained(tmp_path / family)
+    for auto_class in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM"):
+        monkeypatch.setattr(getattr(transformers, auto_class), "from_config", tripwire)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    data = ["--source-files", corpus, "--target-files", corpus] if task == "seq2seq" else ["--train-files", corpus]
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--task", task, *map(str, data), "--tokenizer", str(tmp_path / family),
+              "--output-dir", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    needed = {"seq2seq": "seq2seq", "causal-lm": "decoder", "masked-lm": "encoder"}[task]
+    assert (f"was trained for the {family} family, but --task {task} needs one for the {needed} family"
+            in capsys.readouterr().err)
 
 
 def test_tokenizer_refuses_an_output_dir_that_is_a_file(tmp_path, corpus):

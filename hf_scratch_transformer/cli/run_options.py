@@ -136,6 +136,17 @@ def refuse_another_tokenizer(parser: argparse.ArgumentParser, given: Path | None
                      "--model, or pass the same one.")
 
 
+def refuse_another_family(parser: argparse.ArgumentParser, tokenizer, task: str, source: Path | None) -> None:
+    """A tokenizer trained for another model family (by `train_tokenizer`, which records it) brings that family's
+    special tokens and templates: a decoder's `<s> text`, without `</s>`, would teach a seq2seq model never to stop.
+    A tokenizer from `source` without a recorded family is not judged here."""
+    family, needed = tokenizer.init_kwargs.get("family"), DEFAULTS[task][2]
+    if family is not None and family != needed:
+        parser.error(f"the tokenizer of {source} was trained for the {family} family, but --task {task} needs one for "
+                     f"the {needed} family (its special tokens and templates): train one with `hf-scratch tokenizer "
+                     f"--family {needed}`, or leave out --tokenizer to have the run train one.")
+
+
 def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, Dataset]:
     """The task's train/validation data from the parsed options, and the texts a new tokenizer learns from (for
     seq2seq both sides, since the vocabulary is shared). Data the loaders refuse (a missing, empty or binary file,

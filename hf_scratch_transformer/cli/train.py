@@ -53,6 +53,7 @@ from hf_scratch_transformer.cli.run_options import (
     non_negative_int,
     positive_float,
     positive_int,
+    refuse_another_family,
     refuse_another_tokenizer,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -157,6 +158,7 @@ else:
     tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
                                 vocab_size=args.vocab_size, model_max_length=args.max_length)
     print(f"tokenizer: trained {args.tokenizer_kind or default_kind}, {len(tokenizer)} tokens")
+refuse_another_family(parser, tokenizer, task, resumed if saved else given)
 
 # ----------------------------------------------------------------------------------------------- model
 if args.model:

@@ -57,6 +57,7 @@ from hf_scratch_transformer.cli.run_options import (
     load_run_data,
     non_negative_int,
     positive_int,
+    refuse_another_family,
     refuse_another_tokenizer,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -195,6 +196,7 @@ else:
                                         dataset=tokenizer_texts, vocab_size=args.vocab_size,
                                         model_max_length=args.max_length)
             tokenizer.save_pretrained(tokenizer_dir)
+refuse_another_family(parser, tokenizer, task, tokenizer_source or given)
 checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
 if resume and not continues_run(resume, output_dir) and accelerator.is_main_process:
     # A branch of another run: this folder's tokenizer is that run's, as a run that trained one would leave it.
