@@ -146,6 +146,12 @@ def test_bad_input_raises_value_error_naming_it(kwargs, message):
         train_tokenizer(**kwargs)
 
 
+def test_a_unigram_vocabulary_smaller_than_the_alphabet_is_named(corpus_file):
+    # `tokenizers` raised a bare Exception, which the CLI showed as a traceback.
+    with pytest.raises(ValueError, match="`vocab_size` 20 is too small for a Unigram tokenizer of this text"):
+        train_tokenizer("unigram", "decoder", files=[corpus_file], vocab_size=20)
+
+
 def test_missing_file_is_reported_before_training(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         train_tokenizer("bpe", "decoder", files=[tmp_path / "nope.txt"])

@@ -83,7 +83,15 @@ def train(
     roles = SPECIAL_TOKENS[family]
     specials = list(roles.values())
     tokenizer, trainer = _pipeline(kind, specials, roles["unk_token"], vocab_size, min_frequency)
-    tokenizer.train_from_iterator(texts, trainer, length=length)
+    try:
+        tokenizer.train_from_iterator(texts, trainer, length=length)
+    except Exception as error:  # `tokenizers` raises a bare Exception
+        if "not large enough to contain all chars" not in str(error):
+            raise
+        raise ValueError(
+            f"`vocab_size` {vocab_size} is too small for a Unigram tokenizer of this text: its vocabulary holds every "
+            f"character the text uses besides the {len(specials)} special tokens; choose a larger one."
+        ) from error
 
     single, pair = _TEMPLATES[family]
     tokenizer.post_processor = processors.TemplateProcessing(
