@@ -121,6 +121,9 @@ def test_dataset_and_dataset_dict_sources(trained):
     streamed = train_tokenizer("bpe", "encoder", dataset=dataset.to_iterable_dataset(), vocab_size=VOCAB)
     assert streamed.get_vocab() == trained("bpe", "encoder").get_vocab()
 
+    with_gaps = train_tokenizer("bpe", "decoder", dataset=Dataset.from_dict({"text": [*LINES, None]}), vocab_size=VOCAB)
+    assert with_gaps.get_vocab() == from_dataset.get_vocab()  # a missing value (an empty CSV cell) is an empty text
+
     splits = DatasetDict(
         train=Dataset.from_dict({"content": LINES[:1000]}), test=Dataset.from_dict({"content": LINES[1000:1010]})
     )
@@ -139,6 +142,9 @@ def test_dataset_and_dataset_dict_sources(trained):
         (dict(kind="bpe", family="decoder", files=["x.txt"], vocab_size=0), "vocab_size"),
         (dict(kind="bpe", family="decoder", dataset=Dataset.from_dict({"content": ["a"]})), "no column 'text'"),
         (dict(kind="bpe", family="decoder", dataset=DatasetDict(test=Dataset.from_dict({"text": ["a"]}))), "'train'"),
+        # `tokenizers` raised a bare TypeError for values that are not strings, and learnt nothing from blank ones
+        (dict(kind="bpe", family="decoder", dataset=Dataset.from_dict({"text": [1, 2]})), "holds int values, not text"),
+        (dict(kind="unigram", family="decoder", dataset=Dataset.from_dict({"text": ["", " \n"]})), "holds no text"),
     ],
 )
 def test_bad_input_raises_value_error_naming_it(kwargs, message):

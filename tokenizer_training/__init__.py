@@ -128,6 +128,22 @@ def _dataset_batches(dataset, text_column: str, batch_size: int = 1000) -> tuple
     columns = dataset.column_names  # None for some streamed datasets: then a bad column fails on the first batch
     if columns is not None and text_column not in columns:
         raise ValueError(f"The dataset has no column {text_column!r} (it has {', '.join(columns)}); set `text_column`.")
-    batches = (batch[text_column] for batch in dataset.iter(batch_size=batch_size))
     length = len(dataset) if hasattr(dataset, "__len__") else None  # streamed datasets have no length
-    return batches, length
+    return _checked_texts(dataset.iter(batch_size=batch_size), text_column), length
+
+
+def _checked_texts(batches: Iterator[dict], text_column: str) -> Iterator[list[str]]:
+    """The column's texts, batch by batch, checked as `check_text_file` checks a file: `tokenizers` fails on a value
+    that is not a string with a bare TypeError, and learns nothing, silently, from a column without text."""
+    has_text = False
+    for batch in batches:
+        texts = batch[text_column]
+        wrong = next((text for text in texts if not isinstance(text, str | None)), None)
+        if wrong is not None:
+            raise ValueError(f"The dataset's column {text_column!r} holds {type(wrong).__name__} values, not text; "
+                             "set `text_column`.")
+        texts = [text or "" for text in texts]  # a missing value (an empty CSV cell, say) is an empty text
+        has_text = has_text or any(not text.isspace() for text in texts if text)
+        yield texts
+    if not has_text:
+        raise ValueError(f"The dataset's column {text_column!r} holds no text: every value is empty or blank.")
