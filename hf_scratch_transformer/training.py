@@ -42,10 +42,7 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
         data_files = {"train": list(files)} | ({"validation": list(validation_files)} if validation_files else {})
         raw = load_dataset("text", data_files=data_files, sample_by="paragraph")
     else:
-        raw = load_dataset(dataset, dataset_config)
-        if text_column not in raw["train"].column_names:
-            raise ValueError(f"Dataset {dataset!r} has no column {text_column!r}: {raw['train'].column_names}")
-        raw = raw.rename_column(text_column, "text") if text_column != "text" else raw
+        raw = _load_text_columns(dataset, dataset_config, {text_column: "text"})
     source = ", ".join(map(str, files)) if files is not None else f"dataset {dataset!r}"
     return _with_validation(raw, validation_split, seed, source, "paragraph (blank-line separated)")
 
@@ -61,11 +58,7 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
     if bool(validation_source) != bool(validation_target):
         raise ValueError("Give validation files for both sides, source and target, or for neither.")
     if dataset is not None:
-        raw = load_dataset(dataset, dataset_config)
-        for column in (source_column, target_column):
-            if column not in raw["train"].column_names:
-                raise ValueError(f"Dataset {dataset!r} has no column {column!r}: {raw['train'].column_names}")
-        raw = raw.rename_columns({source_column: "source", target_column: "target"})
+        raw = _load_text_columns(dataset, dataset_config, {source_column: "source", target_column: "target"})
         return _with_validation(raw, validation_split, seed, f"dataset {dataset!r}", "pair")
     if not source_files or not target_files:
         raise ValueError("Give source and target training files (or a dataset name).")
@@ -73,6 +66,21 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
     if validation_source:
         splits["validation"] = _read_pairs(validation_source, validation_target)
     return _with_validation(DatasetDict(splits), validation_split, seed, ", ".join(map(str, source_files)), "line")
+
+
+def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[str, str]) -> DatasetDict:
+    """`load_dataset(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
+    ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
+    with a bare TypeError, midway through tokenizing."""
+    raw = load_dataset(dataset, dataset_config)
+    features = raw["train"].features
+    for column in columns:
+        if column not in features:
+            raise ValueError(f"Dataset {dataset!r} has no column {column!r}: {raw['train'].column_names}")
+        if getattr(features[column], "dtype", None) not in ("string", "large_string"):
+            raise ValueError(f"Dataset {dataset!r}: column {column!r} holds {features[column]}, not text.")
+    raw = raw.rename_columns({name: ours for name, ours in columns.items() if name != ours})
+    return raw.filter(lambda *texts: None not in texts, input_columns=list(columns.values()), desc="missing texts")
 
 
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:

@@ -130,6 +130,19 @@ def test_text_files_are_read_by_paragraph_and_split(tmp_path):
     assert "\nline one\n" in data["train"][0]["text"]
 
 
+def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_out(tmp_path):
+    # An empty CSV cell is None: tokenizing it failed with a bare TypeError, after the tokenizer's training.
+    rows = ["hello world,1,hallo Welt", ",0,leer", "no target,1,"] + [f"line {i},1,Zeile {i}" for i in range(10)]
+    (tmp_path / "data.csv").write_text("\n".join(["text,label,de", *rows]) + "\n")
+    texts = training.load_texts(dataset=str(tmp_path))
+    kept = [*texts["train"]["text"], *texts["validation"]["text"]]
+    assert sorted(kept) == sorted(["hello world", "no target", *(f"line {i}" for i in range(10))])
+    pairs = training.load_parallel(dataset=str(tmp_path), source_column="text", target_column="de")
+    assert pairs["train"].num_rows + pairs["validation"].num_rows == 11
+    with pytest.raises(ValueError, match=r"column 'label' holds Value\('int64'\), not text"):
+        training.load_texts(dataset=str(tmp_path), text_column="label")
+
+
 def test_parallel_files_must_align(tmp_path):
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "a.de").write_text("eins\n")
