@@ -104,7 +104,8 @@ def test_byte_level_bpe_round_trips_any_text(trained, family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_unigram_round_trips_training_text(trained, family):
     tok = trained("unigram", family)
-    for line in [*LINES[10:16], "Double  spaces, kept."]:
+    # Trained one line at a time, it never saw a line break: documents of several lines lost theirs to <unk>.
+    for line in [*LINES[10:16], "Double  spaces, kept.", SAMPLE]:
         assert tok.decode(tok(line).input_ids, skip_special_tokens=True) == line
 
 

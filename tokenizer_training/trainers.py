@@ -6,8 +6,8 @@ Kinds (the pipeline of the tokenizer each one imitates):
     wordpiece  WordPiece as in BERT (cased): BertNormalizer(lowercase=False), BertPreTokenizer, `##` continuations.
                Whitespace is not kept, so decoding only approximates the input.
     unigram    Unigram as in SentencePiece: Metaspace (`▁`) pre-tokenizer and decoder, no normalizer (SentencePiece's
-               NFKC would change the text), so text made of characters seen in training round-trips, except for a
-               space at the very start, which merges into the `▁` that marks the start of a text.
+               NFKC would change the text), so text made of characters seen in training and line breaks round-trips,
+               except for a space at the very start, which merges into the `▁` that marks the start of a text.
 
 Families (special tokens first in the vocabulary, in this order, so their ids are fixed; templates for one text
 and for a pair of texts):
@@ -70,7 +70,10 @@ def _pipeline(kind: str, specials: list[str], unk: str, vocab_size: int, min_fre
         tokenizer = Tokenizer(models.Unigram())
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
         tokenizer.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token=unk)
+        # Text files are read one example per line, without its line break, yet the documents a model trains on hold
+        # line breaks: "\n" is in the alphabet, else it would be unknown (BPE has all bytes; WordPiece drops it).
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token=unk,
+                                          initial_alphabet=["\n"])
     return tokenizer, trainer
 
 
