@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB, lm_inputs, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece
-from transformers import DataCollatorForLanguageModeling
+from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 
 from hf_scratch_transformer import training
 
@@ -128,6 +128,34 @@ def test_mlm_sequences_hold_every_token_of_long_documents(documents, max_length)
         assert special == [1] + [0] * (len(ids) - 2) + [1]
         inner += ids[1:-1]
     assert inner == [token for text in documents for token in tokenizer(text, add_special_tokens=False).input_ids]
+
+
+def mask_as_trainer(tokenizer, features: list[dict], masker) -> dict:
+    return masker(features)
+
+
+def mask_as_accelerate_loop(tokenizer, features: list[dict], masker) -> dict:
+    """train_accelerate.py pads in the DataLoader and masks later, by the padded `special_tokens_mask`."""
+    batch = DataCollatorWithPadding(tokenizer)(features)
+    batch["input_ids"], batch["labels"] = masker.torch_mask_tokens(batch["input_ids"], batch.pop("special_tokens_mask"))
+    return batch
+
+
+@pytest.mark.parametrize("collate", [mask_as_trainer, mask_as_accelerate_loop])
+@settings(max_examples=15, deadline=None)
+@given(words=st.lists(st.integers(0, 12), min_size=1, max_size=6), seed=st.integers(0, 2**16))
+def test_mlm_masking_never_touches_special_tokens_or_padding(collate, words, seed):
+    tokenizer = wordpiece()
+    texts = Dataset.from_dict({"text": [" ".join(["question"] * n) for n in words]})
+    features = list(training.tokenize_for_mlm(texts, tokenizer, max_length=16))
+    torch.manual_seed(seed)
+    batch = collate(tokenizer, features, DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.9))
+    original = torch.tensor([ids + [tokenizer.pad_token_id] * (batch["input_ids"].shape[1] - len(ids))
+                             for ids in (feature["input_ids"] for feature in features)])
+    kept = (batch["attention_mask"] == 0) | torch.isin(original, torch.tensor(tokenizer.all_special_ids))
+    assert (batch["labels"][kept] == -100).all() and torch.equal(batch["input_ids"][kept], original[kept])
+    chosen = batch["labels"] != -100
+    assert torch.equal(batch["labels"][chosen], original[chosen])
 
 
 def test_seq2seq_tokenization_gives_sources_and_labels_ending_in_eos():
