@@ -68,6 +68,16 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
     return _with_validation(DatasetDict(splits), validation_split, seed, ", ".join(map(str, source_files)), "line")
 
 
+def _lines(files: list[str]) -> list[str]:
+    """The files' lines, split at line breaks only: `str.splitlines` also splits at form feeds, \\x85, \\u2028 and more,
+    which a sentence can hold, and every later pair would be out of alignment."""
+    lines = []
+    for path in files:
+        with open(path, encoding="utf-8") as handle:
+            lines += [line.removesuffix("\n") for line in handle]
+    return lines
+
+
 def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[str, str]) -> DatasetDict:
     """`load_dataset(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
     ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
@@ -86,8 +96,7 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
     for path in [*source_files, *target_files]:
         check_text_file(path)
-    sources = [line for f in source_files for line in Path(f).read_text(encoding="utf-8").splitlines()]
-    targets = [line for f in target_files for line in Path(f).read_text(encoding="utf-8").splitlines()]
+    sources, targets = _lines(source_files), _lines(target_files)
     if len(sources) != len(targets):
         raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")
     return Dataset.from_dict({"source": sources, "target": targets})
