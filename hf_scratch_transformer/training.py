@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from transformers import TrainerCallback
 
 from hf_scratch_transformer.scratch_linear import one_thread
-from tokenizer_training import check_text_file
+from tokenizer_training import FILE_BUILDERS, check_text_file
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
 
@@ -82,7 +82,13 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
     """`load_dataset(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
     ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
     with a bare TypeError, midway through tokenizing."""
-    raw = load_dataset(dataset, dataset_config)
+    path = Path(dataset)
+    if path.is_file():  # `load_dataset` would look for it on the Hub
+        if path.suffix not in FILE_BUILDERS:
+            raise ValueError(f"Dataset file {path}: unknown file type; use one of {', '.join(FILE_BUILDERS)}.")
+        raw = load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
+    else:
+        raw = load_dataset(dataset, dataset_config)
     features = raw["train"].features
     for column in columns:
         if column not in features:

@@ -187,6 +187,15 @@ def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_ou
         training.load_texts(dataset=str(tmp_path), text_column="label")
 
 
+def test_a_dataset_can_be_a_single_local_file(tmp_path):
+    # As docs/training.md says; `load_dataset` looked for the file's name on the Hub.
+    (tmp_path / "data.csv").write_text("text\n" + "".join(f"line {i}\n" for i in range(20)))
+    assert training.load_texts(dataset=str(tmp_path / "data.csv"))["train"].num_rows == 19
+    (tmp_path / "data.xml").write_text("<rows/>")
+    with pytest.raises(ValueError, match=r"data.xml: unknown file type; use one of .txt, .csv"):
+        training.load_texts(dataset=str(tmp_path / "data.xml"))
+
+
 def test_parallel_files_must_align(tmp_path):
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "a.de").write_text("eins\n")

@@ -17,7 +17,9 @@ from transformers import PreTrainedTokenizerFast
 
 from .trainers import FAMILIES, KINDS, train
 
-__all__ = ["check_text_file", "padded_vocab_size", "special_token_ids", "train_tokenizer"]
+__all__ = ["FILE_BUILDERS", "check_text_file", "padded_vocab_size", "special_token_ids", "train_tokenizer"]
+# `datasets.load_dataset` takes Hub names and local folders; a single local file needs its format named: the builder.
+FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 def train_tokenizer(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
-from tokenizer_training import check_text_file, padded_vocab_size, train_tokenizer
+from tokenizer_training import FILE_BUILDERS, check_text_file, padded_vocab_size, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
@@ -52,16 +52,14 @@ dataset = None
 if args.dataset is not None:
     import datasets  # slow to import, and only this path needs it
 
-    # `load_dataset` takes Hub names and local folders; a single local file needs its format named.
-    builders = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
     path = Path(args.dataset)
     try:
         if path.is_file():
-            if path.suffix not in builders:
-                parser.error(f"--dataset {path}: unknown file type; use one of {', '.join(builders)}")
+            if path.suffix not in FILE_BUILDERS:
+                parser.error(f"--dataset {path}: unknown file type; use one of {', '.join(FILE_BUILDERS)}")
             if path.suffix != ".parquet":
                 check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
-            dataset = datasets.load_dataset(builders[path.suffix], data_files=str(path), split=args.split)
+            dataset = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split=args.split)
         else:
             dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
     except datasets.exceptions.DatasetGenerationError as error:  # the reader's own error is its cause
