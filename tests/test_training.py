@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB, lm_inputs, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece
-from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
+from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq, DataCollatorWithPadding
 
 from hf_scratch_transformer import training
 
@@ -164,6 +164,27 @@ def test_seq2seq_tokenization_gives_sources_and_labels_ending_in_eos():
     encoded = training.tokenize_for_seq2seq(pairs, tokenizer, max_length=32)[0]
     assert encoded["input_ids"][-1] == encoded["labels"][-1] == tokenizer.eos_token_id
     assert tokenizer.decode(encoded["labels"], skip_special_tokens=True) == "ein Mann reitet ein Pferd"
+
+
+@settings(max_examples=15, deadline=None)
+@given(pairs=st.lists(st.tuples(st.text(max_size=20), st.text(max_size=20)), min_size=1, max_size=5),
+       max_length=st.integers(2, 10))
+def test_seq2seq_batches_pad_labels_with_minus_100_and_shift_them_into_decoder_inputs(pairs, max_length):
+    tokenizer = byte_level_bpe(family="seq2seq")
+    model = tiny_lm("seq2seq", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    data = Dataset.from_dict({"source": [source for source, _ in pairs], "target": [target for _, target in pairs]})
+    features = list(training.tokenize_for_seq2seq(data, tokenizer, max_length))
+    batch = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)(features)
+    sources, targets = batch["input_ids"].shape[1], batch["labels"].shape[1]
+    for row, feature in enumerate(features):
+        labels, inputs = feature["labels"], feature["input_ids"]
+        assert len(labels) <= max_length and labels[-1] == tokenizer.eos_token_id  # truncated, `</s>` kept
+        assert batch["labels"][row].tolist() == labels + [-100] * (targets - len(labels))
+        assert batch["attention_mask"][row].tolist() == [1] * len(inputs) + [0] * (sources - len(inputs))
+    # Decoder inputs: `decoder_start_token_id`, then the labels shifted right, padding where they are -100.
+    shifted = batch["labels"][:, :-1].masked_fill(batch["labels"][:, :-1] == -100, tokenizer.pad_token_id)
+    assert (batch["decoder_input_ids"][:, 0] == model.config.decoder_start_token_id).all()
+    assert torch.equal(batch["decoder_input_ids"][:, 1:], shifted)
 
 
 def test_text_files_are_read_by_paragraph_and_split(tmp_path):
