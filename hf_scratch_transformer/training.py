@@ -162,7 +162,7 @@ def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
         del encoded["overflow_to_sample_mapping"]  # which document each sequence came from
         return encoded
 
-    return texts.map(tokenize, batched=True, remove_columns=texts.column_names, desc="tokenizing")
+    return _truncated_map(texts, tokenize, tokenizer)
 
 
 def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int) -> Dataset:
@@ -171,7 +171,17 @@ def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int) -> Dataset:
     def tokenize(batch):
         return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
 
-    return pairs.map(tokenize, batched=True, remove_columns=pairs.column_names, desc="tokenizing")
+    return _truncated_map(pairs, tokenize, tokenizer)
+
+
+def _truncated_map(data: Dataset, tokenize: Callable, tokenizer) -> Dataset:
+    """`data.map(tokenize)` where `tokenize` calls `tokenizer` with `truncation=True`. That leaves truncation on in a
+    fast tokenizer's backend, which `save_pretrained` then writes into tokenizer.json: the saved (and published)
+    tokenizer would cut every text to the training length for anyone who loads that file with `tokenizers`."""
+    encoded = data.map(tokenize, batched=True, remove_columns=data.column_names, desc="tokenizing")
+    if (backend := getattr(tokenizer, "backend_tokenizer", None)) is not None:
+        backend.no_truncation()
+    return encoded
 
 
 # ---------------------------------------------------------------------------------------------- loss

@@ -1,5 +1,6 @@
 """The training helpers: data preparation for each task, the label-smoothed loss, metrics, the loss plot."""
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,10 +10,12 @@ from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB, lm_inputs, tiny_lm
-from tiny_tokenizers import byte_level_bpe, wordpiece
+from tiny_tokenizers import CORPUS, byte_level_bpe, wordpiece
+from tokenizers import Tokenizer
 from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq, DataCollatorWithPadding
 
 from hf_scratch_transformer import training
+from tokenizer_training import train_tokenizer
 
 # ---------------------------------------------------------------------------------------------- loss
 
@@ -185,6 +188,20 @@ def test_seq2seq_batches_pad_labels_with_minus_100_and_shift_them_into_decoder_i
     shifted = batch["labels"][:, :-1].masked_fill(batch["labels"][:, :-1] == -100, tokenizer.pad_token_id)
     assert (batch["decoder_input_ids"][:, 0] == model.config.decoder_start_token_id).all()
     assert torch.equal(batch["decoder_input_ids"][:, 1:], shifted)
+
+
+@pytest.mark.parametrize("task", ["masked-lm", "seq2seq"])
+def test_tokenizing_with_truncation_leaves_no_truncation_in_the_saved_tokenizer(task, tmp_path):
+    # The tokenizer.json of every seq2seq model trained here cut texts to --max-length for `tokenizers` users.
+    if task == "seq2seq":
+        tokenizer = train_tokenizer("bpe", "seq2seq", files=[CORPUS], vocab_size=300)
+        training.tokenize_for_seq2seq(Dataset.from_dict({"source": ["a b c"], "target": ["d e"]}), tokenizer, 8)
+    else:
+        tokenizer = train_tokenizer("wordpiece", "encoder", files=[CORPUS], vocab_size=300)
+        training.tokenize_for_mlm(Dataset.from_dict({"text": ["a b c"]}), tokenizer, 8)
+    tokenizer.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["truncation"] is None
+    assert len(Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode("to be or not " * 10).ids) > 8
 
 
 def test_text_files_are_read_by_paragraph_and_split(tmp_path):
