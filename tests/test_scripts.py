@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from datasets import ClassLabel, Dataset, Features, Value
 from huggingface_hub import ModelCard
 from tiny_models import tiny_config
-from tiny_tokenizers import byte_level_bpe, wordpiece
+from tiny_tokenizers import byte_level_bpe, wordpiece, write_run_corpus
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -272,6 +273,31 @@ def test_finetune_refuses_a_model_without_the_tasks_head(model_class, task, tmp_
                         "--output-dir", tmp_path / "out", cwd=tmp_path, returncode=2)
     family = model_class.config_class.model_type
     assert f"a {family} model has no {task} head; {task} fine-tunes " in output and "Traceback" not in output
+
+
+class BuiltModel(Exception):
+    pass
+
+
+@pytest.mark.parametrize("options, encoder_vocab_size", [([], 320), (["--set", "encoder_vocab_size=400"], 400)],
+                         ids=["follows", "set"])
+def test_a_separate_source_vocabulary_follows_the_runs_one_tokenizer(monkeypatch, tmp_path, options,
+                                                                     encoder_vocab_size):
+    # transformer-xavier kept its 32,000 source embeddings for a 300-token tokenizer: rows no id reaches.
+    from hf_scratch_transformer.cli import main
+
+    def built(config):
+        raise BuiltModel(config)
+
+    monkeypatch.setattr(transformers.AutoModelForSeq2SeqLM, "from_config", built)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    write_run_corpus(tmp_path, ("seq2seq",))
+    with pytest.raises(BuiltModel) as model:
+        main(["train", "--task", "seq2seq", "--preset", "transformer-xavier", "--tokenizer", str(tmp_path / "seq2seq"),
+              "--source-files", str(tmp_path / "train.src"), "--target-files", str(tmp_path / "train.tgt"),
+              "--output-dir", str(tmp_path / "run"), *options])
+    config = model.value.args[0]
+    assert (config.vocab_size, config.encoder_vocab_size) == (320, encoder_vocab_size)
 
 
 @pytest.mark.parametrize("options, message", [

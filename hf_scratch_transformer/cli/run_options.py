@@ -147,6 +147,15 @@ def refuse_another_family(parser: argparse.ArgumentParser, tokenizer, task: str,
                      f"--family {needed}`, or leave out --tokenizer to have the run train one.")
 
 
+def follow_the_tokenizer(config, overrides: dict) -> None:
+    """A new model's `vocab_size` is the tokenizer's (padded); so is `encoder_vocab_size`, where a seq2seq preset has
+    a separate source vocabulary and --set does not name one: a run has one tokenizer for both sides, so the
+    preset's own size would only add embedding rows no id reaches (31,700 of transformer-xavier's 32,000 with a
+    300-token tokenizer, a quarter of its parameters)."""
+    if getattr(config, "encoder_vocab_size", None) is not None and "encoder_vocab_size" not in overrides:
+        config.encoder_vocab_size = config.vocab_size
+
+
 def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, Dataset]:
     """The task's train/validation data from the parsed options, and the texts a new tokenizer learns from (for
     seq2seq both sides, since the vocabulary is shared). Data the loaders refuse (a missing, empty or binary file,

@@ -49,6 +49,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
     claim_output_dir,
     config_overrides,
+    follow_the_tokenizer,
     load_run_data,
     non_negative_int,
     positive_float,
@@ -173,6 +174,7 @@ else:
     else:
         preset = args.preset or default_preset
         config = get_preset(preset, **overrides)
+    follow_the_tokenizer(config, dict(args.set))
     model = AUTO_MODEL[task].from_config(config)
 if model.config.vocab_size < len(tokenizer):
     raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")

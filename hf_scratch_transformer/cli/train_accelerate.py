@@ -54,6 +54,7 @@ from hf_scratch_transformer.cli.run_options import (
     claim_output_dir,
     config_overrides,
     continues_run,
+    follow_the_tokenizer,
     load_run_data,
     non_negative_int,
     positive_int,
@@ -214,6 +215,7 @@ else:
     overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
     preset = None if args.config else args.preset or default_preset
     config = AutoConfig.from_pretrained(args.config, **overrides) if args.config else get_preset(preset, **overrides)
+    follow_the_tokenizer(config, dict(args.set))
     model = AUTO_MODEL[task].from_config(config)
 if model.config.vocab_size < len(tokenizer):
     raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
