@@ -132,6 +132,8 @@ def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
     def tokenize(batch):
         return {"input_ids": [ids + [tokenizer.eos_token_id] for ids in tokenizer(batch["text"]).input_ids]}
 
+    pad = tokenizer.pad_token_id or 0  # any id: labels -100 there, and no real token attends to it
+
     def blocks():
         stream = []
         for batch in tokenized.iter(batch_size=1000):
@@ -142,7 +144,7 @@ def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
             del stream[:usable]  # the rest opens the next block
         if stream:
             padding = block_size - len(stream)
-            yield {"input_ids": stream + [tokenizer.pad_token_id or 0] * padding, "labels": stream + [-100] * padding}
+            yield {"input_ids": stream + [pad] * padding, "labels": stream + [-100] * padding}
 
     tokenized = texts.map(tokenize, batched=True, remove_columns=texts.column_names, desc="tokenizing")
     columns = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64"))})
