@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from transformers import TrainerCallback
 
 from hf_scratch_transformer.scratch_linear import one_thread
-from tokenizer_training import FILE_BUILDERS, check_text_file
+from tokenizer_training import check_text_file, load_data
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
 
@@ -79,16 +79,10 @@ def _lines(files: list[str]) -> list[str]:
 
 
 def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[str, str]) -> DatasetDict:
-    """`load_dataset(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
+    """`load_data(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
     ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
     with a bare TypeError, midway through tokenizing."""
-    path = Path(dataset)
-    if path.is_file():  # `load_dataset` would look for it on the Hub
-        if path.suffix not in FILE_BUILDERS:
-            raise ValueError(f"Dataset file {path}: unknown file type; use one of {', '.join(FILE_BUILDERS)}.")
-        raw = load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
-    else:
-        raw = load_dataset(dataset, dataset_config)
+    raw = load_data(dataset, dataset_config)
     features = raw["train"].features
     for column in columns:
         if column not in features:
@@ -164,7 +158,7 @@ def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
         del encoded["overflow_to_sample_mapping"]  # which document each sequence came from
         return encoded
 
-    return _truncated_map(texts, tokenize, tokenizer)
+    return truncated_map(texts, tokenize, tokenizer)
 
 
 def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int) -> Dataset:
@@ -173,10 +167,10 @@ def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int) -> Dataset:
     def tokenize(batch):
         return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
 
-    return _truncated_map(pairs, tokenize, tokenizer)
+    return truncated_map(pairs, tokenize, tokenizer)
 
 
-def _truncated_map(data: Dataset, tokenize: Callable, tokenizer) -> Dataset:
+def truncated_map(data: Dataset, tokenize: Callable, tokenizer) -> Dataset:
     """`data.map(tokenize)` where `tokenize` calls `tokenizer` with `truncation=True`. That leaves truncation on in a
     fast tokenizer's backend, which `save_pretrained` then writes into tokenizer.json: the saved (and published)
     tokenizer would cut every text to the training length for anyone who loads that file with `tokenizers`."""

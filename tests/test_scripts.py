@@ -136,10 +136,13 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
                tmp_path / "mlm", *TINY_RUN, *TINY_MODEL, cwd=tmp_path)
     rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(80, 3)]
     (tmp_path / "train.csv").write_text("\n".join(rows))
+    # --dataset as a single local file (load_dataset looked for its name on the Hub)
     stdout = run_script("finetune.py", "--model", tmp_path / "mlm/model", "--task", "text-classification",
-                        "--train-file", tmp_path / "train.csv", "--max-steps", 4, "--batch-size", 8,
+                        "--dataset", tmp_path / "train.csv", "--max-steps", 4, "--batch-size", 8,
                         "--output-dir", tmp_path / "cls", cwd=tmp_path)
     assert "accuracy" in stdout and "f1" in stdout
+    # Tokenizing with truncation left it on in the saved tokenizer.json, cutting every text for `tokenizers` users
+    assert json.loads((tmp_path / "cls/model/tokenizer.json").read_text())["truncation"] is None
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls/model")
     assert isinstance(model, hf_scratch_transformer.ScratchEncoderForSequenceClassification)
     assert set(model.config.id2label.values()) == {"animal", "other"}

@@ -230,7 +230,7 @@ def test_a_dataset_can_be_a_single_local_file(tmp_path):
     (tmp_path / "data.csv").write_text("text\n" + "".join(f"line {i}\n" for i in range(20)))
     assert training.load_texts(dataset=str(tmp_path / "data.csv"))["train"].num_rows == 19
     (tmp_path / "data.xml").write_text("<rows/>")
-    with pytest.raises(ValueError, match=r"data.xml: unknown file type; use one of .txt, .csv"):
+    with pytest.raises(ValueError, match=r"data.xml: unknown file type '.xml'; use one of .txt, .csv"):
         training.load_texts(dataset=str(tmp_path / "data.xml"))
 
 

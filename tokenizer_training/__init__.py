@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from .trainers import FAMILIES, KINDS, train
 
-__all__ = ["FILE_BUILDERS", "check_text_file", "padded_vocab_size", "special_token_ids", "train_tokenizer"]
+__all__ = ["FILE_BUILDERS", "check_text_file", "load_data", "padded_vocab_size", "special_token_ids", "train_tokenizer"]
 # `datasets.load_dataset` takes Hub names and local folders; a single local file needs its format named: the builder.
 FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
@@ -100,6 +100,37 @@ def check_text_file(path: str | Path, block_size: int = 1 << 20) -> None:
         raise ValueError(f"{path} is not UTF-8 text ({error.reason}; binary data?); convert it to UTF-8.") from error
     if not has_text:
         raise ValueError(f"{path} holds no text: it is empty or has blank lines only.")
+
+
+def load_data(name: str | Path, config: str | None = None, split: str | None = None):
+    """`datasets.load_dataset(name, config, split=split)` for a Hub name or local folder, and for a single local file
+    too (read by the builder of its suffix, `FILE_BUILDERS`, where `load_dataset` would look for its name on the Hub);
+    problems with the data are a ValueError beginning with `name`: a file type without a builder, a text file that
+    is binary or empty (`check_text_file`), a file the builder cannot parse (the parser's own words), no rows."""
+    import datasets  # slow to import, and only callers with a dataset need it
+
+    path = Path(name)
+    builder = FILE_BUILDERS.get(path.suffix)
+    if path.is_file() and builder is None:
+        raise ValueError(f"{name}: unknown file type {path.suffix or '(no suffix)'!r}; use one of "
+                         f"{', '.join(FILE_BUILDERS)}")
+    if path.is_file() and builder != "parquet":
+        check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
+    try:
+        if path.is_file():
+            data = datasets.load_dataset(builder, data_files=str(path), split=split)
+        else:
+            data = datasets.load_dataset(str(name), config, split=split)
+    except datasets.exceptions.DatasetGenerationError as error:  # the parser's own error is its cause
+        raise ValueError(f"{name}: cannot be read{f' as {builder.upper()}' if builder else ''}: "
+                         f"{error.__cause__ or error}") from error
+    except ValueError as error:
+        if "corresponds to no data" in str(error):  # `datasets`' words for a file or split without rows
+            raise ValueError(f"{name}: holds no rows") from error
+        raise ValueError(f"{name}: {error}") from error
+    if any(rows == 0 for rows in (data.num_rows.values() if isinstance(data, dict) else [data.num_rows])):
+        raise ValueError(f"{name}: holds no rows" + (f" in its {split!r} split" if split else ""))
+    return data
 
 
 def _file_lines(files: list[str | Path]) -> Iterator[str]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
-from tokenizer_training import FILE_BUILDERS, check_text_file, padded_vocab_size, train_tokenizer
+from tokenizer_training import load_data, padded_vocab_size, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
@@ -50,25 +50,10 @@ if blocking is not None and not blocking.is_dir():
 
 dataset = None
 if args.dataset is not None:
-    import datasets  # slow to import, and only this path needs it
-
-    path = Path(args.dataset)
     try:
-        if path.is_file():
-            if path.suffix not in FILE_BUILDERS:
-                parser.error(f"--dataset {path}: unknown file type; use one of {', '.join(FILE_BUILDERS)}")
-            if path.suffix != ".parquet":
-                check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
-            dataset = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split=args.split)
-        else:
-            dataset = datasets.load_dataset(args.dataset, args.dataset_config, split=args.split)
-    except datasets.exceptions.DatasetGenerationError as error:  # the reader's own error is its cause
-        parser.error(f"--dataset {args.dataset}: cannot be read: {error.__cause__ or error}")
-    except ValueError as error:  # a file that is not text, one without rows, or a split the data does not have
-        no_rows = "corresponds to no data" in str(error)  # `datasets`' words for a split of no rows
-        parser.error(f"--dataset {args.dataset}: {'holds no rows' if no_rows else error}")
-    if len(dataset) == 0:
-        parser.error(f"--dataset {args.dataset}: the {args.split!r} split holds no rows")
+        dataset = load_data(args.dataset, args.dataset_config, split=args.split)
+    except ValueError as error:  # not a dataset's file, not text, unparsable, no rows, or no such split
+        parser.error(f"--dataset {error}")
 
 # -----------------------------------------------------------------------------------------------
 # Training

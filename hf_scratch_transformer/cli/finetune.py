@@ -17,8 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from datasets import DatasetDict, load_dataset
-from datasets.exceptions import DatasetGenerationError
+from datasets import DatasetDict
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -44,14 +43,14 @@ from hf_scratch_transformer.cli.run_options import (
     sequence_length,
 )
 from hf_scratch_transformer.conversion import from_hf
-from tokenizer_training import check_text_file
+from tokenizer_training import load_data
 
 NATIVE_LMS = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
          "token-classification": AutoModelForTokenClassification}
 MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2 or BERT",
                     "token-classification": "an encoder of ours, or a native BERT"}
-FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json"}  # local file suffix -> `datasets` builder
+FORMATS = (".csv", ".json", ".jsonl")  # the data files with named columns (`load_data` reads them)
 
 
 def step_budget(text: str) -> int:
@@ -72,7 +71,7 @@ parser.add_argument("--task", choices=sorted(HEADS), required=True)
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
 parser.add_argument("--train-file", help="CSV (.csv), JSON or JSON lines (.json, .jsonl) file")
 parser.add_argument("--validation-file", help="default: 10%% of the training file")
-parser.add_argument("--dataset", help="a `datasets.load_dataset` name or path instead of files")
+parser.add_argument("--dataset", help="instead of files: a `datasets.load_dataset` name, a folder, or a data file")
 parser.add_argument("--dataset-config")
 parser.add_argument("--text-column", default="text", help="text-classification input (default text)")
 parser.add_argument("--tokens-column", default="tokens", help="token-classification input words (default tokens)")
@@ -104,20 +103,13 @@ def load_data_file(option: str, path: str):
     if file.suffix not in FORMATS:
         parser.error(f"{option} {path}: unsupported format {file.suffix or '(no extension)'!r}; use CSV (.csv) or "
                      "JSON lines (.json, .jsonl)")
-    if args.task == "token-classification" and FORMATS[file.suffix] == "csv":
+    if args.task == "token-classification" and file.suffix == ".csv":
         parser.error(f"{option} {path}: token classification needs a list of words and a list of labels per row, "
                      "which CSV cannot hold: use JSON lines (.json, .jsonl)")
     try:
-        check_text_file(file)  # binary, not UTF-8, empty
-        data = load_dataset(FORMATS[file.suffix], data_files=str(file), split="train")
-    except DatasetGenerationError as error:  # the reader's own error is its cause
-        parser.error(f"{option} {path}: cannot be read as {FORMATS[file.suffix].upper()}: {error.__cause__ or error}")
+        return load_data(file, split="train")  # binary, not UTF-8, unparsable, no rows
     except ValueError as error:
-        no_rows = "corresponds to no data" in str(error)  # `datasets`' words for a file without rows
-        parser.error(f"{option} {path}: {'holds no rows' if no_rows else error}")
-    if data.num_rows == 0:
-        parser.error(f"{option} {path}: holds no rows")
-    return data
+        parser.error(f"{option} {error}")
 
 
 def rows(indices: list[int]) -> str:
@@ -189,7 +181,10 @@ if args.train_file:
     if args.validation_file:
         raw["validation"] = load_data_file("--validation-file", args.validation_file)
 else:
-    raw = load_dataset(args.dataset, args.dataset_config)
+    try:
+        raw = load_data(args.dataset, args.dataset_config)  # a name, a local folder, or a single local file
+    except ValueError as error:
+        parser.error(f"--dataset {error}")
     if "train" not in raw:
         parser.error(f"--dataset {args.dataset}: no 'train' split (it has {', '.join(raw)})")
 sources = {"train": args.train_file, "validation": args.validation_file}
@@ -199,6 +194,9 @@ for name in raw:
     for column in (input_column, args.label_column):
         if column not in raw[name].column_names:
             parser.error(f"{where[name]}: the data has no column {column!r}; columns: {raw[name].column_names}")
+    if args.task == "text-classification":  # an empty CSV cell is None: the tokenizer would fail on it midway
+        if no_text := [i for i, text in enumerate(raw[name][input_column]) if not isinstance(text, str)]:
+            parser.error(f"{where[name]}: the text column {input_column!r} holds no text in {rows(no_text)}")
 
 labels_feature = raw["train"].features[args.label_column]
 # `datasets` ClassLabel columns hold ids already and carry their names; other labels are mapped to ids here, from
@@ -274,7 +272,7 @@ def encode(batch):
     return encoded
 
 
-datasets = raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="tokenizing")
+datasets = {split: training.truncated_map(raw[split], encode, tokenizer) for split in raw}
 collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classification"
             else DataCollatorForTokenClassification(tokenizer))
 
