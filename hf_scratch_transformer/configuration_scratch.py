@@ -273,6 +273,12 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     def __post_init__(self, **kwargs):
         _check_positive("encoder_layers", self.encoder_layers)
         _check_positive("decoder_layers", self.decoder_layers)
+        if kwargs.get("sliding_window") is not None:
+            # Not a knob here, but the masks would read it, and `generate()` builds the cross-attention cache from
+            # this config too: windowed, it would keep only the last few encoder tokens.
+            raise ValueError(
+                "`sliding_window` is a knob of the decoder-only family; the encoder-decoder attends to every token."
+            )
         for name in ("share_embeddings", "output_bias"):
             _check_bool(name, getattr(self, name))
         if self.encoder_vocab_size is not None:

@@ -39,6 +39,8 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("encoder", dict(classifier_dropout=2.0), "classifier_dropout"),
         ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
         ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
+        # generate() would build the cross-attention cache windowed too, keeping only the last encoder tokens
+        ("seq2seq", dict(sliding_window=4), "sliding_window"),
         ("decoder", dict(position_embedding_type="rope", rope_parameters="yarn"), "rope_parameters"),
         ("decoder", dict(position_embedding_type="rope", rope_parameters={"rope_type": "linear"}), "rope_parameters"),
     ],
