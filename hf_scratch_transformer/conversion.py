@@ -634,11 +634,26 @@ EXPORTS = {
 }
 
 
+def _computed_tables(model: PreTrainedModel) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    """(module, name, tensor) of each floating-point table a model computes instead of loading (its non-persistent
+    buffers: RoPE frequencies, sinusoids, ALiBi slopes)."""
+    return [(module, name, buffer) for module in model.modules() for name, buffer in module.named_buffers(recurse=False)
+            if name in module._non_persistent_buffers_set and buffer.is_floating_point()]
+
+
 def _finish(source: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel:
-    """The source's generation settings, device, dtype and train/eval mode on the converted model."""
+    """The source's generation settings, device, dtype and train/eval mode on the converted model. Computed tables
+    take the precision of the source's own, not its dtype: `from_pretrained(dtype=torch.bfloat16)` keeps Llama's
+    rotary frequencies in float32 (ours too), and bf16 ones turn far positions by visibly wrong angles."""
     if source.can_generate() and target.can_generate():
         target.generation_config = GenerationConfig.from_dict(source.generation_config.to_dict())
-    return target.to(device=source.device, dtype=source.dtype).train(source.training)
+    source_tables = _computed_tables(source)
+    tables = _computed_tables(target)
+    target.to(device=source.device, dtype=source.dtype)
+    for module, name, table in tables:  # a source without tables (GPT-2, BERT, Marian) leaves ours as computed
+        dtype = source_tables[0][2].dtype if source_tables else table.dtype
+        setattr(module, name, table.to(device=source.device, dtype=dtype))
+    return target.train(source.training)
 
 
 def from_hf(model: PreTrainedModel) -> PreTrainedModel:

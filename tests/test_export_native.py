@@ -228,6 +228,28 @@ def test_llama_rope_scaling_types_convert(rope):
                        native.generate(ids[:, :12], max_new_tokens=24, min_new_tokens=24, do_sample=False))
 
 
+@pytest.mark.parametrize("cast", ["from_pretrained", "to"])
+def test_rotary_frequencies_keep_the_precision_of_the_source(cast, tmp_path):
+    """`from_pretrained(dtype=torch.bfloat16)` keeps Llama's rotary frequencies in float32, `.to(torch.bfloat16)`
+    casts them: both ways, the converted model computes its angles as the source does. bf16 frequencies at position
+    2000 are off by radians (wide weights make attention depend on positions)."""
+    native = _llama(initializer_range=0.5)
+    if cast == "from_pretrained":
+        native.save_pretrained(tmp_path)
+        native = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    else:
+        native = native.to(torch.bfloat16)
+    ours = from_hf(native)
+    back = to_hf(ours)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(8)[None] + 2000
+    with torch.no_grad():
+        expected = native(ids, position_ids=positions).logits
+        for model in (ours, back):
+            assert model.model.rotary_emb.inv_freq.dtype == native.model.rotary_emb.inv_freq.dtype
+            torch.testing.assert_close(model(ids, position_ids=positions).logits, expected, atol=0.05, rtol=0)
+
+
 def test_marian_sharing_without_a_tied_head_imports_as_separate_matrices():
     """transformers 5 shares Marian's embeddings only together with the head: `share_encoder_decoder_embeddings`
     without `tie_word_embeddings` is separate encoder, decoder and output matrices, and so is the conversion."""
