@@ -4,6 +4,8 @@ that upstream's `GenerationTesterMixin` would make (it is not in the PyPI sdist)
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny_models import BOS, DECODER_VARIANTS, EOS, PAD, POSITION_VARIANTS, VOCAB, tiny_lm, variant_id
 from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig, StaticCache
 
@@ -45,6 +47,30 @@ def test_cached_step_logits_equal_a_full_forward(variant):
     prefix = model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True).logits
     steps = [model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits for t in range(5, 9)]
     torch.testing.assert_close(torch.cat([prefix, *steps], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(variant=st.sampled_from(DECODER_VARIANTS), padding=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+       hole=st.booleans(), cache_implementation=st.sampled_from(["dynamic", "static"]),
+       prefill_chunk_size=st.sampled_from([None, 3]), attn_implementation=st.sampled_from(["sdpa", "eager"]))
+def test_generated_logits_equal_a_full_forward_over_any_padding(variant, padding, hole, cache_implementation,
+                                                                prefill_chunk_size, attn_implementation):
+    """Each step's logits in `generate` (left padding of any width per row, optionally a masked token inside the
+    prompt, chunked prefill) equal those of one uncached forward over the whole sequence, positions from the mask."""
+    model = tiny_lm("decoder", **variant, attn_implementation=attn_implementation)
+    ids = _prompt(length=7, batch=len(padding))
+    mask = (torch.arange(7)[None] >= torch.tensor(padding)[:, None]).long()
+    if hole:
+        mask[:, 5] = 0
+    ids = ids.masked_fill(mask == 0, PAD)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None,
+                         return_dict_in_generate=True, output_logits=True, cache_implementation=cache_implementation,
+                         prefill_chunk_size=prefill_chunk_size)
+    full_mask = torch.cat([mask, torch.ones_like(out.sequences[:, 7:])], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).masked_fill(full_mask == 0, 1)  # as `generate` makes them
+    with torch.no_grad():
+        full = model(input_ids=out.sequences, attention_mask=full_mask, position_ids=positions, use_cache=False)
+    torch.testing.assert_close(torch.stack(out.logits, dim=1), full.logits[:, 6:-1], atol=1e-5, rtol=1e-5)
 
 
 def test_generate_returns_the_native_cache_classes():
