@@ -642,14 +642,18 @@ def _computed_tables(model: PreTrainedModel) -> list[tuple[torch.nn.Module, str,
 
 
 def _finish(source: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel:
-    """The source's generation settings, device, dtype and train/eval mode on the converted model. Computed tables
-    take the precision of the source's own, not its dtype: `from_pretrained(dtype=torch.bfloat16)` keeps Llama's
-    rotary frequencies in float32 (ours too), and bf16 ones turn far positions by visibly wrong angles."""
+    """The source's generation settings, device, dtype, attention back-end and train/eval mode on the converted
+    model. Computed tables take the precision of the source's own, not its dtype: `from_pretrained(dtype=bfloat16)`
+    keeps Llama's rotary frequencies in float32 (ours too), and bf16 ones turn far positions by visibly wrong angles."""
     if source.can_generate() and target.can_generate():
         target.generation_config = GenerationConfig.from_dict(source.generation_config.to_dict())
     source_tables = _computed_tables(source)
     tables = _computed_tables(target)
     target.to(device=source.device, dtype=source.dtype)
+    # The attention back-end both sides have (eager returns the attention weights, sdpa none); any other (flash,
+    # flex) leaves the target's default.
+    if source.config._attn_implementation in ("eager", "sdpa"):
+        target.set_attn_implementation(source.config._attn_implementation)
     for module, name, table in tables:  # a source without tables (GPT-2, BERT, Marian) leaves ours as computed
         dtype = source_tables[0][2].dtype if source_tables else table.dtype
         setattr(module, name, table.to(device=source.device, dtype=dtype))

@@ -89,6 +89,23 @@ def test_training_mode_is_kept():
     assert from_hf(gpt2().train()).training
 
 
+@pytest.mark.parametrize("native_factory", [gpt2, marian])
+def test_eager_attention_is_kept_with_its_weights(native_factory):
+    """A native model loaded with `attn_implementation="eager"` returns its attention weights; so does ours
+    (under sdpa, both return none)."""
+    native = native_factory(attn_implementation="eager")
+    ours = from_hf(native)
+    assert ours.config._attn_implementation == "eager"
+    ids = _ids()
+    inputs = {"input_ids": ids, "output_attentions": True}
+    if native.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = ids[:, :4]
+    with torch.no_grad():
+        expected, actual = native(**inputs), ours(**inputs)
+    name = "decoder_attentions" if native.config.is_encoder_decoder else "attentions"
+    torch.testing.assert_close(getattr(actual, name), getattr(expected, name), atol=ATOL, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------- generation
 
 
