@@ -240,10 +240,12 @@ def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True
     Raises `CheckpointError` when this process's random state was not restored."""
     manifest = verify_checkpoint(path, verify_checksums)
     check_sharding(path, accelerator.distributed_type == DistributedType.FSDP)
+    # Every process checks the files of all, so that all stop together (before `load_state`, which may communicate).
+    for process in range(accelerator.num_processes):
+        if not (Path(path) / f"random_states_{process}.pkl").is_file():
+            raise CheckpointError(f"Checkpoint {path} has no random state for process {process} "
+                                  f"(random_states_{process}.pkl): it was saved by fewer processes than this run has.")
     rng_file = Path(path) / f"random_states_{accelerator.process_index}.pkl"
-    if not rng_file.is_file():
-        raise CheckpointError(f"Checkpoint {path} has no random state for process {accelerator.process_index} "
-                              f"({rng_file.name}): it was saved by fewer processes than this run has.")
     accelerator.load_state(str(path))
     try:  # as Accelerate reads it; it swallows any failure, so compare what it restored with the file
         saved = torch.load(rng_file, weights_only=False)["torch_manual_seed"]
@@ -346,10 +348,14 @@ class CrashSafeCheckpoints:
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if checkpoint is None:
             return
-        name = f"rng_state_{self.args.process_index}.pth" if self.args.world_size > 1 else "rng_state.pth"
-        if not (Path(checkpoint) / name).is_file():
-            raise CheckpointError(f"Checkpoint {checkpoint} has no random state {name}: it was saved by another "
+        names = [f"rng_state_{process}.pth" for process in range(self.args.world_size)] \
+            if self.args.world_size > 1 else ["rng_state.pth"]
+        # Every process checks the files of all, so that all stop together, none waits for another that stopped.
+        missing = [name for name in names if not (Path(checkpoint) / name).is_file()]
+        if missing:
+            raise CheckpointError(f"Checkpoint {checkpoint} has no random state {missing[0]}: it was saved by another "
                                   "number of processes, or the file was removed.")
+        name = names[self.args.process_index]
         try:
             super()._load_rng_state(checkpoint)
         except Exception as error:

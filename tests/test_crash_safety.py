@@ -215,3 +215,42 @@ def test_resuming_with_another_model_is_an_error_naming_the_tensors(workspace, u
     stderr = run(command(entry, workspace, output, "--resume", *wider), workspace, returncode=2)
     assert "holds another model than this run builds" in stderr and "Traceback" not in stderr
     assert "`model.embeddings.embed_tokens.weight` (320, 32) there, (320, 64) here" in stderr
+
+
+# Two gloo processes on this CPU (ACCELERATE_USE_CPU joins Trainer's too); torchrun itself reports a failed process.
+TWO_PROCESSES = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def run_two_processes(arguments: list[str], cwd: Path) -> str:
+    """`arguments` (a `command`) under torchrun; it must fail with every process stopping on the same error."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1",
+                        "OMP_NUM_THREADS": "1"}
+    launched = [*TWO_PROCESSES, "-m", *arguments[2:], *(["--cpu"] if "train_accelerate" in arguments[2] else [])]
+    result = subprocess.run(launched, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    # Neither process died in a traceback (a gloo one when the other had left), nor printed the usage.
+    assert "[rank" not in output and "gloo" not in output and "usage:" not in output, output[-4000:]
+    return output
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_one_process_resumed_by_two_stops_once_and_cleanly(workspace, uninterrupted, tmp_path):
+    """Each process checks every process's random state: all stop together, and the main process says why."""
+    entry, full = uninterrupted
+    output = tmp_path / "two"
+    shutil.copytree(full, output)
+    shutil.rmtree(output / "checkpoints" / f"{ENTRY_POINTS[entry][2]}-10")  # a run killed after step 8
+    stdout = run_two_processes(command(entry, workspace, output, "--resume"), workspace)
+    assert stdout.count("error: Checkpoint") == 1 and "has no random state" in stdout, stdout[-4000:]
+    assert "saved by" in stdout
+
+
+@pytest.mark.slow
+def test_bad_data_under_two_processes_stops_once_and_cleanly(workspace, tmp_path):
+    """The main process reads the data first, the others wait: it must not leave them waiting when it stops."""
+    (tmp_path / "empty.txt").write_text("\n\n")
+    arguments = command("accelerate", workspace, tmp_path / "out")
+    arguments[arguments.index("--train-files") + 1] = str(tmp_path / "empty.txt")
+    stdout = run_two_processes(arguments, workspace)
+    assert stdout.count("holds no text") == 1, stdout[-4000:]

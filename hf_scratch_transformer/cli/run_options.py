@@ -4,9 +4,12 @@
 import argparse
 import json
 import os
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
+from typing import NoReturn
 
+from accelerate.utils import gather_object
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -22,6 +25,55 @@ DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
     "masked-lm": ("bert-prenorm", "wordpiece", "encoder"),
     "seq2seq": ("transformer-base", "bpe", "seq2seq"),
 }
+
+
+# ----------------------------------------------------------------------------------------------- stopping
+# Under a launcher (torchrun, accelerate launch) every process parses the same options and reads the same files, so
+# each meets the same problem: it is said once, by the main process, and every process exits with status 2.
+
+
+def _rank_zero() -> bool:
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+class RunParser(argparse.ArgumentParser):
+    """The training commands' parser: its usage and errors are printed by the main process alone."""
+
+    def print_usage(self, file=None) -> None:
+        if _rank_zero():
+            super().print_usage(file)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        super().exit(status, message if _rank_zero() else None)
+
+
+def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Stop with `message` and exit status 2 as `parser.error` does, without the usage: for a problem found in the
+    files (a checkpoint, the data), which no option caused."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def fail_together(parser: argparse.ArgumentParser, accelerator, problem: str | None) -> None:
+    """Called by every process at the same point with the problem it found, or None: if any process found one, all
+    stop with it. One process stopping alone would leave the others waiting for it in their next collective
+    operation, which gloo ends with a traceback."""
+    if accelerator.num_processes > 1:
+        problem = next(filter(None, gather_object([problem])), None)
+    if problem is not None:
+        fail(parser, problem)
+
+
+@contextmanager
+def main_process_first(accelerator):
+    """`accelerator.main_process_first()` that lets the other processes go on also when the main one stops inside
+    (bad data): they meet the same problem and stop too, instead of waiting for it in a barrier it never reaches."""
+    if not accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+    try:
+        yield
+    finally:
+        if accelerator.is_main_process:
+            accelerator.wait_for_everyone()
 
 
 # ----------------------------------------------------------------------------------------------- argument types
@@ -163,7 +215,7 @@ def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, D
     try:
         return _load_run_data(args)
     except (ValueError, FileNotFoundError) as error:
-        parser.error(str(error))
+        fail(parser, str(error))
 
 
 def _load_run_data(args) -> tuple[DatasetDict, Dataset]:

@@ -45,10 +45,12 @@ from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULT_CORPUS,
     DEFAULTS,
+    RunParser,
     add_data_and_model_arguments,
     add_run_safety_arguments,
     claim_output_dir,
     config_overrides,
+    fail,
     follow_the_tokenizer,
     load_run_data,
     non_negative_int,
@@ -75,7 +77,7 @@ class ShardedSeq2SeqTrainer(ShardedTrainer, CrashSafeSeq2SeqTrainer):
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
 add_data_and_model_arguments(parser)
@@ -131,7 +133,7 @@ if args.resume:
     try:
         resumed = latest_checkpoint(output_dir / "checkpoints", TRAINER_PREFIX, print if is_main_process else None)
     except CheckpointError as error:
-        parser.error(str(error))
+        fail(parser, str(error))
     if resumed is None and is_main_process:
         print(f"no checkpoint in {output_dir / 'checkpoints'}: starting from step 0")
 set_seed(args.seed)
@@ -154,7 +156,7 @@ if saved:
 elif given:
     tokenizer = AutoTokenizer.from_pretrained(given)
 elif resumed is not None:
-    parser.error(f"{resumed} holds no tokenizer: pass the one the run was trained with as --tokenizer.")
+    fail(parser, f"{resumed} holds no tokenizer: pass the one the run was trained with as --tokenizer.")
 else:
     tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
                                 vocab_size=args.vocab_size, model_max_length=args.max_length)
@@ -177,7 +179,7 @@ else:
     follow_the_tokenizer(config, dict(args.set))
     model = AUTO_MODEL[task].from_config(config)
 if model.config.vocab_size < len(tokenizer):
-    raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
+    fail(parser, f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters")
 
 if task == "causal-lm":
@@ -252,7 +254,7 @@ if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):  # else each
 try:
     trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
-    parser.error(str(error))
+    fail(parser, str(error))
 if budget and budget.stopped_at:
     print(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
           "(checkpointed: --resume continues)")

@@ -49,13 +49,17 @@ from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULT_CORPUS,
     DEFAULTS,
+    RunParser,
     add_data_and_model_arguments,
     add_run_safety_arguments,
     claim_output_dir,
     config_overrides,
     continues_run,
+    fail,
+    fail_together,
     follow_the_tokenizer,
     load_run_data,
+    main_process_first,
     non_negative_int,
     positive_int,
     refuse_another_family,
@@ -65,7 +69,7 @@ from hf_scratch_transformer.presets import get_preset
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
 parser.add_argument("--output-dir", type=Path, help="default: outputs/accelerate/<task>")
 add_data_and_model_arguments(parser)
@@ -135,13 +139,13 @@ try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
         resume = checkpointing.latest_checkpoint(checkpoints, report=accelerator.print) if args.resume else None
         manifest = checkpointing.verify_checkpoint(resume, verify_checksums=False) if resume else None  # verified
 except checkpointing.CheckpointError as error:
-    parser.error(str(error))
+    fail(parser, str(error))
 if args.resume and not resume:
     accelerator.print(f"no checkpoint in {checkpoints}: starting from step 0")
 default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
 # ----------------------------------------------------------------------------------------------- data
-with accelerator.main_process_first():  # the main process fills the `datasets` cache, the others then read it
+with main_process_first(accelerator):  # the main process fills the `datasets` cache, the others then read it
     raw, tokenizer_texts = load_run_data(parser, args)
 
 # ----------------------------------------------------------------------------------------------- tokenizer
@@ -218,7 +222,7 @@ else:
     follow_the_tokenizer(config, dict(args.set))
     model = AUTO_MODEL[task].from_config(config)
 if model.config.vocab_size < len(tokenizer):
-    raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
+    fail(parser, f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
 accelerator.print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters; "
                   f"{accelerator.num_processes} x {accelerator.distributed_type.value}, {accelerator.mixed_precision}")
 
@@ -255,16 +259,18 @@ if accelerator.distributed_type == DistributedType.FSDP:
 model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 loader, eval_loader = (accelerator.prepare_data_loader(d, device_placement=False) for d in (loader, eval_loader))
 if len(loader) == 0:
-    raise ValueError(f"{len(datasets['train'])} training sequences do not fill one batch per process.")
+    fail(parser, f"{len(datasets['train'])} training sequences do not fill one batch per process.")
 
 layout = {key: getattr(args, key) for key in ("task", "batch_size", "gradient_accumulation_steps", "max_steps",
                                              "max_length", "seed")} | {"num_processes": accelerator.num_processes}
 history, start_step = [], 0
 if resume:
+    problem = None  # each process loads its own random state
     try:
         checkpointing.load_checkpoint(accelerator, resume, verify_checksums=False)  # model, optimizer, schedule, RNG
     except checkpointing.CheckpointError as error:
-        parser.error(str(error))
+        problem = str(error)
+    fail_together(parser, accelerator, problem)
     start_step = manifest["step"]
     history = [json.loads(line) for line in (Path(resume) / "loss_curve.jsonl").read_text().splitlines()]
     changed = {key: (manifest["metadata"].get(key), value) for key, value in layout.items()
