@@ -116,6 +116,32 @@ def write_manifest(folder: str | Path, step: int, metadata: dict | None = None) 
     return manifest
 
 
+# ----------------------------------------------------------------------------------------------- other folders
+
+
+def folder_aside(final: str | Path, is_main_process: bool = True) -> Path:
+    """`final.tmp`, where a folder (a run's model folder) is written before `replace_folder` puts it in place of
+    `final`; the main process empties it of what an interrupted write left, before any process writes there."""
+    partial = Path(final).with_name(Path(final).name + PARTIAL_SUFFIX)
+    if is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+    return partial
+
+
+def replace_folder(partial: str | Path, final: str | Path) -> None:
+    """Put the fully written folder `partial` in place of `final` (main process only): its files are flushed, an
+    earlier `final` is removed atomically (`remove_checkpoint`), then `partial` is renamed. A kill at any instant
+    leaves `final` complete (the earlier one or the new one) or absent, never half written."""
+    partial, final = Path(partial), Path(final)
+    for file in partial.rglob("*"):
+        if file.is_file():
+            _fsync(file)
+    if final.exists():
+        remove_checkpoint(final)
+    os.replace(partial, final)
+    _fsync(final.parent)
+
+
 # ----------------------------------------------------------------------------------------------- deleting
 
 

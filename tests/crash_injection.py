@@ -7,6 +7,7 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
     state    inside the N-th save: every file of the state written, no manifest yet
     rename   inside the N-th save: manifest written, just before the folder gets its final name
     delete   inside the N-th checkpoint deletion (pruning, or a step the run left): renamed aside, one file removed
+    card     as the N-th model card is written: the model folder's weights and tokenizer saved, no card yet
 
 The real code runs unchanged; only the functions named above are wrapped.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hf_scratch_transformer import checkpointing
+from hf_scratch_transformer import checkpointing, hub
 
 
 def die() -> None:
@@ -70,6 +71,8 @@ def main() -> None:
                      and not str(target).endswith(checkpointing.DELETED_SUFFIX), count)
     elif point == "delete":
         kill_inside_deletion(count)
+    elif point == "card":
+        kill_on_call(hub, "write_model_card", lambda *args: True, count)
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

@@ -254,3 +254,25 @@ def test_bad_data_under_two_processes_stops_once_and_cleanly(workspace, tmp_path
     arguments[arguments.index("--train-files") + 1] = str(tmp_path / "empty.txt")
     stdout = run_two_processes(arguments, workspace)
     assert stdout.count("holds no text") == 1, stdout[-4000:]
+
+
+@pytest.mark.slow
+def test_a_kill_while_the_model_folder_is_written_leaves_the_earlier_one_or_none(workspace, uninterrupted, tmp_path):
+    """The model folder is written aside and put in place complete, as a checkpoint is."""
+    entry, full = uninterrupted
+    output = tmp_path / "model-kill"
+    shutil.copytree(full, output)
+    longer = ["--resume", "--max-steps", "12"]  # a finished run continued, its model folder there
+
+    def model_files() -> dict:
+        return {path.name: path.read_bytes() for path in (output / "model").iterdir()}
+
+    earlier = model_files()
+    run(command(entry, workspace, output, *longer, kill=("card", 1)), workspace, returncode=-signal.SIGKILL)
+    assert model_files() == earlier, "the earlier model folder, whole"
+    shutil.rmtree(output / "model")
+    run(command(entry, workspace, output, *longer, kill=("card", 1)), workspace, returncode=-signal.SIGKILL)
+    assert not (output / "model").exists(), "no half-written model folder"
+    run(command(entry, workspace, output, *longer), workspace)
+    assert {"README.md", "loss_curve.png", "model.safetensors", "tokenizer.json"} <= set(model_files())
+    assert sorted(path.name for path in output.iterdir() if path.name.startswith("model")) == ["model"]

@@ -33,7 +33,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_transformer import hub, training
-from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer
+from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer, folder_aside, replace_folder
 from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
     claim_output_dir,
@@ -296,12 +296,13 @@ results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate()
            if key in ("eval_loss", "eval_accuracy", "eval_f1")}
 print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 folder = output_dir / "model"
-trainer.save_model(str(folder))
-(folder / "eval_results.json").write_text(json.dumps(results, indent=2))
-training.plot_loss_curve(trainer.state.log_history, folder / "loss_curve.png", title=args.task)
+written = folder_aside(folder)  # put in place complete: a kill leaves the earlier model folder, the new one, or none
+trainer.save_model(str(written))
+(written / "eval_results.json").write_text(json.dumps(results, indent=2))
+training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=args.task)
 dataset = args.dataset or Path(args.train_file).stem
 hub.write_model_card(
-    folder, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
+    written, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
     config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset=dataset,
     dataset_description="" if args.dataset else "Files: " + ", ".join(
         f"`{Path(file).name}`" for file in (args.train_file, args.validation_file) if file),
@@ -312,4 +313,5 @@ hub.write_model_card(
     eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
     model_class=type(model).__name__,
 )
+replace_folder(written, folder)
 print(f"saved a Hub-ready folder: {folder}")

@@ -33,7 +33,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
-from hf_scratch_transformer import hub, training
+from hf_scratch_transformer import checkpointing, hub, training
 from hf_scratch_transformer.checkpointing import (
     TRAINER_PREFIX,
     CheckpointError,
@@ -268,17 +268,20 @@ if task == "causal-lm":
 print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 
 # ----------------------------------------------------------------------------------------------- Hub-ready folder
+# Written aside and put in place complete: a kill leaves the earlier model folder, the new one, or none.
 folder = output_dir / "model"
-trainer.save_model(str(folder))  # weights, config, model code (auto_map), tokenizer
+written = checkpointing.folder_aside(folder, trainer.is_world_process_zero())
+trainer.accelerator.wait_for_everyone()
+trainer.save_model(str(written))  # weights, config, model code (auto_map), tokenizer
 if not trainer.is_world_process_zero():  # the main process writes the rest of the folder
     raise SystemExit(0)
-(folder / "eval_results.json").write_text(json.dumps(results, indent=2))
-training.plot_loss_curve(trainer.state.log_history, folder / "loss_curve.png", title=f"{preset or 'model'} {task}")
+(written / "eval_results.json").write_text(json.dumps(results, indent=2))
+training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=f"{preset or 'model'} {task}")
 files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
 dataset_name = args.dataset_name or args.dataset or ("tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem)
 knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
 hub.write_model_card(
-    folder, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset_name}", preset=preset,
+    written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset_name}", preset=preset,
     config={key: value for key, value in model.config.to_dict().items() if key in knobs},
     num_parameters=model.num_parameters(),
     dataset=dataset_name,
@@ -289,6 +292,7 @@ hub.write_model_card(
                      "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16},
     eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
 )
+checkpointing.replace_folder(written, folder)
 print(f"saved a Hub-ready folder: {folder}")
 
 # ----------------------------------------------------------------------------------------------- reload and sample

@@ -376,17 +376,19 @@ if results and task == "causal-lm":
 accelerator.print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 
 # ----------------------------------------------------------------------------------------------- final model
+# Written aside and put in place complete: a kill leaves the earlier model folder, the new one, or none.
 folder = output_dir / "model"
+written = checkpointing.folder_aside(folder, accelerator.is_main_process)  # only the main process writes there
 state_dict = accelerator.get_state_dict(model)  # every process takes part (FSDP gathers the shards)
 if accelerator.distributed_type == DistributedType.FSDP:
     state_dict = sharding.tie_state_dict(state_dict, model)
 with sharding.own_class(accelerator.unwrap_model(model)) as unwrapped:
-    unwrapped.save_pretrained(folder, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
+    unwrapped.save_pretrained(written, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
                               state_dict=state_dict)
 if accelerator.is_main_process:
-    tokenizer.save_pretrained(folder)
+    tokenizer.save_pretrained(written)
     history.append({"step": args.max_steps, **results})
-    training.plot_loss_curve(history, folder / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
+    training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
     files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
     dataset = args.dataset_name or args.dataset or ("tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem)
     unwrapped = accelerator.unwrap_model(model)
@@ -394,9 +396,10 @@ if accelerator.is_main_process:
                        "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
                            "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
                            "max_grad_norm")}, "warmup_steps": warmup_steps}
-    hub.write_model_card(folder, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
+    hub.write_model_card(written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
                          preset=preset, config=unwrapped.config.to_dict(), num_parameters=unwrapped.num_parameters(),
                          dataset=dataset, tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
                          hyperparameters=hyperparameters, eval_results=results)
+    checkpointing.replace_folder(written, folder)
     accelerator.print(f"saved {folder}")
 accelerator.end_training()
