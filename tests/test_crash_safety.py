@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from tiny_tokenizers import write_run_corpus
 
 from hf_scratch_transformer import checkpointing
+from hf_scratch_transformer.cli import run_options
 
 HERE = Path(__file__).resolve().parent
 TINY = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
@@ -276,3 +277,18 @@ def test_a_kill_while_the_model_folder_is_written_leaves_the_earlier_one_or_none
     run(command(entry, workspace, output, *longer), workspace)
     assert {"README.md", "loss_curve.png", "model.safetensors", "tokenizer.json"} <= set(model_files())
     assert sorted(path.name for path in output.iterdir() if path.name.startswith("model")) == ["model"]
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """As on a read-only file system (access(2) says so even to root, whom permission bits do not stop)."""
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != read_only and access(path, mode, **kw))
+    parser = run_options.RunParser(prog="train")
+    for output in (read_only, read_only / "new" / "run"):
+        with pytest.raises(SystemExit) as stopped:
+            run_options.claim_output_dir(parser, output, resume=False, overwrite=False)
+        assert stopped.value.code == 2
+        assert f"--output-dir {output} cannot be written: {read_only} is read-only" in capsys.readouterr().err
+    run_options.claim_output_dir(parser, tmp_path / "writable" / "run", resume=False, overwrite=False)

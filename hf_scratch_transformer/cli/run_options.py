@@ -261,6 +261,11 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other."""
     if output_dir.exists() and not output_dir.is_dir():
         parser.error(f"--output-dir {output_dir} is a file, not a folder")
+    # Else the run would fail with a traceback at its first write, after the data, tokenizer and model work.
+    existing = next(folder for folder in (output_dir, *output_dir.parents) if folder.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        parser.error(f"--output-dir {output_dir} cannot be written: {existing} is read-only (for this user, or "
+                     "on a read-only file system). Choose another --output-dir.")
     earlier = [name for name in RUN_FILES if (output_dir / name).exists()]
     branch = resume_from is not None and not continues_run(resume_from, output_dir)
     if resume and overwrite and not branch:
