@@ -9,7 +9,8 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
     delete   inside the N-th checkpoint deletion (pruning, or a step the run left): renamed aside, one file removed
     card     as the N-th model card is written: the model folder's weights and tokenizer saved, no card yet
 
-The real code runs unchanged; only the functions named above are wrapped.
+The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
+sends Ctrl-C's signal instead of SIGKILL.
 """
 
 import os
@@ -26,7 +27,7 @@ from hf_scratch_transformer import checkpointing, hub
 
 def die() -> None:
     sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), getattr(signal, os.environ.get("CRASH_SIGNAL", "SIGKILL")))
 
 
 def kill_on_call(owner, name: str, when, count: int) -> None:

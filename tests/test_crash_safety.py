@@ -44,8 +44,8 @@ def command(entry: str, workspace: Path, output: Path, *extra, kill: tuple[str, 
     return [*launcher, *map(str, [*data, *COMMON, *options, "--output-dir", output, *extra])]
 
 
-def run(arguments: list[str], cwd: Path, returncode: int = 0) -> str:
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def run(arguments: list[str], cwd: Path, returncode: int = 0, env: dict | None = None) -> str:
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
     result = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
     output = result.stdout + result.stderr
     assert result.returncode == returncode, output[-4000:]
@@ -292,3 +292,13 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
         assert stopped.value.code == 2
         assert f"--output-dir {output} cannot be written: {read_only} is read-only" in capsys.readouterr().err
     run_options.claim_output_dir(parser, tmp_path / "writable" / "run", resume=False, overwrite=False)
+
+
+def test_ctrl_c_stops_with_one_line_and_the_run_resumes_exactly(workspace, uninterrupted):
+    entry, full = uninterrupted
+    output = workspace / f"{entry}-ctrl-c"
+    stopped = run(command(entry, workspace, output, kill=("step", 6)), workspace, returncode=128 + signal.SIGINT,
+                  env={"CRASH_SIGNAL": "SIGINT"})
+    assert "stopped by Ctrl-C: --resume continues" in stopped and "Traceback" not in stopped, stopped[-3000:]
+    run(command(entry, workspace, output, "--resume"), workspace)
+    assert loss_curve(entry, output) == loss_curve(entry, full)

@@ -4,6 +4,8 @@
 import argparse
 import json
 import os
+import signal
+import sys
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -61,6 +63,18 @@ def fail_together(parser: argparse.ArgumentParser, accelerator, problem: str | N
         problem = next(filter(None, gather_object([problem])), None)
     if problem is not None:
         fail(parser, problem)
+
+
+def stop_cleanly_on_ctrl_c() -> None:
+    """Ctrl-C ends a training command with one line and exit status 130 instead of a KeyboardInterrupt traceback. It
+    leaves what a kill leaves (docs/checkpoints.md): the complete checkpoints, and leftovers that nothing reads."""
+
+    def stop(signum, frame):
+        if _rank_zero():
+            print("\nstopped by Ctrl-C: --resume continues from the newest complete checkpoint", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)
 
 
 @contextmanager

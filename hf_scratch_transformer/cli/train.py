@@ -58,6 +58,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
 from hf_scratch_transformer.sharding import ShardedTrainer
@@ -112,6 +113,7 @@ run.add_argument("--sample-prompt", default="ROMEO:", help="causal LM sample pro
 run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
 run.add_argument("--seed", type=int, default=1337)
 args = parser.parse_args()
+stop_cleanly_on_ctrl_c()
 if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not (args.model or args.tokenizer):  # torchrun / accelerate launch
     parser.error("with several processes each would train its own tokenizer: train one first "
                  "(python -m tokenizer_training ...) and pass --tokenizer")

@@ -64,6 +64,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
@@ -105,6 +106,7 @@ run.add_argument("--model-name", help="the card's title and repo id (default: <p
 run.add_argument("--seed", type=int, default=1337)
 run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
 args = parser.parse_args()
+stop_cleanly_on_ctrl_c()
 
 
 task, accumulation = args.task, args.gradient_accumulation_steps
