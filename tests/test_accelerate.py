@@ -207,7 +207,7 @@ def test_accelerate_configs_load_and_fsdp_wraps_the_block_of_every_family():
 class FakeAccelerator:
     """What `save_checkpoint` / `load_checkpoint` use of an Accelerator; `fail_after` files simulates a kill."""
 
-    is_main_process, process_index = True, 0
+    is_main_process, process_index, num_processes = True, 0, 1
 
     def __init__(self, fail_after: int | None = None, distributed_type: DistributedType = DistributedType.NO):
         self.fail_after, self.loaded, self.distributed_type = fail_after, None, distributed_type
@@ -254,6 +254,16 @@ def test_a_checkpoint_resumes_only_under_the_sharding_it_was_saved_with(tmp_path
     with pytest.raises(checkpointing.CheckpointError, match="saved sharded by FSDP, and this run does not use FSDP"):
         checkpointing.load_checkpoint(FakeAccelerator(), sharded)
     checkpointing.load_checkpoint(FakeAccelerator(distributed_type=DistributedType.FSDP), sharded)
+
+
+def test_every_process_stops_on_a_checkpoint_saved_by_fewer_processes(tmp_path):
+    """Process 0 has its random state, but stops too: else it would wait for process 1 in its next collective."""
+    path = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
+    first_of_two = FakeAccelerator()
+    first_of_two.num_processes = 2
+    with pytest.raises(CheckpointError, match="no random state for process 1 .random_states_1.pkl.: it was saved by"):
+        checkpointing.load_checkpoint(first_of_two, path)
+    assert first_of_two.loaded is None, "stopped before loading"
 
 
 def test_saving_an_earlier_step_drops_the_abandoned_later_checkpoints(tmp_path):
