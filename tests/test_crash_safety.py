@@ -302,3 +302,17 @@ def test_ctrl_c_stops_with_one_line_and_the_run_resumes_exactly(workspace, unint
     assert "stopped by Ctrl-C: --resume continues" in stopped and "Traceback" not in stopped, stopped[-3000:]
     run(command(entry, workspace, output, "--resume"), workspace)
     assert loss_curve(entry, output) == loss_curve(entry, full)
+
+
+def test_a_run_into_a_folder_that_another_run_is_writing_is_refused(workspace, uninterrupted, tmp_path):
+    """Two runs writing one folder would remove each other's checkpoints being written and interleave their logs."""
+    fcntl = pytest.importorskip("fcntl")
+    entry, full = uninterrupted
+    output = tmp_path / "busy"
+    shutil.copytree(full, output)
+    with (output / run_options.LOCK_FILE).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the main process of the run writing it does
+        before = {path: path.stat().st_mtime_ns for path in output.rglob("*")}
+        stderr = run(command(entry, workspace, output, "--resume"), workspace, returncode=2)
+        assert f"{output} is being written by another run" in stderr
+        assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"

@@ -11,6 +11,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import NoReturn
 
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked
+    fcntl = None
+
 from accelerate.utils import gather_object
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -22,6 +27,8 @@ from hf_scratch_transformer.presets import get_preset
 DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
 AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
 RUN_FILES = ("checkpoints", "tokenizer", "model", "loss_curve.jsonl")  # what a run writes into its output folder
+LOCK_FILE = ".hf-scratch.lock"  # held by the main process of the run writing the folder (claim_output_dir)
+_held_locks = []  # open for the life of the process: closing a file releases its lock
 DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
     "causal-lm": ("gpt-mini", "bpe", "decoder"),
     "masked-lm": ("bert-prenorm", "wordpiece", "encoder"),
@@ -267,6 +274,22 @@ def continues_run(checkpoint: Path, output_dir: Path) -> bool:
     return Path(checkpoint).resolve().is_relative_to((output_dir / "checkpoints").resolve())
 
 
+def lock_output_dir(parser: argparse.ArgumentParser, output_dir: Path) -> None:
+    """Hold a lock on `output_dir` until the process ends, or stop if another run holds it: two runs writing one
+    folder remove each other's checkpoints being written and interleave their loss logs."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        return
+    lock = (output_dir / LOCK_FILE).open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        parser.error(f"{output_dir} is being written by another run (it holds {LOCK_FILE}): wait for it to end, "
+                     "or choose another --output-dir.")
+    _held_locks.append(lock)
+
+
 def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
                      is_main_process: bool = True, resume_from: Path | None = None) -> None:
     """Refuse to start a new run over an earlier one unless asked: `--resume` continues it, `--overwrite-output-dir`
@@ -284,16 +307,18 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     branch = resume_from is not None and not continues_run(resume_from, output_dir)
     if resume and overwrite and not branch:
         parser.error("--resume continues the earlier run and --overwrite-output-dir replaces it: pass one of them")
-    if not earlier or (resume and not branch):
-        return
-    if not overwrite and branch:
+    replacing = earlier and not (resume and not branch)  # a new run, or a branch, over an earlier one
+    if replacing and not overwrite and branch:
         parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}), and --resume-from {resume_from} is a "
                      f"checkpoint of another run (not in {output_dir / 'checkpoints'}): continuing it here would "
                      "replace the earlier run. Choose a new --output-dir for the continuation, or pass "
                      "--overwrite-output-dir to replace the earlier run.")
-    if not overwrite:
+    if replacing and not overwrite:
         parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, or "
                      "--overwrite-output-dir to replace it, or choose another --output-dir.")
-    if is_main_process and (output_dir / "checkpoints").exists():
+    if not is_main_process:
+        return
+    lock_output_dir(parser, output_dir)
+    if replacing and (output_dir / "checkpoints").exists():
         print(f"--overwrite-output-dir: removing the earlier run's checkpoints in {output_dir / 'checkpoints'}")
         checkpointing.remove_checkpoint(output_dir / "checkpoints")
