@@ -315,4 +315,7 @@ def test_a_run_into_a_folder_that_another_run_is_writing_is_refused(workspace, u
         before = {path: path.stat().st_mtime_ns for path in output.rglob("*")}
         stderr = run(command(entry, workspace, output, "--resume"), workspace, returncode=2)
         assert f"{output} is being written by another run" in stderr
+        if entry == "accelerate":  # only the main process can tell: the others stop with it
+            stdout = run_two_processes(command(entry, workspace, output, "--resume"), workspace)
+            assert stdout.count("is being written by another run") == 1
         assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"

@@ -274,28 +274,30 @@ def continues_run(checkpoint: Path, output_dir: Path) -> bool:
     return Path(checkpoint).resolve().is_relative_to((output_dir / "checkpoints").resolve())
 
 
-def lock_output_dir(parser: argparse.ArgumentParser, output_dir: Path) -> None:
-    """Hold a lock on `output_dir` until the process ends, or stop if another run holds it: two runs writing one
-    folder remove each other's checkpoints being written and interleave their loss logs."""
+def lock_output_dir(output_dir: Path) -> str | None:
+    """Hold a lock on `output_dir` until the process ends; the problem when another run holds it. Two runs writing
+    one folder would remove each other's checkpoints being written and interleave their loss logs."""
     output_dir.mkdir(parents=True, exist_ok=True)
     if fcntl is None:
-        return
+        return None
     lock = (output_dir / LOCK_FILE).open("a")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        parser.error(f"{output_dir} is being written by another run (it holds {LOCK_FILE}): wait for it to end, "
-                     "or choose another --output-dir.")
+        return (f"{output_dir} is being written by another run (it holds {LOCK_FILE}): wait for it to end, or choose "
+                "another --output-dir.")
     _held_locks.append(lock)
+    return None
 
 
 def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
-                     is_main_process: bool = True, resume_from: Path | None = None) -> None:
+                     is_main_process: bool = True, resume_from: Path | None = None, accelerator=None) -> None:
     """Refuse to start a new run over an earlier one unless asked: `--resume` continues it, `--overwrite-output-dir`
     replaces it (its checkpoints are removed first, atomically, so that no later `--resume` mixes the two runs).
     `resume_from` (`--resume-from`) outside this folder's checkpoints starts a branch of another run: for this folder
-    that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other."""
+    that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other. The main process then
+    locks the folder (`lock_output_dir`); with `accelerator`, every process stops when it cannot."""
     if output_dir.exists() and not output_dir.is_dir():
         parser.error(f"--output-dir {output_dir} is a file, not a folder")
     # Else the run would fail with a traceback at its first write, after the data, tokenizer and model work.
@@ -316,9 +318,11 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     if replacing and not overwrite:
         parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, or "
                      "--overwrite-output-dir to replace it, or choose another --output-dir.")
-    if not is_main_process:
-        return
-    lock_output_dir(parser, output_dir)
-    if replacing and (output_dir / "checkpoints").exists():
+    problem = lock_output_dir(output_dir) if is_main_process else None
+    if accelerator is not None:
+        fail_together(parser, accelerator, problem)
+    elif problem:
+        fail(parser, problem)
+    if is_main_process and replacing and (output_dir / "checkpoints").exists():
         print(f"--overwrite-output-dir: removing the earlier run's checkpoints in {output_dir / 'checkpoints'}")
         checkpointing.remove_checkpoint(output_dir / "checkpoints")

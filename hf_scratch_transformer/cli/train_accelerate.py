@@ -133,7 +133,7 @@ if refusal := training.slow_bf16_refusal(accelerator.mixed_precision, accelerato
     parser.error(refusal)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
-                 accelerator.is_main_process, resume_from=args.resume_from)
+                 accelerator.is_main_process, resume_from=args.resume_from, accelerator=accelerator)
 try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
     if args.resume_from:
         resume, manifest = args.resume_from, checkpointing.verify_checkpoint(args.resume_from)
