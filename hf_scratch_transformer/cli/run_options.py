@@ -309,7 +309,7 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     branch = resume_from is not None and not continues_run(resume_from, output_dir)
     if resume and overwrite and not branch:
         parser.error("--resume continues the earlier run and --overwrite-output-dir replaces it: pass one of them")
-    replacing = earlier and not (resume and not branch)  # a new run, or a branch, over an earlier one
+    replacing = bool(earlier) and not (resume and not branch)  # a new run, or a branch, over an earlier one
     if replacing and not overwrite and branch:
         parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}), and --resume-from {resume_from} is a "
                      f"checkpoint of another run (not in {output_dir / 'checkpoints'}): continuing it here would "
