@@ -151,7 +151,10 @@ def remove_checkpoint(path: str | Path) -> None:
     path = Path(path)
     doomed = path.with_name(path.name + DELETED_SUFFIX)
     shutil.rmtree(doomed, ignore_errors=True)  # an earlier removal of the same name, interrupted
-    os.replace(path, doomed)
+    try:
+        os.replace(path, doomed)
+    except FileNotFoundError:  # removed meanwhile (by the user, while the run pruned): nothing left to do
+        return
     _fsync(path.parent)
     shutil.rmtree(doomed)
 

@@ -319,3 +319,14 @@ def test_a_run_into_a_folder_that_another_run_is_writing_is_refused(workspace, u
             stdout = run_two_processes(command(entry, workspace, output, "--resume"), workspace)
             assert stdout.count("is being written by another run") == 1
         assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
+
+
+def test_a_checkpoint_the_user_removes_while_the_run_prunes_does_not_stop_the_run(tmp_path, monkeypatch):
+    for step in (2, 4, 6):
+        (tmp_path / f"step-{step}").mkdir()
+        checkpointing.write_manifest(tmp_path / f"step-{step}", step)
+    listed = checkpointing.complete_checkpoints(tmp_path)
+    shutil.rmtree(tmp_path / "step-2")  # after the prune listed it, before it removes it
+    monkeypatch.setattr(checkpointing, "complete_checkpoints", lambda *args: listed)
+    checkpointing.prune_checkpoints(tmp_path, keep=1)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step-6"]
