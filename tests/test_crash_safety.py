@@ -330,3 +330,14 @@ def test_a_checkpoint_the_user_removes_while_the_run_prunes_does_not_stop_the_ru
     monkeypatch.setattr(checkpointing, "complete_checkpoints", lambda *args: listed)
     checkpointing.prune_checkpoints(tmp_path, keep=1)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["step-6"]
+
+
+def test_what_an_interrupted_removal_left_in_the_output_folder_is_cleared(tmp_path):
+    """A kill while --overwrite-output-dir removed the earlier checkpoints, or while a model folder was replaced,
+    leaves them renamed aside, which nothing reads: the next command into the folder removes them."""
+    for leftover in ("checkpoints.deleted/step-2", "model.deleted"):
+        (tmp_path / leftover).mkdir(parents=True)
+        (tmp_path / leftover / "model.safetensors").write_bytes(b"0" * 64)
+    (tmp_path / "loss_curve.jsonl").write_text("{}\n")
+    run_options.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, resume=True, overwrite=False)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [run_options.LOCK_FILE, "loss_curve.jsonl"]

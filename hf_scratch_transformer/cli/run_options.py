@@ -4,6 +4,7 @@
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 from contextlib import contextmanager
@@ -323,6 +324,9 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
         fail_together(parser, accelerator, problem)
     elif problem:
         fail(parser, problem)
+    if is_main_process:  # what a removal (of the model folder, or of the checkpoints when overwriting) interrupted left
+        for name in ("checkpoints", "model"):
+            shutil.rmtree(output_dir / (name + checkpointing.DELETED_SUFFIX), ignore_errors=True)
     if is_main_process and replacing and (output_dir / "checkpoints").exists():
         print(f"--overwrite-output-dir: removing the earlier run's checkpoints in {output_dir / 'checkpoints'}")
         checkpointing.remove_checkpoint(output_dir / "checkpoints")
