@@ -43,7 +43,8 @@ DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
 
 
 def _rank_zero() -> bool:
-    return int(os.environ.get("RANK", 0)) == 0
+    """Not one of the other processes of a launched run (a stray RANK alone does not silence a command)."""
+    return int(os.environ.get("RANK", 0)) == 0 or int(os.environ.get("WORLD_SIZE", 1)) == 1
 
 
 class RunParser(argparse.ArgumentParser):
