@@ -25,7 +25,7 @@ from transformers import (
 
 import hf_scratch_transformer
 from hf_scratch_transformer import hub
-from hf_scratch_transformer.cli.run_options import config_override
+from hf_scratch_transformer.cli.run_options import config_override, dataset_name
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
@@ -154,6 +154,15 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     assert card.data.pipeline_tag == "text-classification"
     assert {result.metric_name for result in card.data.eval_results} == {"Accuracy", "Macro F1", "Eval loss"}
     assert "(`ScratchEncoderForSequenceClassification`)" in card.text and "| steps_trained | 4 |" in card.text
+    assert "# scratch-text-classification-train\n" in card.text and str(tmp_path / "train.csv") not in card.text
+
+
+def test_a_local_dataset_is_named_by_its_file_or_folder(tmp_path):
+    """A card and a default repo id name a --dataset: a local path would put its folders (and slashes) in both."""
+    (tmp_path / "reviews.csv").write_text("text,label\n")
+    assert dataset_name(str(tmp_path / "reviews.csv")) == "reviews"
+    assert dataset_name(str(tmp_path)) == tmp_path.name
+    assert dataset_name("stanfordnlp/imdb") == "stanfordnlp/imdb"
 
 
 def test_finetune_text_classification_from_our_causal_lm_scores_texts_independently_of_their_batch(

@@ -38,6 +38,7 @@ from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrain
 from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
     claim_output_dir,
+    dataset_name,
     local_path,
     positive_float,
     positive_int,
@@ -301,7 +302,7 @@ written = folder_aside(folder)  # put in place complete: a kill leaves the earli
 trainer.save_model(str(written))
 (written / "eval_results.json").write_text(json.dumps(results, indent=2))
 training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=args.task)
-dataset = args.dataset or Path(args.train_file).stem
+dataset = dataset_name(args.dataset) if args.dataset else Path(args.train_file).stem
 hub.write_model_card(
     written, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
     config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset=dataset,

@@ -270,6 +270,21 @@ def add_run_safety_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start again in an output folder that holds an earlier run, removing its checkpoints")
 
 
+def dataset_name(dataset: str) -> str:
+    """A --dataset as a model card and a default repo id name it: a local file or folder by its name (its path
+    would put folders and slashes in the repo id), a Hub dataset as it is."""
+    path = Path(dataset)
+    return path.stem if path.is_file() else path.resolve().name if path.is_dir() else dataset
+
+
+def run_data_name(args, files: list[Path]) -> str:
+    """What a training run's card calls its data: --dataset-name, else the --dataset, the embedded corpus, or the
+    first data file."""
+    if args.dataset_name or args.dataset:
+        return args.dataset_name or dataset_name(args.dataset)
+    return "tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem
+
+
 def continues_run(checkpoint: Path, output_dir: Path) -> bool:
     """Whether `checkpoint` lies in `output_dir/checkpoints`: resuming it continues the run this folder holds.
     Any other checkpoint belongs to another run, and resuming it into `output_dir` starts a branch of that run."""

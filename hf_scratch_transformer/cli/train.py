@@ -58,6 +58,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    run_data_name,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -280,7 +281,7 @@ if not trainer.is_world_process_zero():  # the main process writes the rest of t
 (written / "eval_results.json").write_text(json.dumps(results, indent=2))
 training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=f"{preset or 'model'} {task}")
 files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
-dataset_name = args.dataset_name or args.dataset or ("tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem)
+dataset_name = run_data_name(args, files)
 knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
 hub.write_model_card(
     written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset_name}", preset=preset,

@@ -64,6 +64,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    run_data_name,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -392,7 +393,7 @@ if accelerator.is_main_process:
     history.append({"step": args.max_steps, **results})
     training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
     files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
-    dataset = args.dataset_name or args.dataset or ("tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem)
+    dataset = run_data_name(args, files)
     unwrapped = accelerator.unwrap_model(model)
     hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
                        "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
