@@ -56,6 +56,16 @@ def causal_lm_run(tmp_path_factory):
     return output, stdout
 
 
+@pytest.mark.parametrize("script", ["train.py", "train_accelerate.py"])
+def test_a_max_length_past_the_models_positions_is_refused_before_the_data(causal_lm_run, script, tmp_path):
+    """gpt-mini's learned positions (64 here): longer blocks failed at the first training step, after tokenizing."""
+    output, _ = causal_lm_run
+    stderr = run_script(script, "--model", output / "model", "--max-length", 100, "--output-dir", tmp_path / "run",
+                        cwd=tmp_path, returncode=2)
+    assert "--max-length 100 is longer than the model's 64 learned positions (max_position_embeddings)" in stderr
+    assert "Traceback" not in stderr and "tokenizing" not in stderr
+
+
 def test_main_job_writes_a_hub_ready_folder_and_samples_from_it(causal_lm_run):
     output, stdout = causal_lm_run
     folder = output / "model"

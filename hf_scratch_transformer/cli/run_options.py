@@ -222,6 +222,19 @@ def refuse_another_family(parser: argparse.ArgumentParser, tokenizer, task: str,
                      f"--family {needed}`, or leave out --tokenizer to have the run train one.")
 
 
+def check_model_fits(parser: argparse.ArgumentParser, model, tokenizer, max_length: int) -> None:
+    """Before any data work: the model has a row for every token id, and absolute positions (learned or sinusoidal)
+    for --max-length tokens; else the first training step would fail, after tokenizing."""
+    config = model.config
+    if config.vocab_size < len(tokenizer):
+        fail(parser, f"The tokenizer has {len(tokenizer)} tokens but the model only {config.vocab_size}.")
+    absolute = getattr(config, "position_embedding_type", None) in ("learned", "sinusoidal")
+    if absolute and max_length > config.max_position_embeddings:
+        fail(parser, f"--max-length {max_length} is longer than the model's {config.max_position_embeddings} "
+                     f"{config.position_embedding_type} positions (max_position_embeddings): pass --max-length "
+                     f"{config.max_position_embeddings} or less.")
+
+
 def follow_the_tokenizer(config, overrides: dict) -> None:
     """A new model's `vocab_size` is the tokenizer's (padded); so is `encoder_vocab_size`, where a seq2seq preset has
     a separate source vocabulary and --set does not name one: a run has one tokenizer for both sides, so the

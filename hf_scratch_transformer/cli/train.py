@@ -48,6 +48,7 @@ from hf_scratch_transformer.cli.run_options import (
     RunParser,
     add_data_and_model_arguments,
     add_run_safety_arguments,
+    check_model_fits,
     claim_output_dir,
     config_overrides,
     fail,
@@ -181,8 +182,7 @@ else:
         config = get_preset(preset, **overrides)
     follow_the_tokenizer(config, dict(args.set))
     model = AUTO_MODEL[task].from_config(config)
-if model.config.vocab_size < len(tokenizer):
-    fail(parser, f"The tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}.")
+check_model_fits(parser, model, tokenizer, args.max_length)
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters")
 
 if task == "causal-lm":
