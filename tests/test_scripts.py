@@ -20,6 +20,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     BertConfig,
     BertForMaskedLM,
+    BertForTokenClassification,
     pipeline,
 )
 
@@ -195,9 +196,10 @@ def test_finetune_text_classification_from_our_causal_lm_scores_texts_independen
         assert [entry["score"] for entry in one] == pytest.approx([entry["score"] for entry in together], abs=1e-5)
 
 
-def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
+@pytest.mark.parametrize("native_class", [BertForMaskedLM, BertForTokenClassification])
+def test_finetune_token_classification_from_a_converted_native_bert(native_class, tmp_path):
     tokenizer = wordpiece()
-    native = BertForMaskedLM(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+    native = native_class(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
                                         intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
     native.save_pretrained(tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
@@ -208,6 +210,8 @@ def test_finetune_token_classification_from_a_converted_native_bert(tmp_path):
                         "--train-file", tmp_path / "train.json", "--label-column", "tags", "--max-steps", 4,
                         "--output-dir", tmp_path / "ner", cwd=tmp_path)
     assert "accuracy" in stdout
+    # A native classifier's head is not converted: said, not silently dropped
+    assert ("only its language model is converted" in stdout) == (native_class is BertForTokenClassification)
     config = json.loads((tmp_path / "ner/model/config.json").read_text())
     assert config["model_type"] == "scratch_encoder" and set(config["id2label"].values()) == {"ANIMAL", "O"}
     card = ModelCard.load(tmp_path / "ner/model/README.md")
