@@ -36,6 +36,7 @@ import hf_scratch_transformer  # noqa: F401  (registers the Scratch families wit
 from hf_scratch_transformer import hub, training
 from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer, folder_aside, replace_folder
 from hf_scratch_transformer.cli.run_options import (
+    RunParser,
     add_run_safety_arguments,
     claim_output_dir,
     dataset_name,
@@ -67,7 +68,7 @@ def step_budget(text: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--model", type=local_path(), required=True, help="a saved folder: ours, or native GPT-2 / BERT")
 parser.add_argument("--task", choices=sorted(HEADS), required=True)
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")

@@ -2,12 +2,13 @@
 (Accelerate), so that both take the same data, model and tokenizer arguments."""
 
 import argparse
+import atexit
 import json
 import os
 import shutil
 import signal
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib.resources import files
 from pathlib import Path
 from typing import NoReturn
@@ -30,6 +31,8 @@ AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMasked
 RUN_FILES = ("checkpoints", "tokenizer", "model", "loss_curve.jsonl")  # what a run writes into its output folder
 LOCK_FILE = ".hf-scratch.lock"  # held by the main process of the run writing the folder (claim_output_dir)
 _held_locks = []  # open for the life of the process: closing a file releases its lock
+_made_for_the_lock = []  # output folders this process made to lock them
+
 DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
     "causal-lm": ("gpt-mini", "bpe", "decoder"),
     "masked-lm": ("bert-prenorm", "wordpiece", "encoder"),
@@ -55,6 +58,7 @@ class RunParser(argparse.ArgumentParser):
             super().print_usage(file)
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        remove_unused_output_dirs()  # a refusal; at exit would be too late for a caller that catches SystemExit
         super().exit(status, message if _rank_zero() else None)
 
 
@@ -307,7 +311,9 @@ def continues_run(checkpoint: Path, output_dir: Path) -> bool:
 def lock_output_dir(output_dir: Path) -> str | None:
     """Hold a lock on `output_dir` until the process ends; the problem when another run holds it. Two runs writing
     one folder would remove each other's checkpoints being written and interleave their loss logs."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if not output_dir.exists():  # made for the lock: a command that stops before writing leaves no folder behind
+        output_dir.mkdir(parents=True)
+        _made_for_the_lock.append(output_dir)
     if fcntl is None:
         return None
     lock = (output_dir / LOCK_FILE).open("a")
@@ -319,6 +325,17 @@ def lock_output_dir(output_dir: Path) -> str | None:
                 "another --output-dir.")
     _held_locks.append(lock)
     return None
+
+
+@atexit.register
+def remove_unused_output_dirs() -> None:
+    """Remove the output folders made for the lock that hold nothing else: the command stopped before writing."""
+    while _made_for_the_lock:
+        folder = _made_for_the_lock.pop()
+        with suppress(OSError):  # anything else in it, or a folder already gone: leave it as it is
+            if {path.name for path in folder.iterdir()} <= {LOCK_FILE}:
+                (folder / LOCK_FILE).unlink(missing_ok=True)
+                folder.rmdir()
 
 
 def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
