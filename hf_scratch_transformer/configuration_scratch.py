@@ -205,6 +205,12 @@ class ScratchDecoderConfig(ScratchConfigBase):
         super().__post_init__(**kwargs)
 
 
+def _refuse_sliding_window(kwargs: dict, family: str) -> None:
+    """`sliding_window` is the decoder-only family's field; given to another config it would land among the extra
+    attributes (`kwargs`), where nothing honours it as a window."""
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(f"`sliding_window` is a knob of the decoder-only family; {family} attends to every token.")
+
 class ScratchEncoderConfig(ScratchConfigBase):
     """BERT-style bidirectional encoder for masked LM, sequence and token classification."""
 
@@ -229,6 +235,7 @@ class ScratchEncoderConfig(ScratchConfigBase):
 
     def __post_init__(self, **kwargs):
         _check_positive("num_hidden_layers", self.num_hidden_layers)
+        _refuse_sliding_window(kwargs, "the encoder")  # else kept as an extra attribute that does nothing
         if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ValueError(f"`type_vocab_size` must be a non-negative integer, got {self.type_vocab_size!r}.")
         for name in ("sparse_prediction", "mlm_transform"):
@@ -273,12 +280,9 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     def __post_init__(self, **kwargs):
         _check_positive("encoder_layers", self.encoder_layers)
         _check_positive("decoder_layers", self.decoder_layers)
-        if kwargs.get("sliding_window") is not None:
-            # Not a knob here, but the masks would read it, and `generate()` builds the cross-attention cache from
-            # this config too: windowed, it would keep only the last few encoder tokens.
-            raise ValueError(
-                "`sliding_window` is a knob of the decoder-only family; the encoder-decoder attends to every token."
-            )
+        # The masks would read it, and `generate()` builds the cross-attention cache from this config too:
+        # windowed, it would keep only the last few encoder tokens.
+        _refuse_sliding_window(kwargs, "the encoder-decoder")
         for name in ("share_embeddings", "output_bias"):
             _check_bool(name, getattr(self, name))
         if self.encoder_vocab_size is not None:

@@ -37,6 +37,7 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("decoder", dict(sliding_window=0), "sliding_window"),
         ("encoder", dict(type_vocab_size=-1), "type_vocab_size"),
         ("encoder", dict(classifier_dropout=2.0), "classifier_dropout"),
+        ("encoder", dict(sliding_window=4), "sliding_window"),  # was kept, and did nothing
         ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
         ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
         # generate() would build the cross-attention cache windowed too, keeping only the last encoder tokens
