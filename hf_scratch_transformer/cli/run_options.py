@@ -328,6 +328,13 @@ def lock_output_dir(output_dir: Path) -> str | None:
 
 
 @atexit.register
+def _release_locks() -> None:
+    """Close the lock files (the locks end with the process anyway; unclosed, they are reported as leaked files)."""
+    while _held_locks:
+        _held_locks.pop().close()
+
+
+@atexit.register
 def remove_unused_output_dirs() -> None:
     """Remove the output folders made for the lock that hold nothing else: the command stopped before writing."""
     while _made_for_the_lock:
