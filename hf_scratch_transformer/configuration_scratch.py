@@ -211,6 +211,7 @@ def _refuse_sliding_window(kwargs: dict, family: str) -> None:
     if kwargs.get("sliding_window") is not None:
         raise ValueError(f"`sliding_window` is a knob of the decoder-only family; {family} attends to every token.")
 
+
 class ScratchEncoderConfig(ScratchConfigBase):
     """BERT-style bidirectional encoder for masked LM, sequence and token classification."""
 

@@ -113,8 +113,8 @@ def write_model_card(
     snippet (give the Hub repo id, e.g. "user/scratch-gpt-shakespeare"); `config` is the model's config as a dict;
     `dataset` a `datasets` id or a short name; `eval_results` maps metric keys ("perplexity", "eval_loss",
     "mlm_accuracy", "bleu", "chrf", "accuracy", "f1", ...) to values, which also go to the `model-index` metadata. A
-    `folder/loss_curve.png` is shown when present. The template is read from the repository checkout
-    (`model_cards/template.md`), so the card tooling runs from a checkout, not from an installed wheel.
+    `folder/loss_curve.png` is shown when present. The template is package data (`TEMPLATE`), so cards are written
+    from an installed wheel as from a checkout.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")

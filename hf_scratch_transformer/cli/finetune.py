@@ -14,7 +14,6 @@ To continue causal-LM or seq2seq training of a saved model instead, use `hf-scra
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
     claim_output_dir,
     dataset_name,
+    is_rank_zero,
     local_path,
     positive_float,
     positive_int,
@@ -91,7 +91,7 @@ add_run_safety_arguments(parser)
 args = parser.parse_args()
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
-claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, int(os.environ.get("RANK", 0)) == 0)
+claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero())
 
 # ----------------------------------------------------------------------------------------------- data
 # Everything about the data is checked here, before the model is built: `datasets` and the label mapping would

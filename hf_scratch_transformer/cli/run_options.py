@@ -45,8 +45,8 @@ DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
 # each meets the same problem: it is said once, by the main process, and every process exits with status 2.
 
 
-def _rank_zero() -> bool:
-    """Not one of the other processes of a launched run (a stray RANK alone does not silence a command)."""
+def is_rank_zero() -> bool:
+    """Not one of the other processes of a launched run (a stray RANK alone does not make a command one)."""
     return int(os.environ.get("RANK", 0)) == 0 or int(os.environ.get("WORLD_SIZE", 1)) == 1
 
 
@@ -54,12 +54,12 @@ class RunParser(argparse.ArgumentParser):
     """The training commands' parser: its usage and errors are printed by the main process alone."""
 
     def print_usage(self, file=None) -> None:
-        if _rank_zero():
+        if is_rank_zero():
             super().print_usage(file)
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         remove_unused_output_dirs()  # a refusal; at exit would be too late for a caller that catches SystemExit
-        super().exit(status, message if _rank_zero() else None)
+        super().exit(status, message if is_rank_zero() else None)
 
 
 def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
@@ -83,7 +83,7 @@ def stop_cleanly_on_ctrl_c() -> None:
     leaves what a kill leaves (docs/checkpoints.md): the complete checkpoints, and leftovers that nothing reads."""
 
     def stop(signum, frame):
-        if _rank_zero():
+        if is_rank_zero():
             print("\nstopped by Ctrl-C: --resume continues from the newest complete checkpoint", file=sys.stderr)
         raise SystemExit(128 + signum)
 

@@ -53,6 +53,7 @@ from hf_scratch_transformer.cli.run_options import (
     config_overrides,
     fail,
     follow_the_tokenizer,
+    is_rank_zero,
     load_run_data,
     non_negative_int,
     positive_float,
@@ -129,7 +130,7 @@ optimisation = {
 }
 task = args.task
 output_dir = args.output_dir or Path("outputs") / task
-is_main_process = int(os.environ.get("RANK", 0)) == 0
+is_main_process = is_rank_zero()
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process)
 resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)
