@@ -18,7 +18,7 @@ from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_scratch_transformer import ScratchDecoderForCausalLM
+from hf_scratch_transformer import ScratchDecoderForCausalLM, ScratchSeq2SeqForConditionalGeneration
 from tokenizer_training import padded_vocab_size, special_token_ids
 
 pytestmark = pytest.mark.slow
@@ -84,6 +84,11 @@ def expected(folder):
     return {"chat": chat, "plain": plain}
 
 
+def _serve_command(folder, port: int) -> list[str]:
+    return [sys.executable, "-m", "hf_scratch_transformer.cli", "serve", str(folder),
+            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -94,8 +99,7 @@ def _free_port() -> int:
 def server(request, folder):
     """`hf-scratch serve FOLDER` on a free loopback port; yields an `openai` client, then stops the server."""
     port = _free_port()
-    command = [sys.executable, "-m", "hf_scratch_transformer.cli", "serve", str(folder),
-               "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    command = _serve_command(folder, port)
     if request.param == "continuous-batching":
         command += ["--continuous-batching", "--cb-num-blocks", "16", "--cb-max-batch-tokens", "64"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -158,3 +162,18 @@ def test_plain_completions_equal_generate(server, folder, expected):
     for question in QUESTIONS[:2]:
         response = server.completions.create(model=str(folder), prompt=question, max_tokens=NEW_TOKENS, temperature=0)
         assert response.choices[0].text == expected["plain"][question]
+
+
+def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):
+    """`transformers serve` answers with `generate()` cut at the prompt's length: an encoder-decoder's non-streamed
+    answers came back empty (its output starts a new sequence), a classifier's requests failed later. Refused."""
+    tokenizer = byte_level_bpe(family="seq2seq")
+    config = tiny_config("seq2seq", vocab_size=len(tokenizer), decoder_start_token_id=tokenizer.bos_token_id)
+    ScratchSeq2SeqForConditionalGeneration(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(_serve_command(tmp_path, _free_port()), check=False, env=env, capture_output=True,
+                            text=True, timeout=START_TIMEOUT)
+    assert result.returncode != 0
+    assert "ScratchSeq2SeqForConditionalGeneration" in result.stderr and "causal" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
