@@ -33,7 +33,9 @@ class ScratchText2TextPipeline(Pipeline):
         return self.tokenizer(text, return_tensors="pt", truncation=truncate, max_length=max_source_length)
 
     def _forward(self, model_inputs, **generate_kwargs):
-        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        # The ids only, even where the call or the model's generation config asks `generate()` for a dict (as
+        # transformers' image-text-to-text pipeline does): the reshape and decoding below need the tensor.
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs, return_dict_in_generate=False)
         inputs = model_inputs["input_ids"].shape[0]
         output_ids = self.model.generate(**model_inputs, **generate_kwargs)  # (inputs x returned, L)
         # (inputs, returned, L): the pipeline splits a batch along dim 0, so each input keeps its own sequences.

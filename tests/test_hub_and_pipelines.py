@@ -160,6 +160,18 @@ def test_scratch_text2text_pipeline(tokenizers, tmp_path):
     assert translator(texts, batch_size=2, **settings) == [translator(text, **settings) for text in texts]
 
 
+def test_scratch_text2text_pipeline_with_generate_asked_for_a_dict(tokenizers, tmp_path):
+    """`return_dict_in_generate=True` (passed, or in the model's generation config) makes `generate()` return a
+    `ModelOutput`: the pipeline still returns the texts, as transformers' own generating pipelines do."""
+    folder = _save(hst.ScratchSeq2SeqForConditionalGeneration, "seq2seq", tokenizers["seq2seq"], tmp_path)
+    translator = pipeline(hst.TEXT2TEXT_TASK, model=str(folder), trust_remote_code=True)
+    settings = dict(max_new_tokens=6, num_beams=2, num_return_sequences=2)
+    expected = translator([TEXT, "O Romeo"], **settings)
+    assert translator([TEXT, "O Romeo"], return_dict_in_generate=True, output_scores=True, **settings) == expected
+    translator.model.generation_config.return_dict_in_generate = True
+    assert translator([TEXT, "O Romeo"], batch_size=2, **settings) == expected
+
+
 def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizers, tmp_path):
     folder = _save(hst.ScratchDecoderForCausalLM, "decoder", tokenizers["decoder"], tmp_path)
     assert AutoTokenizer.from_pretrained(folder)(TEXT).input_ids == tokenizers["decoder"](TEXT).input_ids
