@@ -6,12 +6,16 @@ and declare it in `config.custom_pipelines`, so that
 
     pipeline("scratch-text2text", model=folder, trust_remote_code=True)
 
-works where this package is not installed. Output: one `{"generated_text": ...}` per returned sequence.
+works where this package is not installed. Output: one `{"generated_text": ...}` per returned sequence. Unless the
+call or the model's generation config says otherwise: 4 beams and 256 new tokens at most, or `max_position_embeddings`
+for learned and sinusoidal positions where that is fewer.
 """
 
 from transformers import GenerationConfig, Pipeline
 
 TASK = "scratch-text2text"
+# Position tables that end at `max_position_embeddings` (RoPE and ALiBi have no end).
+ABSOLUTE_POSITIONS = ("learned", "sinusoidal")
 
 
 class ScratchText2TextPipeline(Pipeline):
@@ -22,6 +26,15 @@ class ScratchText2TextPipeline(Pipeline):
     _load_feature_extractor = False
     # Used unless the model's own generation config says otherwise.
     _default_generation_config = GenerationConfig(max_new_tokens=256, num_beams=4)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The decoder reads one position per new token: with absolute positions, the default length stops at the
+        # last one (`hf-scratch train --task seq2seq` makes 128), where 256 failed whenever no EOS came first.
+        config = self.model.config
+        if getattr(config, "position_embedding_type", None) in ABSOLUTE_POSITIONS:
+            defaults = self._generation_defaults
+            defaults["max_new_tokens"] = min(defaults["max_new_tokens"], config.max_position_embeddings)
 
     def _sanitize_parameters(self, max_source_length=None, skip_special_tokens=None, **generate_kwargs):
         preprocess_params = {} if max_source_length is None else {"max_source_length": max_source_length}

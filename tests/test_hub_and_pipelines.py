@@ -172,6 +172,22 @@ def test_scratch_text2text_pipeline_with_generate_asked_for_a_dict(tokenizers, t
     assert translator([TEXT, "O Romeo"], batch_size=2, **settings) == expected
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_scratch_text2text_default_length_stays_within_absolute_positions(tokenizers, tmp_path, positions):
+    """The pipeline's default of 256 new tokens is more than a model with 128 absolute positions (`hf-scratch train
+    --task seq2seq`'s default) can decode: a call without a length failed at position 128 whenever no EOS came first.
+    The default stops at the last position instead; a length the caller gives is theirs."""
+    tokenizer = tokenizers["seq2seq"]
+    folder = _save(hst.ScratchSeq2SeqForConditionalGeneration, "seq2seq", tokenizer, tmp_path,
+                   max_position_embeddings=16, position_embedding_type=positions, initializer_range=0.5)
+    translator = pipeline(hst.TEXT2TEXT_TASK, model=str(folder), trust_remote_code=True)
+    model = hst.ScratchSeq2SeqForConditionalGeneration.from_pretrained(folder)
+    expected = model.generate(**tokenizer(TEXT, return_tensors="pt"), max_new_tokens=16, num_beams=4)
+    assert translator(TEXT)[0]["generated_text"] == tokenizer.decode(expected[0], skip_special_tokens=True).strip()
+    with pytest.raises(ValueError, match="reaches position 16"):
+        translator(TEXT, max_new_tokens=17, eos_token_id=None)
+
+
 def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizers, tmp_path):
     folder = _save(hst.ScratchDecoderForCausalLM, "decoder", tokenizers["decoder"], tmp_path)
     assert AutoTokenizer.from_pretrained(folder)(TEXT).input_ids == tokenizers["decoder"](TEXT).input_ids
