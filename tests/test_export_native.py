@@ -250,6 +250,21 @@ def test_rotary_frequencies_keep_the_precision_of_the_source(cast, tmp_path):
             torch.testing.assert_close(model(ids, position_ids=positions).logits, expected, atol=0.05, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_marian_converts(dtype, tmp_path):
+    """A Marian loaded in half precision holds its sinusoid tables rounded to that dtype: they are still the tables
+    Scratch computes (they were refused as "not the sinusoid table")."""
+    perturbed(marian()).save_pretrained(tmp_path)
+    native = MarianMTModel.from_pretrained(tmp_path, dtype=dtype).eval()
+    ours = from_hf(native)
+    assert ours.dtype == dtype
+    inputs = _inputs("seq2seq")
+    with torch.no_grad():
+        expected = native(**inputs).logits.float()
+        torch.testing.assert_close(ours(**inputs).logits.float(), expected, atol=0.05, rtol=0)
+        torch.testing.assert_close(to_hf(ours)(**inputs).logits.float(), expected, atol=ATOL, rtol=0)
+
+
 def test_marian_sharing_without_a_tied_head_imports_as_separate_matrices():
     """transformers 5 shares Marian's embeddings only together with the head: `share_encoder_decoder_embeddings`
     without `tie_word_embeddings` is separate encoder, decoder and output matrices, and so is the conversion."""
