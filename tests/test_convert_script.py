@@ -226,3 +226,14 @@ def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path)
     inputs = _inputs("decoder")
     with torch.no_grad():
         torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
+
+
+def test_an_output_folder_that_contains_the_source_is_refused(tmp_path):
+    """Replacing such an output folder (with --overwrite-output-dir) deleted the source with it."""
+    source = tmp_path / "models" / "native"
+    gpt2().save_pretrained(source)
+    held = sorted(path.name for path in source.iterdir())
+    result = run_command(source, tmp_path / "models", "--overwrite-output-dir")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "contains the source folder" in result.stderr
+    assert sorted(path.name for path in source.iterdir()) == held

@@ -17,7 +17,7 @@ agree within --atol) and saved with `save_pretrained` in the source's dtype, wit
 source's tokenizer when it has one. A Scratch result loads with `AutoModelFor*.from_pretrained(output)` after
 `import hf_scratch_transformer`, or with `trust_remote_code=True` where the package is not installed; a native
 result loads with the plain Auto classes, no remote code. Local folders only: the Hub is never contacted. An output
-folder that already holds files is replaced only with --overwrite-output-dir.
+folder that already holds files is replaced only with --overwrite-output-dir (never one that contains the source).
 """
 
 import argparse
@@ -70,6 +70,8 @@ if not (args.source / "config.json").is_file():
     fail(f"{args.source} has no config.json; expected a folder written by `save_pretrained`")
 if args.output.resolve() == args.source.resolve():
     fail("the output folder must differ from the source folder")
+if args.source.resolve().is_relative_to(args.output.resolve()):  # replacing the output would delete the source
+    fail(f"the output folder {args.output} contains the source folder {args.source}: choose another output folder")
 if args.output.exists() and not args.output.is_dir():
     fail(f"the output {args.output} is a file, not a folder")
 held = sorted(path.name for path in args.output.iterdir()) if args.output.is_dir() else []
