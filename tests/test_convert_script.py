@@ -175,6 +175,24 @@ def _gpt2_with_a_larger_tokenizer(path: Path) -> Path:
     return path
 
 
+def _gpt2_with_a_resized_weight(path: Path) -> Path:
+    gpt2().save_pretrained(path)
+    weights = load_file(path / "model.safetensors")
+    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:32].clone()  # the config says 64
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def _folder_without_weights(path: Path) -> Path:
+    gpt2().config.save_pretrained(path)
+    return path
+
+
+def _folder_with_a_broken_config(path: Path) -> Path:
+    (path / "config.json").write_text('{"model_type": "gpt2",')
+    return path
+
+
 def _folder_without_config(path: Path) -> Path:
     gpt2().save_pretrained(path)
     (path / "config.json").unlink()
@@ -187,10 +205,15 @@ def _folder_without_config(path: Path) -> Path:
     (lambda path: path / "missing", [], ["does not exist"]),
     (_folder_without_config, [], ["no config.json"]),
     (_gpt2_without_a_weight, [], ["lacks weights", "transformer.h.1.mlp.c_fc.weight"]),
+    (_gpt2_with_a_resized_weight, [], ["shapes its config.json does not give",
+                                       "transformer.wpe.weight (32, 32) (the config gives (64, 32))"]),
+    (_folder_without_weights, [], ["cannot load", "as a GPT2LMHeadModel", "no file named model.safetensors"]),
+    (_folder_with_a_broken_config, [], ["config.json is not valid JSON"]),
     (_gpt2_with_a_larger_tokenizer, [], ["the tokenizer has", "more than the model's vocabulary (99)"]),
     (_scratch_alibi_folder, [], ["Cannot export", "position_embedding_type='alibi'"]),
     (_llama_folder, ["--to", "native"], ["--to native", "native LlamaForCausalLM", "converts to Scratch only"]),
-], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "tokenizer-too-large",
+], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "resized-weight", "no-weights",
+          "broken-config", "tokenizer-too-large",
         "knob-without-native-equivalent", "contradicting-direction"])
 def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path):
     source = tmp_path / "source"

@@ -78,7 +78,10 @@ held = sorted(path.name for path in args.output.iterdir()) if args.output.is_dir
 if held and not args.overwrite_output_dir:
     fail(f"{args.output} already holds files ({', '.join(held[:5])}{' ...' if len(held) > 5 else ''}): pass "
          "--overwrite-output-dir to replace it, or choose another output folder")
-source_config = json.loads((args.source / "config.json").read_text(encoding="utf-8"))
+try:
+    source_config = json.loads((args.source / "config.json").read_text(encoding="utf-8"))
+except json.JSONDecodeError as error:
+    fail(f"{args.source / 'config.json'} is not valid JSON: {error}")
 model_type, architectures = source_config.get("model_type"), source_config.get("architectures") or []
 to_scratch = model_type in NATIVE_CLASSES
 source_class = NATIVE_CLASSES.get(model_type) or SCRATCH_CLASSES.get(model_type)
@@ -100,9 +103,18 @@ from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
 # ----------------------------------------------------------------------------------------------- load
 # Converted and checked in float32; saved in the source's dtype at the end.
 loader = getattr(transformers if to_scratch else hf_scratch_transformer, source_class)
-source, loading_info = loader.from_pretrained(args.source, dtype=torch.float32, output_loading_info=True)
+try:  # a folder without weights (OSError), or a config value its class refuses (ValueError)
+    # Mismatched shapes are reported below, naming them, rather than raised by transformers.
+    source, loading_info = loader.from_pretrained(args.source, dtype=torch.float32, output_loading_info=True,
+                                                  ignore_mismatched_sizes=True)
+except (OSError, ValueError) as error:
+    fail(f"cannot load {args.source} as a {source_class}: {error}")
 if loading_info["missing_keys"]:
     fail(f"the checkpoint lacks weights of a {source_class}: {sorted(loading_info['missing_keys'])}")
+if loading_info["mismatched_keys"]:
+    shapes = [f"{key} {tuple(saved)} (the config gives {tuple(expected)})"
+              for key, saved, expected in sorted(loading_info["mismatched_keys"])]
+    fail(f"checkpoint tensors of a {source_class} have shapes its config.json does not give: {'; '.join(shapes)}")
 source.eval()
 
 tokenizer = None
