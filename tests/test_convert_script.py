@@ -93,6 +93,21 @@ def test_converted_folder_reloads_with_native_logits(family, tmp_path):
         assert output_ids == source_ids
 
 
+def test_a_tokenizer_of_vocabulary_files_only_is_carried(tmp_path):
+    """Older checkpoints (Google's small BERTs) hold only vocab.txt: AutoTokenizer loads it, so convert carries it
+    (it was dropped without a word)."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    vocabulary = wordpiece().get_vocab()
+    source.mkdir()
+    (source / "vocab.txt").write_text("\n".join(sorted(vocabulary, key=vocabulary.get)) + "\n")
+    bert(vocab_size=len(vocabulary)).save_pretrained(source)
+    result = run_command(source, output, "--no-check")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "with its tokenizer" in result.stdout
+    expected = AutoTokenizer.from_pretrained(source)("To be, or not to be").input_ids
+    assert AutoTokenizer.from_pretrained(output)("To be, or not to be").input_ids == expected
+
+
 def _llama(vocab_size: int = VOCAB) -> LlamaForCausalLM:
     config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=37, vocab_size=vocab_size, max_position_embeddings=64, bos_token_id=1,

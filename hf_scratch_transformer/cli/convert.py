@@ -41,7 +41,10 @@ SCRATCH_CLASSES = {
     "scratch_encoder": "ScratchEncoderForMaskedLM",
     "scratch_seq2seq": "ScratchSeq2SeqForConditionalGeneration",
 }
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+# Any one of them means the source has a tokenizer: older checkpoints carry only their vocabulary files (BERT's
+# vocab.txt, GPT-2's vocab.json and merges.txt, a sentencepiece model), which AutoTokenizer loads from them.
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "source.spm")
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
