@@ -21,6 +21,8 @@ from transformers import (
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    BertForPreTraining,
+    GPT2DoubleHeadsModel,
     LlamaConfig,
     LlamaForCausalLM,
 )
@@ -106,6 +108,27 @@ def test_a_tokenizer_of_vocabulary_files_only_is_carried(tmp_path):
     assert "with its tokenizer" in result.stdout
     expected = AutoTokenizer.from_pretrained(source)("To be, or not to be").input_ids
     assert AutoTokenizer.from_pretrained(output)("To be, or not to be").input_ids == expected
+
+
+@pytest.mark.parametrize("native_class, make_native, family, unused", [
+    (BertForPreTraining, bert, "encoder", "cls.seq_relationship.weight"),
+    (GPT2DoubleHeadsModel, gpt2, "decoder", "multiple_choice_head.summary.weight"),
+], ids=["bert-pretraining", "gpt2-double-heads"])
+def test_checkpoints_of_other_heads_that_hold_the_language_model_convert(native_class, make_native, family, unused,
+                                                                         tmp_path):
+    """BERT's original checkpoints are `BertForPreTraining` (MLM and NSP heads): they hold all of `BertForMaskedLM`
+    and were refused for their `architectures`. The other head's tensors are listed as unused."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    native = native_class(make_native().config)
+    native.save_pretrained(source)
+    result = run_command(source, output)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "parity check passed" in result.stdout and unused in result.stdout
+    lm = make_native().eval()  # the language model the checkpoint holds
+    lm.load_state_dict(native.state_dict(), strict=False)
+    ours = CASES[family][1].from_pretrained(output).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**_inputs(family)).logits, lm(**_inputs(family)).logits, atol=ATOL, rtol=0)
 
 
 def _llama(vocab_size: int = VOCAB) -> LlamaForCausalLM:

@@ -7,7 +7,8 @@
 
 The direction comes from the source's `model_type` (or --to, which must agree with it). A native folder, written by
 `save_pretrained` of `GPT2LMHeadModel` (gpt2), `LlamaForCausalLM` (llama), `MistralForCausalLM` (mistral),
-`Qwen2ForCausalLM` (qwen2), `BertForMaskedLM` (bert) or `MarianMTModel` (marian), becomes a Scratch folder through
+`Qwen2ForCausalLM` (qwen2), `BertForMaskedLM` (bert) or `MarianMTModel` (marian) (or `BertForPreTraining` and
+`GPT2DoubleHeadsModel`, which hold those language models too), becomes a Scratch folder through
 `hf_scratch_transformer.conversion.from_hf`. A Scratch folder saved from a language-model head (scratch_decoder,
 scratch_encoder, scratch_seq2seq) becomes the native folder through `to_hf`: GPT-2, Llama or Mistral, BERT or
 Marian, whichever computes exactly the same function (knobs that none does are named, and nothing is written).
@@ -43,6 +44,10 @@ SCRATCH_CLASSES = {
 }
 # Any one of them means the source has a tokenizer: older checkpoints carry only their vocabulary files (BERT's
 # vocab.txt, GPT-2's vocab.json and merges.txt, a sentencepiece model), which AutoTokenizer loads from them.
+# Checkpoints of other native heads that hold the whole language model as well: BERT's pre-training checkpoints (the
+# MLM head beside the NSP head and pooler) and GPT-2's double-heads model. They load as the class above; the other
+# head's tensors are listed as unused.
+HOLDING_THE_LM = {"bert": ("BertForPreTraining",), "gpt2": ("GPT2DoubleHeadsModel",)}
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json", "merges.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "source.spm")
 
@@ -88,7 +93,8 @@ except json.JSONDecodeError as error:
 model_type, architectures = source_config.get("model_type"), source_config.get("architectures") or []
 to_scratch = model_type in NATIVE_CLASSES
 source_class = NATIVE_CLASSES.get(model_type) or SCRATCH_CLASSES.get(model_type)
-if source_class is None or (architectures and source_class not in architectures):
+accepted = {source_class, *HOLDING_THE_LM.get(model_type, ())}
+if source_class is None or (architectures and not accepted.intersection(architectures)):
     supported = ", ".join(f"{name} ({cls})" for name, cls in {**NATIVE_CLASSES, **SCRATCH_CLASSES}.items())
     fail(f"cannot convert {args.source}: model_type={model_type!r}, architectures={architectures}; "
          f"supported: {supported}")
