@@ -44,10 +44,10 @@ NATIVE_ACTIVATIONS = {ours: theirs for theirs, ours in reversed(ACTIVATIONS.item
 ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
 
 
-def _activation(name: str) -> str:
-    if name not in ACTIVATIONS:
-        raise ValueError(f"Activation {name!r} has no Scratch equivalent; known: {sorted(ACTIVATIONS)}.")
-    return ACTIVATIONS[name]
+def _unknown_activation(field: str, name: str) -> tuple[bool, str]:
+    """A (refused, why) pair for a `_refuse` list: the activation has no Scratch equivalent. Refused with the model's
+    other problems, not on its own first."""
+    return name not in ACTIVATIONS, f"{field}={name!r} (known: {', '.join(sorted(ACTIVATIONS))})"
 
 
 def _refuse(problems: list[str], what: str) -> None:
@@ -252,10 +252,11 @@ class _GPT2(_Family):
             (c.scale_attn_by_inverse_layer_idx, "scale_attn_by_inverse_layer_idx=True"),
             (not c.scale_attn_weights, "scale_attn_weights=False"),
             (c.add_cross_attention, "add_cross_attention=True"),
+            _unknown_activation("activation_function", c.activation_function),
         ] if bad], self.name)
         return dict(
             intermediate_size=c.n_inner or 4 * c.n_embd,
-            hidden_act=_activation(c.activation_function),
+            hidden_act=ACTIVATIONS[c.activation_function],
             activation_dropout=0.0,  # GPT-2 has no dropout inside its MLP
         )
 
@@ -424,9 +425,10 @@ class _Bert(_Family):
         _refuse([what for bad, what in [
             (getattr(c, "position_embedding_type", "absolute") != "absolute", "relative position embeddings"),
             (c.is_decoder, "a BERT decoder"),
+            _unknown_activation("hidden_act", c.hidden_act),
         ] if bad], self.name)
         return dict(
-            hidden_act=_activation(c.hidden_act),
+            hidden_act=ACTIVATIONS[c.hidden_act],
             type_vocab_size=0 if _no_token_types(native) else c.type_vocab_size,
             activation_dropout=0.0,  # BERT has no dropout inside its MLP
             embedding_dropout=c.hidden_dropout_prob,
@@ -524,12 +526,13 @@ class _Marian(_Family):
         _refuse([what for bad, what in [
             (c.encoder_attention_heads != c.decoder_attention_heads, "different encoder and decoder head counts"),
             (c.encoder_ffn_dim != c.decoder_ffn_dim, "different encoder and decoder FFN sizes"),
+            _unknown_activation("activation_function", c.activation_function),
         ] if bad], self.name)
         target_vocab = c.vocab_size if c.share_encoder_decoder_embeddings else (c.decoder_vocab_size or c.vocab_size)
         return dict(
             vocab_size=target_vocab,
             encoder_vocab_size=None if target_vocab == c.vocab_size else c.vocab_size,
-            hidden_act=_activation(c.activation_function),
+            hidden_act=ACTIVATIONS[c.activation_function],
             embedding_dropout=c.dropout,  # Marian drops out embeddings + positions with `dropout` too
             # transformers 5 ties Marian's embeddings only under `tie_word_embeddings`: with it off, encoder,
             # decoder and output matrices are separate parameters even when `share_encoder_decoder_embeddings` is set

@@ -162,3 +162,18 @@ def test_unsupported_models_and_options_are_refused():
         from_hf(bert(position_embedding_type="relative_key"))
     with pytest.raises(ValueError, match="head counts"):
         from_hf(marian(decoder_attention_heads=2))
+
+
+@pytest.mark.parametrize("make_native, fragments", [
+    (lambda: gpt2(activation_function="quick_gelu", add_cross_attention=True),
+     ["activation_function='quick_gelu'", "add_cross_attention=True"]),
+    (lambda: bert(hidden_act="gelu_10", is_decoder=True), ["hidden_act='gelu_10'", "a BERT decoder"]),
+    (lambda: marian(activation_function="quick_gelu", decoder_attention_heads=2),
+     ["activation_function='quick_gelu'", "head counts"]),
+], ids=["gpt2", "bert", "marian"])
+def test_an_unknown_activation_is_refused_with_the_other_problems(make_native, fragments):
+    """Every problem in one error, as for the Llama family: the activation was refused on its own, first or alone."""
+    with pytest.raises(ValueError, match="Cannot convert this") as error:
+        from_hf(make_native())
+    for fragment in fragments:
+        assert fragment in str(error.value)
