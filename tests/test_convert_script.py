@@ -298,3 +298,17 @@ def test_an_output_folder_that_contains_the_source_is_refused(tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "contains the source folder" in result.stderr
     assert sorted(path.name for path in source.iterdir()) == held
+
+
+def test_the_checkpoint_dtype_is_kept_when_config_json_names_none(tmp_path):
+    """A bf16 checkpoint whose config.json has no dtype (written by hand or another tool) was saved in float32, twice
+    its size; `from_pretrained(dtype="auto")` reads the dtype from the weights, and so does convert."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    gpt2().to(torch.bfloat16).save_pretrained(source)
+    config = json.loads((source / "config.json").read_text())
+    del config["dtype"]
+    (source / "config.json").write_text(json.dumps(config))
+    result = run_command(source, output)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((output / "config.json").read_text())["dtype"] == "bfloat16"
+    assert {tensor.dtype for tensor in load_file(output / "model.safetensors").values()} == {torch.bfloat16}

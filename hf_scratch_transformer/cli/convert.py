@@ -105,6 +105,7 @@ if args.to is not None and args.to != ("scratch" if to_scratch else "native"):
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never wait on the network
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from transformers.modeling_utils import get_state_dict_dtype, load_state_dict  # noqa: E402
 
 import hf_scratch_transformer  # noqa: E402
 from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
@@ -169,7 +170,18 @@ if args.check:
 output = args.output.resolve()
 staging, replaced = (output.with_name(f".{output.name}.{what}-{os.getpid()}") for what in ("converting", "replaced"))
 staging.mkdir(parents=True)
-dtype = source_config.get("dtype") or source_config.get("torch_dtype") or "float32"
+
+
+def checkpoint_dtype() -> str:
+    """The dtype `from_pretrained(dtype="auto")` takes when config.json names none (configs written by hand or by other
+    tools): that of the checkpoint's first floating-point tensor, read on the meta device."""
+    files = sorted(args.source.glob("model*.safetensors")) or sorted(args.source.glob("pytorch_model*.bin"))
+    if not files:
+        return "float32"
+    return str(get_state_dict_dtype(load_state_dict(files[0], map_location="meta"))).removeprefix("torch.")
+
+
+dtype = source_config.get("dtype") or source_config.get("torch_dtype") or checkpoint_dtype()
 converted.to(getattr(torch, dtype)).save_pretrained(staging)  # with generation_config.json where it generates
 if tokenizer is not None:
     tokenizer.save_pretrained(staging)
