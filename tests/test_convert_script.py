@@ -231,6 +231,14 @@ def _folder_with_a_broken_config(path: Path) -> Path:
     return path
 
 
+def _bert_without_model_type(path: Path) -> Path:
+    bert().save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    del config["model_type"], config["architectures"]
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 def _folder_without_config(path: Path) -> Path:
     gpt2().save_pretrained(path)
     (path / "config.json").unlink()
@@ -247,11 +255,12 @@ def _folder_without_config(path: Path) -> Path:
                                        "transformer.wpe.weight (32, 32) (the config gives (64, 32))"]),
     (_folder_without_weights, [], ["cannot load", "as a GPT2LMHeadModel", "no file named model.safetensors"]),
     (_folder_with_a_broken_config, [], ["config.json is not valid JSON"]),
+    (_bert_without_model_type, [], ["model_type=None", 'names no model_type: add the model\'s own (e.g. "model_type"']),
     (_gpt2_with_a_larger_tokenizer, [], ["the tokenizer has", "more than the model's vocabulary (99)"]),
     (_scratch_alibi_folder, [], ["Cannot export", "position_embedding_type='alibi'"]),
     (_llama_folder, ["--to", "native"], ["--to native", "native LlamaForCausalLM", "converts to Scratch only"]),
 ], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "resized-weight", "no-weights",
-          "broken-config", "tokenizer-too-large",
+          "broken-config", "no-model-type", "tokenizer-too-large",
         "knob-without-native-equivalent", "contradicting-direction"])
 def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path):
     source = tmp_path / "source"

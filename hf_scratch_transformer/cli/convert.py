@@ -96,7 +96,9 @@ source_class = NATIVE_CLASSES.get(model_type) or SCRATCH_CLASSES.get(model_type)
 accepted = {source_class, *HOLDING_THE_LM.get(model_type, ())}
 if source_class is None or (architectures and not accepted.intersection(architectures)):
     supported = ", ".join(f"{name} ({cls})" for name, cls in {**NATIVE_CLASSES, **SCRATCH_CLASSES}.items())
-    fail(f"cannot convert {args.source}: model_type={model_type!r}, architectures={architectures}; "
+    # Older checkpoints (Google's small BERTs) name none: transformers guessed it from the repository name.
+    hint = "" if model_type else '; config.json names no model_type: add the model\'s own (e.g. "model_type": "bert")'
+    fail(f"cannot convert {args.source}: model_type={model_type!r}, architectures={architectures}{hint}; "
          f"supported: {supported}")
 if args.to is not None and args.to != ("scratch" if to_scratch else "native"):
     fail(f"--to {args.to}: {args.source} holds a {'native' if to_scratch else 'Scratch'} {source_class}, "
