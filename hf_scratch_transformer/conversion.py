@@ -672,9 +672,9 @@ def from_hf(model: PreTrainedModel) -> PreTrainedModel:
     if name not in CONVERTERS:
         raise ValueError(f"Cannot convert a {name}; supported: {', '.join(CONVERTERS)}.")
     family = CONVERTERS[name]
+    source = _StateDict(model)  # first: reading the config may read tensors (BERT's token types), which must be plain
     config = family.our_config(model)
     entries = family.weights(config)
-    source = _StateDict(model)
     tensors = family.extra_from_native(model, source, config, entries)
     tensors |= _native_to_ours(entries, source)
     source.check_all_read()

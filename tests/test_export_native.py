@@ -265,6 +265,17 @@ def test_half_precision_marian_converts(dtype, tmp_path):
         torch.testing.assert_close(to_hf(ours)(**inputs).logits.float(), expected, atol=ATOL, rtol=0)
 
 
+def test_an_offloaded_bert_with_one_token_type_is_refused_naming_the_weight(tmp_path):
+    """Whether BERT's one token-type row is all zero was read before the weights were checked: on the meta device
+    (offloaded) that failed with "Tensor.item() cannot be called on meta tensors"."""
+    bert(type_vocab_size=1).save_pretrained(tmp_path / "bert")
+    offloaded = BertForMaskedLM.from_pretrained(tmp_path / "bert", device_map="auto", max_memory={"cpu": 1000},
+                                                offload_folder=tmp_path / "offload")
+    assert offloaded.bert.embeddings.token_type_embeddings.weight.is_meta
+    with pytest.raises(ValueError, match=r"is not in memory \(on the meta device"):
+        from_hf(offloaded)
+
+
 def test_marian_sharing_without_a_tied_head_imports_as_separate_matrices():
     """transformers 5 shares Marian's embeddings only together with the head: `share_encoder_decoder_embeddings`
     without `tie_word_embeddings` is separate encoder, decoder and output matrices, and so is the conversion."""
