@@ -183,11 +183,13 @@ def _weight_files(folder: Path) -> list[str]:
 
 
 def _missing_files(folder: Path) -> list[str]:
-    """What a Hub model needs and `folder` lacks: config, weights, card and model code."""
+    """What a Hub model needs and `folder` lacks: config, weights, card, tokenizer and model code. (Without a
+    tokenizer, the card's "How to use", `AutoTokenizer` and `pipeline`, fails on the Hub; `tokenizer_config.json` is
+    what `AutoTokenizer` reads first, and every tokenizer's `save_pretrained` writes it.)"""
     if not (folder / "config.json").is_file():
         return ["config.json"]
     config = json.loads((folder / "config.json").read_text("utf-8"))
-    needed = ["README.md", *_weight_files(folder), *_code_files(folder, config)]
+    needed = ["README.md", "tokenizer_config.json", *_weight_files(folder), *_code_files(folder, config)]
     return [name for name in needed if not (folder / name).is_file()]
 
 
@@ -203,7 +205,8 @@ def upload_plan(folder) -> list[tuple[str, int]]:
     if missing:
         raise ValueError(
             f"{folder} is not ready for the Hub, missing: {', '.join(missing)} (save the model with save_pretrained, "
-            "which writes the weights and the model code, and the card with write_model_card)"
+            "which writes the weights and the model code, its tokenizer with save_pretrained, and the card with "
+            "write_model_card)"
         )
     for name in _weight_files(folder):  # a truncated copy (full disk, interrupted save) must not be published
         corrupt = safetensors_error(folder / name)

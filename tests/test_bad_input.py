@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import FAMILIES, VOCAB, lm_inputs, tiny_config, tiny_lm
-from tiny_tokenizers import TOKENIZER_KINDS
+from tiny_tokenizers import TOKENIZER_KINDS, byte_level_bpe
 
 from hf_scratch_transformer import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig, hub, training
 from tokenizer_training import train_tokenizer
@@ -212,10 +212,11 @@ def _corrupt(path, how: str) -> None:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A tiny decoder saved for the Hub (weights, code, card), and the model's class."""
+    """A tiny decoder saved for the Hub (weights, code, tokenizer, card), and the model's class."""
     folder = tmp_path_factory.mktemp("saved")
     model = tiny_lm("decoder")
     model.save_pretrained(folder)
+    byte_level_bpe().save_pretrained(folder)
     hub.write_model_card(
         folder, task="causal-lm", model_name="someone/tiny", preset=None, config=model.config.to_dict(),
         num_parameters=model.num_parameters(), dataset="tiny", hyperparameters={}, eval_results={},

@@ -28,9 +28,10 @@ HYPERPARAMETERS = {"learning_rate": 0.0007, "warmup_steps": 4000, "adam_beta2": 
 
 
 def _model_folder(family: str, folder: Path) -> Path:
-    """A saved tiny model with a loss curve, a checkpoint and a hidden file beside it, and its card."""
+    """A saved tiny model and tokenizer with a loss curve, a checkpoint and a hidden file beside them, and a card."""
     model = tiny_lm(family)
     model.save_pretrained(folder)
+    (wordpiece() if family == "encoder" else byte_level_bpe(family=family)).save_pretrained(folder)
     figure = Figure()
     figure.add_subplot().plot([4.6, 3.2, 2.5])
     figure.savefig(folder / "loss_curve.png")
@@ -115,7 +116,9 @@ def test_upload_plan_lists_the_hub_files_and_skips_checkpoints(folders, family):
     assert plan["model.safetensors"] == (folders[family] / "model.safetensors").stat().st_size
 
 
-@pytest.mark.parametrize("missing", ["README.md", "modeling_scratch_decoder.py", "scratch_layers.py", "config.json"])
+# The tokenizer too: without it the card's "How to use" (AutoTokenizer, pipeline) fails on the Hub.
+@pytest.mark.parametrize("missing", ["README.md", "modeling_scratch_decoder.py", "scratch_layers.py", "config.json",
+                                     "tokenizer_config.json"])
 def test_upload_plan_names_what_is_missing(folders, tmp_path, missing):
     folder = shutil.copytree(folders["decoder"], tmp_path / "decoder")
     (folder / missing).unlink()

@@ -4,8 +4,8 @@
     hf auth login                                     # or export HF_TOKEN=...
     hf-scratch publish outputs/quickstart/model --repo-id USER/scratch-gpt-shakespeare --private
 
-The folder needs config.json, the weights and the model code (`save_pretrained` writes them) and a README.md model
-card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not uploaded.
+The folder needs config.json, the weights and the model code (`save_pretrained` writes them), the tokenizer, and a
+README.md model card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not uploaded.
 """
 
 import argparse
