@@ -97,6 +97,7 @@ def write_model_card(
     config: dict,
     num_parameters: int,
     dataset: str,
+    dataset_on_hub: bool = True,
     dataset_description: str = "",
     tokenizer_description: str = "",
     hyperparameters: dict,
@@ -111,7 +112,9 @@ def write_model_card(
     `task` is "causal-lm", "masked-lm", "seq2seq", "text-classification" or "token-classification" (`model_class`
     names the model's class where the task's default does not); `model_name` titles the card and is the id in its usage
     snippet (give the Hub repo id, e.g. "user/scratch-gpt-shakespeare"); `config` is the model's config as a dict;
-    `dataset` a `datasets` id or a short name; `eval_results` maps metric keys ("perplexity", "eval_loss",
+    `dataset` a `datasets` id or a short name, and `dataset_on_hub=False` says it names local data: the card names it
+    but leaves it out of the `datasets` metadata, which the Hub links to hf.co/datasets/NAME (transformers' Trainer
+    cards leave local data out too); `eval_results` maps metric keys ("perplexity", "eval_loss",
     "mlm_accuracy", "bleu", "chrf", "accuracy", "f1", ...) to values, which also go to the `model-index` metadata. A
     `folder/loss_curve.png` is shown when present. The template is package data (`TEMPLATE`), so cards are written
     from an installed wheel as from a checkout.
@@ -131,7 +134,7 @@ def write_model_card(
         library_name="transformers",
         license=license,
         tags=["hf-scratch-transformer", spec["hub_task"]],
-        datasets=[dataset],
+        datasets=[dataset] if dataset_on_hub else None,
         pipeline_tag=spec["hub_task"],
         eval_results=results or None,  # an empty model-index is invalid metadata
     )

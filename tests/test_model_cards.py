@@ -96,6 +96,18 @@ def test_card_without_loss_curve_or_results(tmp_path):
     assert "`custom`" in card.text and "Unit tests only." in card.text
 
 
+def test_local_data_is_named_but_not_linked_as_a_hub_dataset(tmp_path):
+    """A run on local files names them in the card, but its `datasets` metadata (which the Hub links to
+    hf.co/datasets/NAME) stays empty, as in transformers' own Trainer cards; the results keep their model-index."""
+    card = hub.write_model_card(
+        tmp_path, task="causal-lm", model_name="someone/local", preset=None, config={}, num_parameters=10,
+        dataset="train", dataset_on_hub=False, hyperparameters={}, eval_results={"eval_loss": 2.5},
+    )
+    assert "datasets" not in metadata_load(tmp_path / "README.md")
+    assert "Trained on `train`." in card.text
+    assert [(result.dataset_name, result.metric_value) for result in card.data.eval_results] == [("train", 2.5)]
+
+
 def test_unknown_task_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="causal-lm, masked-lm, seq2seq"):
         hub.write_model_card(

@@ -138,6 +138,7 @@ def test_seq2seq_training_with_the_seed_recipe(tmp_path):
     assert "translation:" in stdout
     card = ModelCard.load(tmp_path / "model/README.md")
     assert "label_smoothing" in card.text and "inverse_sqrt" in card.text
+    assert card.data.datasets is None  # local files: not linked as the Hub dataset "train"
 
 
 def test_finetune_text_classification_from_our_masked_lm(tmp_path):
@@ -164,6 +165,7 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     card = ModelCard.load(tmp_path / "cls/model/README.md")
     assert card.data.pipeline_tag == "text-classification"
     assert {result.metric_name for result in card.data.eval_results} == {"Accuracy", "Macro F1", "Eval loss"}
+    assert card.data.datasets is None  # a local file: not linked as the Hub dataset "train"
     assert "(`ScratchEncoderForSequenceClassification`)" in card.text and "| steps_trained | 4 |" in card.text
     assert "# scratch-text-classification-train\n" in card.text and str(tmp_path / "train.csv") not in card.text
 

@@ -41,6 +41,7 @@ from hf_scratch_transformer.cli.run_options import (
     dataset_name,
     is_rank_zero,
     local_path,
+    on_the_hub,
     positive_float,
     positive_int,
     sequence_length,
@@ -310,6 +311,7 @@ dataset = dataset_name(args.dataset) if args.dataset else Path(args.train_file).
 hub.write_model_card(
     written, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
     config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset=dataset,
+    dataset_on_hub=on_the_hub(args.dataset),
     dataset_description="" if args.dataset else "Files: " + ", ".join(
         f"`{Path(file).name}`" for file in (args.train_file, args.validation_file) if file),
     tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens (the base model's)",

@@ -294,12 +294,23 @@ def dataset_name(dataset: str) -> str:
     return path.stem if path.is_file() else path.resolve().name if path.is_dir() else dataset
 
 
+def on_the_hub(dataset: str | None) -> bool:
+    """Whether a --dataset is a Hub dataset (a model card links it), not a local file or folder, nor absent."""
+    return dataset is not None and not Path(dataset).exists()
+
+
 def run_data_name(args, files: list[Path]) -> str:
     """What a training run's card calls its data: --dataset-name, else the --dataset, the embedded corpus, or the
     first data file."""
     if args.dataset_name or args.dataset:
         return args.dataset_name or dataset_name(args.dataset)
     return "tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem
+
+
+def run_data_on_hub(args, files: list[Path]) -> bool:
+    """Whether a training run's data is a Hub dataset that its card may link: a --dataset that is no local path, or
+    the embedded corpus (the Hub's tiny_shakespeare); data files are not."""
+    return on_the_hub(args.dataset) if args.dataset else files == [DEFAULT_CORPUS]
 
 
 def continues_run(checkpoint: Path, output_dir: Path) -> bool:

@@ -61,6 +61,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_family,
     refuse_another_tokenizer,
     run_data_name,
+    run_data_on_hub,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -289,6 +290,7 @@ hub.write_model_card(
     config={key: value for key, value in model.config.to_dict().items() if key in knobs},
     num_parameters=model.num_parameters(),
     dataset=dataset_name,
+    dataset_on_hub=run_data_on_hub(args, files),
     dataset_description="Files: " + ", ".join(f"`{f.name}`" for f in files) if not args.dataset else "",
     tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
     hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,

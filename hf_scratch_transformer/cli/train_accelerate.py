@@ -66,6 +66,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_family,
     refuse_another_tokenizer,
     run_data_name,
+    run_data_on_hub,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -401,7 +402,8 @@ if accelerator.is_main_process:
                            "max_grad_norm")}, "warmup_steps": warmup_steps}
     hub.write_model_card(written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
                          preset=preset, config=unwrapped.config.to_dict(), num_parameters=unwrapped.num_parameters(),
-                         dataset=dataset, tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
+                         dataset=dataset, dataset_on_hub=run_data_on_hub(args, files),
+                         tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
                          hyperparameters=hyperparameters, eval_results=results)
     checkpointing.replace_folder(written, folder)
     accelerator.print(f"saved {folder}")
