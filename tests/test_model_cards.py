@@ -151,6 +151,19 @@ def test_publish_dry_run_cli_lists_the_plan_offline(folders):
     assert "checkpoints" not in completed.stdout and "dry run" in completed.stdout
 
 
+def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):
+    """The Hub out of reach (here offline mode; elsewhere no token, no access): an error line, not huggingface_hub's
+    traceback."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "publish.py"), str(folders["decoder"]), "--repo-id", "someone/tiny"],
+        check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )
+    assert completed.returncode == 1
+    assert "error: could not publish" in completed.stderr and "offline mode is enabled" in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
 def test_publish_creates_the_repo_and_uploads_the_folder(folders, monkeypatch):
     calls = []
 

@@ -29,6 +29,8 @@ try:
     )
 except ValueError as error:  # an incomplete folder: say what is missing, without a traceback
     parser.exit(1, f"error: {error}\n")
+except OSError as error:  # huggingface_hub's errors (no token, no access, offline) are OSErrors: say which
+    parser.exit(1, f"error: could not publish {args.folder} to {args.repo_id}: {error}\n")
 if args.dry_run:
     for path, size in result:
         print(f"{size:>12,}  {path}")
