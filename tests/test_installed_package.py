@@ -65,3 +65,16 @@ def test_the_installed_command_runs_the_main_job_outside_the_checkout(installed,
     assert "sample from the reloaded model:" in stdout
     listing = run([bin_dir / "hf-scratch", "publish", folder, "--repo-id", "someone/tiny", "--dry-run"], tmp_path, env)
     assert "model.safetensors" in listing and "README.md" in listing
+
+
+@pytest.mark.slow
+def test_the_accelerate_configs_are_installed(installed, tmp_path):
+    """`accelerate launch --config_file` needs the configs of configs/accelerate (FSDP's wrap unit, the CPU launcher):
+    installed with the package, `python -m hf_scratch_transformer.configs` prints their folder."""
+    bin_dir, env = installed
+    folder = Path(run([bin_dir / "python", "-m", "hf_scratch_transformer.configs"], tmp_path, env).strip())
+    assert str(ROOT) not in str(folder)
+    shipped = sorted(path.name for path in (ROOT / "configs" / "accelerate").glob("*.yaml"))
+    assert shipped and sorted(path.name for path in folder.glob("*.yaml")) == shipped
+    for name in shipped:
+        assert (folder / name).read_text() == (ROOT / "configs" / "accelerate" / name).read_text()

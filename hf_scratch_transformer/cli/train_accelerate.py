@@ -11,6 +11,8 @@ are those of `hf-scratch train`.
         --batch-size 8
     accelerate launch --config_file configs/accelerate/fsdp.yaml -m hf_scratch_transformer.cli.train_accelerate \\
         --preset gpt2-small
+        (configs/ of a checkout; installed with the package too: `python -m hf_scratch_transformer.configs` prints
+        their folder)
     torchrun --nproc_per_node 2 -m hf_scratch_transformer.cli.train_accelerate --batch-size 8             # 2 GPUs
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 -m hf_scratch_transformer.cli.train_accelerate --cpu    # 2 CPUs
 
