@@ -177,11 +177,19 @@ def _code_files(folder: Path, config: dict) -> list[str]:
     return sorted(found)
 
 
+def _read_json(path: Path) -> dict:
+    """A JSON file of the folder, or a ValueError naming it (the parser's message gives only a position)."""
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+
+
 def _weight_files(folder: Path) -> list[str]:
     """`model.safetensors`, or when sharded, every shard its index names."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        return sorted(set(json.loads(index.read_text("utf-8"))["weight_map"].values()))
+        return sorted(set(_read_json(index)["weight_map"].values()))
     return ["model.safetensors"]
 
 
@@ -191,7 +199,7 @@ def _missing_files(folder: Path) -> list[str]:
     what `AutoTokenizer` reads first, and every tokenizer's `save_pretrained` writes it.)"""
     if not (folder / "config.json").is_file():
         return ["config.json"]
-    config = json.loads((folder / "config.json").read_text("utf-8"))
+    config = _read_json(folder / "config.json")
     needed = ["README.md", "tokenizer_config.json", *_weight_files(folder), *_code_files(folder, config)]
     return [name for name in needed if not (folder / name).is_file()]
 

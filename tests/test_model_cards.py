@@ -138,6 +138,15 @@ def test_upload_plan_names_what_is_missing(folders, tmp_path, missing):
         hub.upload_plan(folder)
 
 
+def test_upload_plan_names_a_config_that_is_not_json(folders, tmp_path):
+    """A truncated config.json (an interrupted copy): the error names the file, as `from_pretrained`'s does, not only
+    the JSON parser's position."""
+    folder = shutil.copytree(folders["decoder"], tmp_path / "decoder")
+    (folder / "config.json").write_text((folder / "config.json").read_text()[:100])
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON: Unterminated string"):
+        hub.upload_plan(folder)
+
+
 def test_publish_dry_run_cli_lists_the_plan_offline(folders):
     folder = folders["seq2seq"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
