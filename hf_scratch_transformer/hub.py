@@ -9,7 +9,7 @@ import re
 from importlib.resources import files
 from pathlib import Path
 
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects
 
 from .modeling_scratch_common import safetensors_error
@@ -86,6 +86,9 @@ IGNORE_PATTERNS = ["checkpoints/*", "checkpoint-*/*", ".*", "*/.*"]
 
 # The pattern transformers follows to copy sibling modules of the model code (dynamic_module_utils).
 _RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\S+)\s+import", re.MULTILINE)
+
+# The line of the card's "How to use" (model_cards/template.md) that names the repo its example loads.
+_USAGE_REPO_ID = re.compile(r'^repo_id = "(.*)"$', re.MULTILINE)
 
 
 def write_model_card(
@@ -224,9 +227,22 @@ def upload_plan(folder) -> list[tuple[str, int]]:
         if corrupt:
             raise corrupt
     paths = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
-    # The same filter as upload_folder, so that the plan is what gets uploaded.
+    # upload_folder's filter; `publish` uploads exactly these files.
     kept = filter_repo_objects(paths, ignore_patterns=IGNORE_PATTERNS)
     return [(path, (folder / path).stat().st_size) for path in kept]
+
+
+def card_repo_id(folder) -> str | None:
+    """The repo id that the "How to use" of `folder`'s card loads (None for a card without one)."""
+    match = _USAGE_REPO_ID.search((Path(folder) / "README.md").read_text("utf-8"))
+    return match.group(1) if match else None
+
+
+def _card_for(folder: Path, repo_id: str) -> bytes:
+    """`folder/README.md` as it goes to `repo_id`: its "How to use" loads that repo. A card is written before the repo
+    is chosen (`hf-scratch train` names it `<preset>-<data>`), and Hub users run its example as it stands."""
+    text = (folder / "README.md").read_text("utf-8")
+    return _USAGE_REPO_ID.sub(lambda _: f'repo_id = "{repo_id}"', text, count=1).encode("utf-8")
 
 
 def publish(
@@ -238,16 +254,19 @@ def publish(
     token: str | None = None,
     commit_message: str = "Upload hf-scratch-transformer model",
 ):
-    """Upload `folder` to the Hub model repository `repo_id`, creating it if needed; return the commit URL.
+    """Upload `folder` to the Hub model repository `repo_id`, creating it if needed; return the commit URL. One commit
+    of the files of `upload_plan`, with the card's "How to use" loading `repo_id` (the folder's card is left as it is).
 
     With `dry_run`, check the folder and return its `upload_plan` without touching the network.
     """
     plan = upload_plan(folder)
     if dry_run:
         return plan
+    folder = Path(folder)
+    operations = [
+        CommitOperationAdd(path, _card_for(folder, repo_id) if path == "README.md" else folder / path)
+        for path, _ in plan
+    ]
     api = HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True)
-    commit = api.upload_folder(
-        repo_id=repo_id, folder_path=folder, commit_message=commit_message, ignore_patterns=IGNORE_PATTERNS
-    )
-    return commit.commit_url
+    return api.create_commit(repo_id, operations, commit_message=commit_message).commit_url

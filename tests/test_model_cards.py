@@ -158,6 +158,8 @@ def test_publish_dry_run_cli_lists_the_plan_offline(folders):
     for path, size in hub.upload_plan(folder):
         assert f"{size:>12,}  {path}" in completed.stdout
     assert "checkpoints" not in completed.stdout and "dry run" in completed.stdout
+    assert "README.md: its \"How to use\" loads 'someone/tiny-seq2seq'; uploaded, it loads 'someone/tiny'" in \
+        completed.stdout
 
 
 def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):
@@ -173,7 +175,7 @@ def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):
     assert "Traceback" not in completed.stderr
 
 
-def test_publish_creates_the_repo_and_uploads_the_folder(folders, monkeypatch):
+def test_publish_creates_the_repo_and_uploads_the_plan(folders, monkeypatch):
     calls = []
 
     class FakeApi:
@@ -183,19 +185,27 @@ def test_publish_creates_the_repo_and_uploads_the_folder(folders, monkeypatch):
         def create_repo(self, repo_id, **kwargs):
             calls.append(("create_repo", repo_id, kwargs))
 
-        def upload_folder(self, **kwargs):
-            calls.append(("upload_folder", kwargs))
+        def create_commit(self, repo_id, operations, **kwargs):
+            calls.append(("create_commit", repo_id, list(operations), kwargs))
             return type("Commit", (), {"commit_url": "https://huggingface.co/someone/tiny/commit/abc"})()
 
     monkeypatch.setattr(hub, "HfApi", FakeApi)
-    assert hub.publish(folders["decoder"], "someone/tiny", dry_run=True) == hub.upload_plan(folders["decoder"])
+    folder = folders["decoder"]  # its card was written for someone/tiny-decoder
+    card = (folder / "README.md").read_bytes()
+    assert hub.publish(folder, "someone/tiny", dry_run=True) == hub.upload_plan(folder)
     assert calls == []
-    url = hub.publish(folders["decoder"], "someone/tiny", private=True, token="hf_x", commit_message="first")
+    url = hub.publish(folder, "someone/tiny", private=True, token="hf_x", commit_message="first")
     assert url.endswith("/commit/abc")
     assert calls[:2] == [("init", "hf_x"), ("create_repo", "someone/tiny", {"private": True, "exist_ok": True})]
-    upload = calls[2][1]
-    assert upload["repo_id"] == "someone/tiny" and Path(upload["folder_path"]) == folders["decoder"]
-    assert upload["commit_message"] == "first" and "checkpoints/*" in upload["ignore_patterns"]
+    _, repo_id, operations, kwargs = calls[2]
+    assert repo_id == "someone/tiny" and kwargs == {"commit_message": "first"}
+    assert [operation.path_in_repo for operation in operations] == [path for path, _ in hub.upload_plan(folder)]
+    # The card's "How to use" loads the repo it is published to (a card is written before the repo is chosen:
+    # `hf-scratch train` names it <preset>-<data>, and that example failed on the Hub); the folder keeps its own.
+    uploaded = {operation.path_in_repo: operation.path_or_fileobj for operation in operations}
+    assert b'repo_id = "someone/tiny"\n' in uploaded["README.md"]
+    assert b'repo_id = "someone/tiny-decoder"' not in uploaded["README.md"]
+    assert (folder / "README.md").read_bytes() == card and Path(uploaded["config.json"]) == folder / "config.json"
 
 
 # ---------------------------------------------------------------------------------------------- clean load

@@ -5,13 +5,14 @@
     hf-scratch publish outputs/quickstart/model --repo-id USER/scratch-gpt-shakespeare --private
 
 The folder needs config.json, the weights and the model code (`save_pretrained` writes them), the tokenizer, and a
-README.md model card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not uploaded.
+README.md model card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not
+uploaded; the uploaded card's "How to use" loads --repo-id (the folder's card is left as it is).
 """
 
 import argparse
 from pathlib import Path
 
-from hf_scratch_transformer.hub import publish
+from hf_scratch_transformer.hub import card_repo_id, publish
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -35,5 +36,7 @@ if args.dry_run:
     for path, size in result:
         print(f"{size:>12,}  {path}")
     print(f"{sum(size for _, size in result):>12,}  bytes in {len(result)} files would go to {args.repo_id} (dry run)")
+    if (named := card_repo_id(args.folder)) not in (None, args.repo_id):  # publish sets it in the uploaded card
+        print(f"README.md: its \"How to use\" loads {named!r}; uploaded, it loads {args.repo_id!r}")
 else:
     print(f"published {args.folder} to {args.repo_id}: {result}")
