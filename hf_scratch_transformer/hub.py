@@ -10,7 +10,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
-from huggingface_hub.utils import filter_repo_objects
+from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from .modeling_scratch_common import safetensors_error
 
@@ -257,8 +257,9 @@ def publish(
     """Upload `folder` to the Hub model repository `repo_id`, creating it if needed; return the commit URL. One commit
     of the files of `upload_plan`, with the card's "How to use" loading `repo_id` (the folder's card is left as it is).
 
-    With `dry_run`, check the folder and return its `upload_plan` without touching the network.
+    With `dry_run`, check the folder and the repo id and return the `upload_plan` without touching the network.
     """
+    validate_repo_id(repo_id)  # as the upload would, with a ValueError (HFValidationError) saying what is wrong
     plan = upload_plan(folder)
     if dry_run:
         return plan

@@ -162,6 +162,13 @@ def test_publish_dry_run_cli_lists_the_plan_offline(folders):
         completed.stdout
 
 
+@pytest.mark.parametrize("repo_id", ["my model", "https://huggingface.co/someone/tiny", "someone/tiny--v2"])
+def test_publish_dry_run_refuses_a_repo_id_the_hub_would(folders, repo_id):
+    """The dry run checks the repo id as the upload does: it passed one that `create_repo` then refused."""
+    with pytest.raises(ValueError, match="[Rr]epo.?id"):
+        hub.publish(folders["decoder"], repo_id, dry_run=True)
+
+
 def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):
     """The Hub out of reach (here offline mode; elsewhere no token, no access): an error line, not huggingface_hub's
     traceback."""
