@@ -78,3 +78,13 @@ def test_the_accelerate_configs_are_installed(installed, tmp_path):
     assert shipped and sorted(path.name for path in folder.glob("*.yaml")) == shipped
     for name in shipped:
         assert (folder / name).read_text() == (ROOT / "configs" / "accelerate" / name).read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_declares_its_license_as_an_spdx_expression(installed, tmp_path):
+    """`License-Expression` (PEP 639): the `project.license` table that setuptools deprecates, and stops building
+    on 2027-02-18, gave only the free-text `License` field."""
+    bin_dir, env = installed
+    license = run([bin_dir / "python", "-c", "from importlib.metadata import metadata; "
+                   "print(metadata('hf-scratch-transformer')['License-Expression'])"], tmp_path, env)
+    assert license.strip() == "Apache-2.0"
