@@ -14,6 +14,7 @@ eval_results.json) and OUTPUT_DIR/checkpoints.
 """
 
 import argparse
+import copy
 import json
 import os
 from dataclasses import fields
@@ -78,7 +79,15 @@ class ShardedCrashSafeTrainer(ShardedTrainer, CrashSafeTrainer):
 
 
 class ShardedSeq2SeqTrainer(ShardedTrainer, CrashSafeSeq2SeqTrainer):
-    pass
+    def prediction_step(self, *args, **kwargs):
+        """Seq2SeqTrainer's, leaving the model's generation config as it was: transformers' writes every legacy
+        default into it in place (max_length 20, greedy search, top_k 50, ...), and the saved folder shipped them to
+        `generate()` and the scratch-text2text pipeline (whose own defaults are 4 beams and 256 new tokens)."""
+        kept = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(*args, **kwargs)
+        finally:
+            self.model.generation_config = kept
 
 
 # ----------------------------------------------------------------------------------------------- arguments
