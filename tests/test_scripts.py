@@ -77,6 +77,7 @@ def test_main_job_writes_a_hub_ready_folder_and_samples_from_it(causal_lm_run):
     assert results["perplexity"] == pytest.approx(torch.tensor(results["loss"]).exp().item(), rel=1e-4)
     card = ModelCard.load(folder / "README.md")
     assert card.data.eval_results[0].metric_value is not None and "gpt-mini" in card.text
+    assert "| eval_sequences | 16 |" in card.text  # --max-eval-samples: the card says what its figures measured
     assert "sample from the reloaded model:\nROMEO:" in stdout
     assert isinstance(AutoModelForCausalLM.from_pretrained(folder), hf_scratch_transformer.ScratchDecoderForCausalLM)
 

@@ -304,7 +304,8 @@ hub.write_model_card(
     tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
     hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,
                      "global_batch_size": args.batch_size * args.gradient_accumulation_steps * trainer.args.world_size,
-                     "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16},
+                     "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16,
+                     "eval_sequences": len(datasets["validation"])},  # all, or the first --max-eval-samples
     eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
 )
 checkpointing.replace_folder(written, folder)

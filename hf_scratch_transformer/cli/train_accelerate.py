@@ -401,7 +401,8 @@ if accelerator.is_main_process:
     hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
                        "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
                            "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
-                           "max_grad_norm")}, "warmup_steps": warmup_steps}
+                           "max_grad_norm")}, "warmup_steps": warmup_steps,
+                       "eval_sequences": len(datasets["validation"])}  # all, or the first --max-eval-samples
     hub.write_model_card(written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
                          preset=preset, config=unwrapped.config.to_dict(), num_parameters=unwrapped.num_parameters(),
                          dataset=dataset, dataset_on_hub=run_data_on_hub(args, files),
