@@ -252,9 +252,11 @@ def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
 # ----------------------------------------------------------------------------------------------- loading
 
 
-def check_sharding(path: str | Path, fsdp: bool) -> None:
+def check_sharding(path: str | Path, fsdp: bool, state_dict_type=None) -> None:
     """A checkpoint resumes under the sharding it was saved with: FSDP writes the model as `pytorch_model_fsdp_N`,
-    a run without FSDP as whole files, and each loader fails on the other kind deep inside, over a missing file."""
+    a run without FSDP as whole files, and each loader fails on the other kind deep inside, over a missing file.
+    Under FSDP, so does each state dict type (`state_dict_type`, the run's FSDP plugin's) on the other's files:
+    SHARDED_STATE_DICT is a folder `pytorch_model_fsdp_0`, FULL_STATE_DICT a file `pytorch_model_fsdp.bin`."""
     sharded = any(file.name.startswith(FSDP_MODEL_NAME) for file in Path(path).iterdir())
     if sharded != fsdp:
         raise CheckpointError(
@@ -262,13 +264,22 @@ def check_sharding(path: str | Path, fsdp: bool) -> None:
             f"{'shards the model with FSDP' if fsdp else 'does not use FSDP'}: resume it launched as it was saved "
             "(the same accelerate config, or --fsdp for train; docs/distributed.md)."
         )
+    saved = "SHARDED_STATE_DICT" if (Path(path) / f"{FSDP_MODEL_NAME}_0").is_dir() else \
+        "FULL_STATE_DICT" if (Path(path) / f"{FSDP_MODEL_NAME}.bin").is_file() else None
+    now = getattr(state_dict_type, "name", state_dict_type)  # torch's StateDictType, or its name
+    if fsdp and saved and now and saved != now:
+        raise CheckpointError(
+            f"Checkpoint {path} was saved by FSDP as {saved}, and this run's FSDP config has fsdp_state_dict_type "
+            f"{now}: resume it with the fsdp_state_dict_type it was saved with (docs/distributed.md)."
+        )
 
 
 def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True) -> dict:
     """Check the checkpoint at `path` against its manifest, then `accelerator.load_state` it; returns the manifest.
     Raises `CheckpointError` when this process's random state was not restored."""
     manifest = verify_checkpoint(path, verify_checksums)
-    check_sharding(path, accelerator.distributed_type == DistributedType.FSDP)
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    check_sharding(path, fsdp, accelerator.state.fsdp_plugin.state_dict_type if fsdp else None)
     # Every process checks the files of all, so that all stop together (before `load_state`, which may communicate).
     for process in range(accelerator.num_processes):
         if not (Path(path) / f"random_states_{process}.pkl").is_file():
@@ -343,7 +354,8 @@ class CrashSafeCheckpoints:
                 report(f"no checkpoint in {folder}: starting from step 0")
         if resume_from_checkpoint:
             verify_checkpoint(resume_from_checkpoint)
-            check_sharding(resume_from_checkpoint, self.is_fsdp_enabled)
+            check_sharding(resume_from_checkpoint, self.is_fsdp_enabled,
+                           self.accelerator.state.fsdp_plugin.state_dict_type if self.is_fsdp_enabled else None)
             if self.is_world_process_zero():
                 print(f"resuming from {resume_from_checkpoint}")
             resume_from_checkpoint = str(resume_from_checkpoint)

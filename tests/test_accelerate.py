@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from accelerate.utils import DistributedType
 from accelerate.utils.dataclasses import get_module_class_from_name
 from safetensors.torch import load_file
 from tiny_tokenizers import write_run_corpus
+from torch.distributed.fsdp import StateDictType
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_scratch_transformer import checkpointing, training
@@ -209,8 +211,11 @@ class FakeAccelerator:
 
     is_main_process, process_index, num_processes = True, 0, 1
 
-    def __init__(self, fail_after: int | None = None, distributed_type: DistributedType = DistributedType.NO):
+    def __init__(self, fail_after: int | None = None, distributed_type: DistributedType = DistributedType.NO,
+                 state_dict_type: str = "SHARDED_STATE_DICT"):
         self.fail_after, self.loaded, self.distributed_type = fail_after, None, distributed_type
+        self.state = SimpleNamespace(fsdp_plugin=SimpleNamespace(state_dict_type=StateDictType[state_dict_type])
+                                     if distributed_type == DistributedType.FSDP else None)
 
     def wait_for_everyone(self):
         pass
@@ -254,6 +259,28 @@ def test_a_checkpoint_resumes_only_under_the_sharding_it_was_saved_with(tmp_path
     with pytest.raises(checkpointing.CheckpointError, match="saved sharded by FSDP, and this run does not use FSDP"):
         checkpointing.load_checkpoint(FakeAccelerator(), sharded)
     checkpointing.load_checkpoint(FakeAccelerator(distributed_type=DistributedType.FSDP), sharded)
+
+
+def test_an_fsdp_checkpoint_resumes_only_under_the_state_dict_type_it_was_saved_with(tmp_path):
+    """FSDP's sharded and full checkpoints hold the model under other names (a folder `pytorch_model_fsdp_0`, a file
+    `pytorch_model_fsdp.bin`): Accelerate's loader for the other kind failed with a traceback over a missing file."""
+    whole = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
+    kinds = {"SHARDED_STATE_DICT": "pytorch_model_fsdp_0/__0_0.distcp", "FULL_STATE_DICT": "pytorch_model_fsdp.bin"}
+    for saved, model_file in kinds.items():
+        checkpoint = tmp_path / saved
+        shutil.copytree(whole, checkpoint)
+        (checkpoint / "model.safetensors").unlink()
+        (checkpoint / model_file).parent.mkdir(exist_ok=True)
+        (checkpoint / model_file).write_bytes(b"weights")
+        checkpointing.write_manifest(checkpoint, 2)
+        other = next(kind for kind in kinds if kind != saved)
+        accelerator = FakeAccelerator(distributed_type=DistributedType.FSDP, state_dict_type=other)
+        with pytest.raises(CheckpointError, match=f"saved by FSDP as {saved}, and this run's FSDP config has "
+                                                  f"fsdp_state_dict_type {other}"):
+            checkpointing.load_checkpoint(accelerator, checkpoint)
+        assert accelerator.loaded is None
+        checkpointing.load_checkpoint(FakeAccelerator(distributed_type=DistributedType.FSDP, state_dict_type=saved),
+                                      checkpoint)
 
 
 def test_every_process_stops_on_a_checkpoint_saved_by_fewer_processes(tmp_path):
