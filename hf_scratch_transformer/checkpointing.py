@@ -28,6 +28,7 @@ import torch
 from accelerate.utils import DistributedType
 from accelerate.utils.constants import FSDP_MODEL_NAME
 from safetensors import safe_open
+from torch.distributed.checkpoint import FileSystemReader
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import nested_gather
@@ -274,12 +275,15 @@ def check_sharding(path: str | Path, fsdp: bool, state_dict_type=None) -> None:
         )
 
 
-def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True) -> dict:
-    """Check the checkpoint at `path` against its manifest, then `accelerator.load_state` it; returns the manifest.
-    Raises `CheckpointError` when this process's random state was not restored."""
+def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True, model=None) -> dict:
+    """Check the checkpoint at `path` against its manifest (and its weights against `model`, the prepared model,
+    when given), then `accelerator.load_state` it; returns the manifest. Raises `CheckpointError` when this
+    process's random state was not restored."""
     manifest = verify_checkpoint(path, verify_checksums)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     check_sharding(path, fsdp, accelerator.state.fsdp_plugin.state_dict_type if fsdp else None)
+    if model is not None:  # else Accelerate's loader fails on another model with a traceback of size mismatches
+        _check_same_tensors(path, accelerator.unwrap_model(model))
     # Every process checks the files of all, so that all stop together (before `load_state`, which may communicate).
     for process in range(accelerator.num_processes):
         if not (Path(path) / f"random_states_{process}.pkl").is_file():
@@ -418,16 +422,29 @@ class _RestoreLossWindow(TrainerCallback):
 
 
 def _check_same_tensors(checkpoint: str, model) -> None:
-    """A checkpoint's `model.safetensors` must hold the tensors of `model`, by name and shape (tied copies, which
-    are not saved, aside); else `CheckpointError` naming the first differences. Sharded (FSDP) and adapter
+    """A checkpoint's weights must hold the tensors of `model`, by name and shape; else `CheckpointError` naming the
+    first differences. Whole weights are `model.safetensors`, FSDP's sharded ones `pytorch_model_fsdp_0`, whose
+    torch.distributed.checkpoint metadata has every name's shape (Accelerate files them under `model.`). The names
+    of one tied matrix count as one, under its first name: a file stores it once, under the name its writer kept
+    (transformers the input embeddings', Accelerate any of them). Other FSDP state dict types and adapter
     checkpoints are left to their loaders."""
-    file = Path(checkpoint) / SAFE_WEIGHTS_NAME
-    if not file.is_file() or not hasattr(model, "all_tied_weights_keys"):
+    file, sharded = Path(checkpoint) / SAFE_WEIGHTS_NAME, Path(checkpoint) / f"{FSDP_MODEL_NAME}_0"
+    if not hasattr(model, "all_tied_weights_keys"):
         return
-    with safe_open(file, "pt") as weights:
-        saved = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
-    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()
-                if name not in model.all_tied_weights_keys}
+    if file.is_file():
+        with safe_open(file, "pt") as weights:
+            saved = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    elif (sharded / ".metadata").is_file():
+        metadata = FileSystemReader(str(sharded)).read_metadata().state_dict_metadata
+        saved = {name.removeprefix("model."): tuple(entry.size) for name, entry in metadata.items()
+                 if hasattr(entry, "size")}
+    else:
+        return
+    first, tied = {}, {}  # name -> the first name of its parameter
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        tied[name] = first.setdefault(id(parameter), name)
+    saved = {tied.get(name, name): shape for name, shape in saved.items()}
+    expected = {tied.get(name, name): tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     differing = [f"`{name}` {saved.get(name, 'absent')} there, {expected.get(name, 'absent')} here"
                  for name in sorted(saved.keys() | expected.keys()) if saved.get(name) != expected.get(name)]
     if differing:

@@ -14,11 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed.checkpoint
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
 from accelerate.utils.dataclasses import get_module_class_from_name
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
+from tiny_models import tiny_lm
 from tiny_tokenizers import write_run_corpus
 from torch.distributed.fsdp import StateDictType
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -220,6 +222,9 @@ class FakeAccelerator:
     def wait_for_everyone(self):
         pass
 
+    def unwrap_model(self, model):
+        return model
+
     def save_state(self, output_dir):
         for index, name in enumerate(["model.safetensors", "optimizer.bin", "random_states_0.pkl"]):
             if index == self.fail_after:
@@ -281,6 +286,46 @@ def test_an_fsdp_checkpoint_resumes_only_under_the_state_dict_type_it_was_saved_
         assert accelerator.loaded is None
         checkpointing.load_checkpoint(FakeAccelerator(distributed_type=DistributedType.FSDP, state_dict_type=saved),
                                       checkpoint)
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_tensors(tmp_path):
+    """A resume with another model (a changed --set or --task) failed inside Accelerate's loader with a traceback of
+    size mismatches; it now stops before loading, naming the tensors, as `hf-scratch train` does."""
+    path = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
+    model = tiny_lm("decoder")
+    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()  # as save_state: tied once
+               if name not in model.all_tied_weights_keys}, path / "model.safetensors")
+    checkpointing.write_manifest(path, 2)
+    accelerator = FakeAccelerator()
+    wider = r"holds another model than this run builds .*`model.embeddings.embed_tokens.weight` \(99, 32\) there"
+    with pytest.raises(CheckpointError, match=wider):
+        checkpointing.load_checkpoint(accelerator, path, model=tiny_lm("decoder", hidden_size=64))
+    assert accelerator.loaded is None
+    checkpointing.load_checkpoint(accelerator, path, model=tiny_lm("decoder"))
+    assert accelerator.loaded == str(path)
+    # A tied matrix is stored once, under whichever of its names the writer kept (Accelerate: the encoder's, of the
+    # seq2seq model's three): any of them is the same tensor.
+    seq2seq = tiny_lm("seq2seq")
+    names = {}
+    for name, parameter in seq2seq.named_parameters(remove_duplicate=False):
+        names[id(parameter)] = name  # the last name of each parameter
+    save_file({name: parameter.contiguous() for name, parameter in seq2seq.state_dict().items()
+               if name in names.values() or name not in dict(seq2seq.named_parameters(remove_duplicate=False))},
+              path / "model.safetensors")
+    checkpointing.write_manifest(path, 2)
+    checkpointing.load_checkpoint(accelerator, path, model=tiny_lm("seq2seq"))
+    # FSDP's sharded checkpoint likewise (torch.distributed.checkpoint failed with a traceback on every process):
+    # the shapes come from its metadata, where Accelerate files the model under `model.`, tied names included.
+    sharded = tmp_path / "sharded"
+    shutil.copytree(path, sharded)
+    (sharded / "model.safetensors").unlink()
+    torch.distributed.checkpoint.save({"model": model.state_dict()}, checkpoint_id=sharded / "pytorch_model_fsdp_0")
+    checkpointing.write_manifest(sharded, 2)
+    accelerator = FakeAccelerator(distributed_type=DistributedType.FSDP)
+    with pytest.raises(CheckpointError, match=wider):
+        checkpointing.load_checkpoint(accelerator, sharded, model=tiny_lm("decoder", hidden_size=64))
+    assert accelerator.loaded is None
+    checkpointing.load_checkpoint(accelerator, sharded, model=tiny_lm("decoder"))
 
 
 def test_every_process_stops_on_a_checkpoint_saved_by_fewer_processes(tmp_path):

@@ -207,9 +207,7 @@ def test_resuming_a_finished_run_trains_nothing_more(workspace, uninterrupted, t
 
 
 def test_resuming_with_another_model_is_an_error_naming_the_tensors(workspace, uninterrupted, tmp_path):
-    entry, full = uninterrupted
-    if entry != "trainer":
-        pytest.skip("the Accelerate loop's checkpoints are checked by accelerate's own loading")
+    entry, full = uninterrupted  # the Accelerate loop failed inside Accelerate's loader, with a traceback
     output = tmp_path / "other-model"
     shutil.copytree(full, output)
     wider = ["--set", "num_hidden_layers=1", "hidden_size=64", "num_attention_heads=2", "intermediate_size=64"]

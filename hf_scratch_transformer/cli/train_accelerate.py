@@ -273,7 +273,8 @@ history, start_step = [], 0
 if resume:
     problem = None  # each process loads its own random state
     try:
-        checkpointing.load_checkpoint(accelerator, resume, verify_checksums=False)  # model, optimizer, schedule, RNG
+        # model (the same tensors), optimizer, schedule, RNG
+        checkpointing.load_checkpoint(accelerator, resume, verify_checksums=False, model=model)
     except checkpointing.CheckpointError as error:
         problem = str(error)
     fail_together(parser, accelerator, problem)
