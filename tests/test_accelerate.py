@@ -525,6 +525,21 @@ def test_a_branch_of_another_run_keeps_its_tokenizer_and_leaves_its_folder_untou
         assert branched[step] == pytest.approx(expected[step], abs=1e-6), step
 
 
+def test_a_branch_that_stops_before_its_first_step_leaves_the_folder_to_the_corrected_command(workspace, masked_lm_run,
+                                                                                             tmp_path):
+    """A branch wrote the checkpoint's tokenizer into its --output-dir before loading the checkpoint: one stopped by
+    the load (another model here; a launch the checkpoint refuses) left a folder that the corrected command was then
+    refused over, as an earlier run."""
+    checkpoint, branch = masked_lm_run / "checkpoints/step-4", tmp_path / "branch"
+    output = refused(*masked_lm(workspace), "--output-dir", branch, "--resume-from", checkpoint,
+                     "--set", "num_hidden_layers=2", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
+                     cwd=workspace)
+    assert "holds another model than this run builds" in output
+    assert not (branch / "tokenizer").exists()
+    run(*masked_lm(workspace), "--output-dir", branch, "--resume-from", checkpoint, cwd=workspace)
+    assert files(branch / "tokenizer") == files(masked_lm_run / "tokenizer")
+
+
 def test_a_branch_over_an_earlier_run_is_refused_unless_overwriting(workspace, masked_lm_run, uninterrupted,
                                                                      tmp_path):
     earlier, checkpoint = tmp_path / "earlier", masked_lm_run / "checkpoints/step-2"

@@ -210,11 +210,6 @@ else:
             tokenizer.save_pretrained(tokenizer_dir)
 refuse_another_family(parser, tokenizer, task, tokenizer_source or given)
 checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
-if resume and not continues_run(resume, output_dir) and accelerator.is_main_process:
-    # A branch of another run: this folder's tokenizer is that run's, as a run that trained one would leave it.
-    tokenizer_dir.mkdir(parents=True, exist_ok=True)
-    for name, content in checkpoint_files.items():
-        (output_dir / name).write_bytes(content)
 accelerator.print(f"data: {len(raw['train'])} training examples; tokenizer: {len(tokenizer)} tokens")
 
 # ----------------------------------------------------------------------------------------------- model
@@ -278,6 +273,13 @@ if resume:
     except checkpointing.CheckpointError as error:
         problem = str(error)
     fail_together(parser, accelerator, problem)
+    if not continues_run(resume, output_dir) and accelerator.is_main_process:
+        # A branch of another run: this folder's tokenizer is that run's, as a run that trained one would leave it.
+        # Written once the checkpoint has loaded: a branch stopped before would leave a folder that looks like an
+        # earlier run, and the corrected command would be refused over it.
+        tokenizer_dir.mkdir(parents=True, exist_ok=True)
+        for name, content in checkpoint_files.items():
+            (output_dir / name).write_bytes(content)
     start_step = manifest["step"]
     history = [json.loads(line) for line in (Path(resume) / "loss_curve.jsonl").read_text().splitlines()]
     changed = {key: (manifest["metadata"].get(key), value) for key, value in layout.items()
