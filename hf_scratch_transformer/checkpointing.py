@@ -82,12 +82,12 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict |
 
 
 def commit_checkpoint(partial: Path, final: Path, step: int, metadata: dict | None = None,
-                      keep: int | None = None) -> None:
+                      keep: int | None = None, protect: str | Path | None = None) -> None:
     """Mark the fully written folder `partial` complete and rename it to `final` (main process only).
 
     Checkpoints of this step and later ones are removed first: they belong to a history the run left by resuming
     from an earlier checkpoint (or are leftovers that failed to verify), and resuming must not pick them. With
-    `keep`, only the newest `keep` complete checkpoints remain."""
+    `keep`, only the newest `keep` complete checkpoints remain, and `protect` (Trainer's best checkpoint)."""
     prefix = final.name.rsplit("-", 1)[0]
     write_manifest(partial, step, metadata)
     for path in checkpoints(final.parent, prefix):
@@ -97,7 +97,7 @@ def commit_checkpoint(partial: Path, final: Path, step: int, metadata: dict | No
     os.replace(partial, final)
     _fsync(final.parent)
     if keep is not None:
-        prune_checkpoints(final.parent, keep, prefix)
+        prune_checkpoints(final.parent, keep, prefix, protect)
 
 
 def write_manifest(folder: str | Path, step: int, metadata: dict | None = None) -> dict:
@@ -169,12 +169,15 @@ def remove_leftovers(folder: str | Path) -> None:
                 shutil.rmtree(path)
 
 
-def prune_checkpoints(folder: str | Path, keep: int, prefix: str = ACCELERATE_PREFIX) -> None:
-    """Delete all but the newest `keep` complete checkpoints (atomically, one at a time)."""
+def prune_checkpoints(folder: str | Path, keep: int, prefix: str = ACCELERATE_PREFIX,
+                      protect: str | Path | None = None) -> None:
+    """Delete all but the newest `keep` complete checkpoints and `protect` (atomically, one at a time)."""
     if keep < 1:
         raise ValueError(f"`keep` must be at least 1, got {keep}.")
+    kept = Path(protect).resolve() if protect is not None else None
     for path in complete_checkpoints(folder, prefix)[:-keep]:
-        remove_checkpoint(path)
+        if path.resolve() != kept:
+            remove_checkpoint(path)
 
 
 # ----------------------------------------------------------------------------------------------- finding, verifying
@@ -341,12 +344,18 @@ class CrashSafeCheckpoints:
         window = {"loss": nested_gather(self._tr_loss, self.args.parallel_mode).mean().item(),
                   "last_logged_step": self._globalstep_last_logged}
         self.accelerator.wait_for_everyone()  # every process's RNG state is on disk
+        staged = staging / final.name
+        best_is_new = self.state.best_model_checkpoint == str(staged)
+        if best_is_new:  # every process: each loads the best model at the end, from its final name
+            self.state.best_model_checkpoint = str(final)
         if self.args.should_save:
-            (staging / final.name / LOSS_WINDOW).write_text(json.dumps(window), encoding="utf-8")
-            commit_checkpoint(staging / final.name, final, step, keep=self.args.save_total_limit)
+            (staged / LOSS_WINDOW).write_text(json.dumps(window), encoding="utf-8")
+            if best_is_new:  # the state it saved named the staging folder, which a resumed run would drop as missing
+                self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
+            # Trainer keeps the best checkpoint past save_total_limit, to load it at the end: so does the prune.
+            commit_checkpoint(staged, final, step, keep=self.args.save_total_limit,
+                              protect=self.state.best_model_checkpoint)
             staging.rmdir()
-            if self.state.best_model_checkpoint == str(staging / final.name):
-                self.state.best_model_checkpoint = str(final)
         self.accelerator.wait_for_everyone()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_models import tiny_lm
 from tiny_tokenizers import write_run_corpus
+from transformers import TrainingArguments
 
 from hf_scratch_transformer import checkpointing
 from hf_scratch_transformer.cli import run_options
@@ -339,3 +341,28 @@ def test_what_an_interrupted_removal_left_in_the_output_folder_is_cleared(tmp_pa
     (tmp_path / "loss_curve.jsonl").write_text("{}\n")
     run_options.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, resume=True, overwrite=False)
     assert sorted(path.name for path in tmp_path.iterdir()) == [run_options.LOCK_FILE, "loss_curve.jsonl"]
+
+
+def test_the_best_checkpoint_survives_pruning_and_resumes_under_its_final_name(tmp_path):
+    """With `load_best_model_at_end`, Trainer keeps the best checkpoint past `save_total_limit` and loads it at the
+    end. CrashSafeTrainer's pruning removed it (the run then failed at its end with a FileNotFoundError), and the
+    best checkpoint's trainer_state.json named its staging folder (`checkpoint-1.tmp/checkpoint-1`), which a resumed
+    run dropped as missing."""
+    torch.manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 99, (8, 12))]
+    scores = iter([3.0, 1.0, 2.0])  # step 1 is the best
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2, eval_strategy="steps",
+        eval_steps=1, save_steps=1, save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="score",
+        greater_is_better=True, report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = checkpointing.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data,
+                                             eval_dataset=data[:2], compute_metrics=lambda _: {"score": next(scores)})
+    trainer.train()
+    best = tmp_path / "checkpoint-1"
+    assert trainer.state.best_model_checkpoint == str(best)
+    # Pruned at each save to the newest and the best; at the end Trainer removes all but the best (limit 1).
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("checkpoint")) == ["checkpoint-1"]
+    weights = load_file(best / "model.safetensors")
+    assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in weights.items())
+    assert json.loads((best / "trainer_state.json").read_text())["best_model_checkpoint"] == str(best)
+    checkpointing.verify_checkpoint(best)
