@@ -5,6 +5,7 @@
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -150,8 +151,10 @@ def test_exact_resume_for_masked_lm_and_seq2seq_in_bf16(workspace, task):
 
 def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
     # No dropout: each process draws its own masks, which one process cannot reproduce.
+    # 3 validation sequences: Accelerate fills the second process's last batch with a repeat of the first.
     arguments = [SCRIPT, *causal(workspace), *RUN, *TINY, *NO_DROPOUT, "--max-steps", 3,
-                 "--gradient-accumulation-steps", 2, "--label-smoothing", 0.1]
+                 "--gradient-accumulation-steps", 2, "--label-smoothing", 0.1, "--max-length", 16,
+                 "--max-eval-samples", 3]
     launcher, env = two_cpu_processes("accelerate")
     stdout = run(*arguments, "--batch-size", 2, "--output-dir", workspace / "ddp", launcher=launcher, env=env,
                  cwd=workspace)
@@ -167,6 +170,10 @@ def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
     assert two_weights.keys() == one_weights.keys()
     for name, tensor in one_weights.items():
         torch.testing.assert_close(two_weights[name], tensor, rtol=0, atol=1e-5)
+    # The final validation loss counts each sequence once (the repeat counted twice under two processes).
+    two, one = (re.search(r"\| Eval loss \| \S+ \| ([\d.]+) \|", (workspace / run_dir / "model/README.md").read_text())
+                for run_dir in ("ddp", "single"))
+    assert float(two[1]) == pytest.approx(float(one[1]), abs=1e-5)
     # Two steps were checkpointed by both processes together: one RNG state each.
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (workspace / "ddp/checkpoints/step-3")
                                                               .iterdir()}

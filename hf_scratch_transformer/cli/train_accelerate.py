@@ -310,6 +310,19 @@ def to_device(batch: dict) -> dict:
     return {key: value.to(accelerator.device) for key, value in batch.items()}
 
 
+def without_repeats(batch: dict) -> dict:
+    """The batch with the labels of repeated rows set to -100, so that they count in neither loss nor tokens. Under
+    several processes Accelerate fills the last batch of each process to the same size with rows from the start of
+    the data (`even_batches`: under FSDP every process must run every forward); `gather_for_metrics` drops those
+    repeats from what it gathers, which tells each process which of its rows they are."""
+    if accelerator.num_processes == 1:
+        return batch
+    rows = len(batch["labels"])
+    positions = torch.arange(rows, device=accelerator.device) + accelerator.process_index * rows
+    repeated = ~torch.isin(positions, accelerator.gather_for_metrics(positions))
+    return batch | {"labels": batch["labels"].masked_fill(repeated[:, None], -100)}
+
+
 def count_labels(labels: torch.Tensor) -> torch.Tensor:
     """Labelled tokens; the causal LM's first label is never predicted (labels shift inside the model)."""
     return (labels[:, 1:] if task == "causal-lm" else labels).ne(-100).sum()
@@ -376,7 +389,7 @@ if stop < args.max_steps:
 model.eval()
 total = torch.zeros(2, device=accelerator.device)  # summed loss, labelled tokens
 with torch.no_grad():
-    for batch in map(to_device, eval_loader):
+    for batch in map(without_repeats, map(to_device, eval_loader)):
         total += torch.stack([summed_loss(batch, 0.0).float(), count_labels(batch["labels"]).float()])
 total = accelerator.reduce(total, "sum")
 results = {"eval_loss": (total[0] / total[1]).item()} if total[1] else {}  # none without validation data
