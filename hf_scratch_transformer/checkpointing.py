@@ -16,6 +16,7 @@ Several machines must share one filesystem for the checkpoint folder. No model f
 travels to the Hub). What a crash at each point leaves behind: docs/checkpoints.md.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -67,18 +68,35 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict |
         remove_leftovers(folder)
         partial.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial))
+    with _reported_as_not_written(final):
+        accelerator.save_state(str(partial))
     accelerator.wait_for_everyone()  # every process's files (its RNG state, its FSDP shard) are on disk
     if accelerator.is_main_process:
-        for name, content in (extra_files or {}).items():
-            (partial / name).parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, bytes):
-                (partial / name).write_bytes(content)
-            else:
-                (partial / name).write_text(content, encoding="utf-8")
-        commit_checkpoint(partial, final, step, metadata, keep)
+        with _reported_as_not_written(final):
+            for name, content in (extra_files or {}).items():
+                (partial / name).parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(content, bytes):
+                    (partial / name).write_bytes(content)
+                else:
+                    (partial / name).write_text(content, encoding="utf-8")
+            commit_checkpoint(partial, final, step, metadata, keep)
     accelerator.wait_for_everyone()
     return final
+
+
+@contextlib.contextmanager
+def _reported_as_not_written(final: Path):
+    """A write error while the checkpoint `final` is saved (a full disk, a quota) as a `CheckpointError` that says
+    so: torch reports a full disk as "unexpected pos N vs M" or "iostream error", safetensors as an I/O error."""
+    try:
+        yield
+    except Exception as error:
+        free = shutil.disk_usage(final.parent).free // 2**20 if final.parent.is_dir() else 0
+        raise CheckpointError(
+            f"Checkpoint {final.name} could not be written in {final.parent} ({type(error).__name__}: {error}; "
+            f"{free} MiB free on that file system). The complete checkpoints written before are kept, and what was "
+            "written of this one is ignored: free space (or remove the cause), then continue with --resume."
+        ) from error
 
 
 def commit_checkpoint(partial: Path, final: Path, step: int, metadata: dict | None = None,
@@ -337,7 +355,8 @@ class CrashSafeCheckpoints:
         self.accelerator.wait_for_everyone()
         self._staging_dir = staging
         try:
-            super()._save_checkpoint(model, trial)
+            with _reported_as_not_written(final):
+                super()._save_checkpoint(model, trial)
         finally:
             self._staging_dir = None
         # The mean over processes: each adds its own losses to it, and the log takes the mean again.
@@ -349,12 +368,13 @@ class CrashSafeCheckpoints:
         if best_is_new:  # every process: each loads the best model at the end, from its final name
             self.state.best_model_checkpoint = str(final)
         if self.args.should_save:
-            (staged / LOSS_WINDOW).write_text(json.dumps(window), encoding="utf-8")
-            if best_is_new:  # the state it saved named the staging folder, which a resumed run would drop as missing
-                self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
-            # Trainer keeps the best checkpoint past save_total_limit, to load it at the end: so does the prune.
-            commit_checkpoint(staged, final, step, keep=self.args.save_total_limit,
-                              protect=self.state.best_model_checkpoint)
+            with _reported_as_not_written(final):
+                (staged / LOSS_WINDOW).write_text(json.dumps(window), encoding="utf-8")
+                if best_is_new:  # the state it saved named the staging folder, which a resumed run would drop
+                    self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
+                # Trainer keeps the best checkpoint past save_total_limit, to load it at the end: so does the prune.
+                commit_checkpoint(staged, final, step, keep=self.args.save_total_limit,
+                                  protect=self.state.best_model_checkpoint)
             staging.rmdir()
         self.accelerator.wait_for_everyone()
 

@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -45,11 +46,14 @@ STOP = 4
 
 
 def run(*arguments, cwd: Path, launcher: list[str] | None = None, env: dict | None = None,
-        expect_failure: bool = False) -> str:
+        expect_failure: bool = False, limit_file_size: int | None = None) -> str:
+    """`limit_file_size` (bytes): a write past it fails as on a full disk (RLIMIT_FSIZE; Python ignores SIGXFSZ)."""
     environment = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
     command = (launcher or [sys.executable]) + [str(argument) for argument in arguments]
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, resource.RLIM_INFINITY))) \
+        if limit_file_size else None
     result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600,
-                            check=False)
+                            check=False, preexec_fn=limit)
     output = result.stdout + result.stderr
     if expect_failure:
         assert result.returncode != 0, output[-3000:]
@@ -350,6 +354,28 @@ def test_saving_an_earlier_step_drops_the_abandoned_later_checkpoints(tmp_path):
         checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, step)
     checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 4)  # a run resumed from step 2 reaches step 4 again
     assert [p.name for p in checkpointing.complete_checkpoints(tmp_path)] == ["step-2", "step-4"]
+
+
+def test_a_save_that_fails_to_write_is_an_error_saying_so_and_keeps_the_earlier_checkpoints(workspace, tmp_path):
+    """A full disk (or any write error) while a checkpoint is saved: torch reports it as "unexpected pos 64 vs 0" or
+    "iostream error", in a traceback on every process. It is a CheckpointError naming the checkpoint, the error and
+    the free space, and the earlier checkpoints stay, the newest one for --resume."""
+    checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
+
+    def disk_full(output_dir):
+        raise RuntimeError("unexpected pos 64 vs 0")
+
+    full = FakeAccelerator()
+    full.save_state = disk_full
+    message = r"Checkpoint step-4 could not be written in .* \(RuntimeError: unexpected pos 64 vs 0; \d+ MiB free"
+    with pytest.raises(CheckpointError, match=message):
+        checkpointing.save_checkpoint(full, tmp_path, 4)
+    assert checkpointing.latest_checkpoint(tmp_path) == tmp_path / "step-2"
+    # The script says so in one line, without a traceback (each file is limited to 40 kB: the weights do not fit).
+    output = run(SCRIPT, *causal(workspace), *RUN, *TINY, "--max-steps", 1, "--output-dir", tmp_path / "out",
+                 cwd=workspace, expect_failure=True, limit_file_size=40_000)
+    assert "error: Checkpoint step-1 could not be written" in output and "File too large" in output
+    assert "Traceback" not in output
 
 
 def test_a_save_interrupted_midway_never_looks_complete(tmp_path):

@@ -376,9 +376,12 @@ for step in range(start_step + 1, stop + 1):
     progress.update(1)
     progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
     if step % save_steps == 0 or step == stop:
-        checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
-                                      extra_files={"loss_curve.jsonl": log_file.read_text(), **checkpoint_files}
-                                      if accelerator.is_main_process else None)
+        try:
+            checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
+                                          extra_files={"loss_curve.jsonl": log_file.read_text(), **checkpoint_files}
+                                          if accelerator.is_main_process else None)
+        except checkpointing.CheckpointError as error:  # not written (a full disk): say so, without a traceback
+            fail(parser, str(error))
 progress.close()
 if stop < args.max_steps:
     accelerator.print(f"stopped after step {stop} of {args.max_steps}; continue with --resume")
