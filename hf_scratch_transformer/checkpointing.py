@@ -409,7 +409,13 @@ class CrashSafeCheckpoints:
         if self.is_world_process_zero():
             print(f"{Path(checkpoint).name} is at step {state.global_step}, --max-steps {self.args.max_steps}: "
                   "nothing left to train")
-        self._load_from_checkpoint(checkpoint)
+        if self.is_fsdp_enabled:
+            # FSDP2 shards a model only together with its optimizer (evaluating the model alone, Accelerate refuses
+            # it): the model is sharded as `train` shards it, then the sharded checkpoint is loaded into it.
+            self.create_optimizer()
+            self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+            self.model_wrapped = self.model
+        self._load_from_checkpoint(checkpoint, self.model_wrapped if self.is_fsdp_enabled else None)
         self.state = state
         return TrainOutput(state.global_step, float("nan"), {})  # no loss: this call trained nothing
 

@@ -176,6 +176,13 @@ def test_trainer_fsdp_equals_one_process_and_resumes_its_sharded_checkpoint(work
     assert "resuming from" in stdout and "checkpoint-2" in stdout
     assert logged_losses(resumed) == two
     assert_same_weights(sharded / "model", resumed / "model", atol=0)
+    # Killed after its last checkpoint, before its model folder: --resume trains nothing and writes the folder (FSDP2
+    # refused to shard the model alone for the evaluation, with a traceback).
+    shutil.rmtree(resumed / "model")
+    stdout = run(*arguments, "--batch-size", 4, "--output-dir", resumed, "--resume", launcher=fsdp_launcher(),
+                 env=CPU, cwd=workspace)
+    assert "nothing left to train" in stdout
+    assert_same_weights(sharded / "model", resumed / "model", atol=0)
     # Without --fsdp it is refused naming why (transformers raised a ValueError with a traceback).
     refused = run(*arguments, "--batch-size", 8, "--output-dir", resumed, "--resume", cwd=workspace,
                   expect_failure=True)
