@@ -573,6 +573,14 @@ def test_a_branch_that_stops_before_its_first_step_leaves_the_folder_to_the_corr
     assert files(branch / "tokenizer") == files(masked_lm_run / "tokenizer")
 
 
+def test_a_stop_before_the_resumed_step_is_refused(workspace, uninterrupted, tmp_path):
+    """--stop-at-step 2 resuming step 4 trained nothing and said "stopped after step 2 of 8"."""
+    checkpoint = uninterrupted / "checkpoints/step-4"
+    output = refused(SCRIPT, *causal(workspace), *RESUME_RUN, *TINY, "--output-dir", tmp_path / "out", "--resume-from",
+                     checkpoint, "--stop-at-step", 2, cwd=workspace)
+    assert f"--stop-at-step 2 is before step 4, where {checkpoint} is" in output and "stopped after" not in output
+
+
 def test_a_branch_over_an_earlier_run_is_refused_unless_overwriting(workspace, masked_lm_run, uninterrupted,
                                                                      tmp_path):
     earlier, checkpoint = tmp_path / "earlier", masked_lm_run / "checkpoints/step-2"

@@ -149,6 +149,9 @@ except checkpointing.CheckpointError as error:
     fail(parser, str(error))
 if args.resume and not resume:
     accelerator.print(f"no checkpoint in {checkpoints}: starting from step 0")
+if manifest and args.stop_at_step and args.stop_at_step < manifest["step"]:  # else nothing is trained, "stopped at"
+    parser.error(f"--stop-at-step {args.stop_at_step} is before step {manifest['step']}, where {resume} is: give a "
+                 "later step, or none.")
 default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
 # ----------------------------------------------------------------------------------------------- data
