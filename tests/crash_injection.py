@@ -8,6 +8,8 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
     rename   inside the N-th save: manifest written, just before the folder gets its final name
     delete   inside the N-th checkpoint deletion (pruning, or a step the run left): renamed aside, one file removed
     card     as the N-th model card is written: the model folder's weights and tokenizer saved, no card yet
+    late     no kill: every process but the main one lists a folder being written (`NAME.tmp`) N seconds late, as a
+             slow process would
 
 The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
 sends Ctrl-C's signal instead of SIGKILL.
@@ -18,6 +20,7 @@ import runpy
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -74,6 +77,16 @@ def main() -> None:
         kill_inside_deletion(count)
     elif point == "card":
         kill_on_call(hub, "write_model_card", lambda *args: True, count)
+    elif point == "late":
+        if int(os.environ.get("RANK", "0")) != 0:
+            list_now = os.listdir
+
+            def listdir(path=".", *args):
+                if str(path).endswith(checkpointing.PARTIAL_SUFFIX):
+                    time.sleep(count)
+                return list_now(path, *args)
+
+            os.listdir = listdir
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

@@ -183,6 +183,18 @@ def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
                                                               .iterdir()}
 
 
+def test_only_the_main_process_writes_the_model_folder(workspace):
+    """The other processes called save_pretrained too (with is_main_process=False), which makes and lists
+    `model.tmp` while the main process writes it and renames it to `model`: a process a little late failed with a
+    FileNotFoundError (and the launcher then killed the main one). Here the other process lists such folders late."""
+    launcher, env = two_cpu_processes("accelerate")
+    output = workspace / "late"
+    run(ROOT / "tests/crash_injection.py", "late", 3, "hf_scratch_transformer.cli.train_accelerate", *causal(workspace),
+        *RUN, *TINY, "--max-steps", 1, "--batch-size", 2, "--output-dir", output, launcher=launcher, env=env,
+        cwd=workspace)
+    assert (output / "model/model.safetensors").is_file() and not (output / "model.tmp").exists()
+
+
 def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
     launcher, env = two_cpu_processes("torchrun")
     run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,

@@ -410,10 +410,11 @@ written = checkpointing.folder_aside(folder, accelerator.is_main_process)  # onl
 state_dict = accelerator.get_state_dict(model)  # every process takes part (FSDP gathers the shards)
 if accelerator.distributed_type == DistributedType.FSDP:
     state_dict = sharding.tie_state_dict(state_dict, model)
-with sharding.own_class(accelerator.unwrap_model(model)) as unwrapped:
-    unwrapped.save_pretrained(written, is_main_process=accelerator.is_main_process, save_function=accelerator.save,
-                              state_dict=state_dict)
 if accelerator.is_main_process:
+    # Not in the other processes: save_pretrained makes and lists the folder there too, racing the main process,
+    # which renames it (a FileNotFoundError in one, and the launcher then kills the main one while it writes).
+    with sharding.own_class(accelerator.unwrap_model(model)) as unwrapped:
+        unwrapped.save_pretrained(written, save_function=accelerator.save, state_dict=state_dict)
     tokenizer.save_pretrained(written)
     history.append({"step": args.max_steps, **results})
     training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
