@@ -84,18 +84,36 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict |
     return final
 
 
-@contextlib.contextmanager
 def _reported_as_not_written(final: Path):
     """A write error while the checkpoint `final` is saved (a full disk, a quota) as a `CheckpointError` that says
     so: torch reports a full disk as "unexpected pos N vs M" or "iostream error", safetensors as an I/O error."""
+    return _write_error_named(
+        f"Checkpoint {final.name}", final.parent, "The complete checkpoints written before are kept, and what was "
+        "written of this one is ignored: free space (or remove the cause), then continue with --resume."
+    )
+
+
+def model_folder_reported_as_not_written(final: Path):
+    """The same for a run's model folder `final`, written aside (`folder_aside`) after the last checkpoint: a resumed
+    finished run loads that checkpoint, trains nothing and writes the folder again."""
+    return _write_error_named(
+        "The model folder", final.parent, f"The checkpoints are kept, and {final.name}/ as it was before: free "
+        "space (or remove the cause), then run the same command with --resume, which writes the model folder from "
+        "the last checkpoint without training again."
+    )
+
+
+@contextlib.contextmanager
+def _write_error_named(what: str, where: Path, next_step: str):
+    """Any error inside as a `CheckpointError` naming `what` was being written in the folder `where`, the error, the
+    free space there and the `next_step` to take."""
     try:
         yield
     except Exception as error:
-        free = shutil.disk_usage(final.parent).free // 2**20 if final.parent.is_dir() else 0
+        free = shutil.disk_usage(where).free // 2**20 if where.is_dir() else 0
         raise CheckpointError(
-            f"Checkpoint {final.name} could not be written in {final.parent} ({type(error).__name__}: {error}; "
-            f"{free} MiB free on that file system). The complete checkpoints written before are kept, and what was "
-            "written of this one is ignored: free space (or remove the cause), then continue with --resume."
+            f"{what} could not be written in {where} ({type(error).__name__}: {error}; {free} MiB free on that file "
+            f"system). {next_step}"
         ) from error
 
 

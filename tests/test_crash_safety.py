@@ -5,6 +5,7 @@ save; corrupt or unloadable state is an error naming the file; an earlier run is
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -46,9 +47,14 @@ def command(entry: str, workspace: Path, output: Path, *extra, kill: tuple[str, 
     return [*launcher, *map(str, [*data, *COMMON, *options, "--output-dir", output, *extra])]
 
 
-def run(arguments: list[str], cwd: Path, returncode: int = 0, env: dict | None = None) -> str:
+def run(arguments: list[str], cwd: Path, returncode: int = 0, env: dict | None = None,
+        limit_file_size: int | None = None) -> str:
+    """`limit_file_size` (bytes): a write past it fails as on a full disk (RLIMIT_FSIZE; Python ignores SIGXFSZ)."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
-    result = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, resource.RLIM_INFINITY))) \
+        if limit_file_size else None
+    result = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
+                            preexec_fn=limit)
     output = result.stdout + result.stderr
     assert result.returncode == returncode, output[-4000:]
     return output
@@ -206,6 +212,26 @@ def test_resuming_a_finished_run_trains_nothing_more(workspace, uninterrupted, t
         [f"{prefix}-8", f"{prefix}-10"]
     expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "the last step's weights"
+
+
+def test_a_model_folder_that_cannot_be_written_is_an_error_keeping_the_earlier_one(workspace, uninterrupted, tmp_path):
+    """A full disk while the model folder is written (after the last checkpoint): one error line naming it and the
+    way on (--resume writes the folder from the last checkpoint), where it was a traceback; the earlier model folder
+    and the checkpoints are as they were."""
+    entry, full = uninterrupted
+    output = tmp_path / "full-disk"
+    shutil.copytree(full, output)
+
+    def files(folder: Path) -> dict:
+        return {path.relative_to(folder): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+    before = {name: files(output / name) for name in ("model", "checkpoints")}
+    # Each file is limited to 40 kB: the checkpoint is read, the model's weights do not fit.
+    stderr = run(command(entry, workspace, output, "--resume"), workspace, returncode=2, limit_file_size=40_000)
+    assert "error: The model folder could not be written in" in stderr and "File too large" in stderr, stderr[-3000:]
+    assert "--resume, which writes the model folder from the last checkpoint" in stderr
+    assert "Traceback" not in stderr
+    assert {name: files(output / name) for name in ("model", "checkpoints")} == before
 
 
 def test_resuming_with_another_model_is_an_error_naming_the_tensors(workspace, uninterrupted, tmp_path):

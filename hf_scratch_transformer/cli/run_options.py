@@ -91,6 +91,18 @@ def stop_cleanly_on_ctrl_c() -> None:
 
 
 @contextmanager
+def model_folder_written(parser: argparse.ArgumentParser, folder: Path):
+    """Around the writing of a run's model folder `folder`: a write error (a full disk, a quota) stops the command
+    with one line that names it and what to do (`checkpointing.model_folder_reported_as_not_written`), not a
+    traceback; the checkpoints and the earlier folder are untouched."""
+    try:
+        with checkpointing.model_folder_reported_as_not_written(folder):
+            yield
+    except checkpointing.CheckpointError as error:
+        fail(parser, str(error))
+
+
+@contextmanager
 def main_process_first(accelerator):
     """`accelerator.main_process_first()` that lets the other processes go on also when the main one stops inside
     (bad data): they meet the same problem and stop too, instead of waiting for it in a barrier it never reaches."""

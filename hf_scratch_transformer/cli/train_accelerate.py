@@ -63,6 +63,7 @@ from hf_scratch_transformer.cli.run_options import (
     follow_the_tokenizer,
     load_run_data,
     main_process_first,
+    model_folder_written,
     non_negative_int,
     positive_int,
     refuse_another_family,
@@ -411,26 +412,28 @@ state_dict = accelerator.get_state_dict(model)  # every process takes part (FSDP
 if accelerator.distributed_type == DistributedType.FSDP:
     state_dict = sharding.tie_state_dict(state_dict, model)
 if accelerator.is_main_process:
-    # Not in the other processes: save_pretrained makes and lists the folder there too, racing the main process,
-    # which renames it (a FileNotFoundError in one, and the launcher then kills the main one while it writes).
-    with sharding.own_class(accelerator.unwrap_model(model)) as unwrapped:
-        unwrapped.save_pretrained(written, save_function=accelerator.save, state_dict=state_dict)
-    tokenizer.save_pretrained(written)
-    history.append({"step": args.max_steps, **results})
-    training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
-    files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
-    dataset = run_data_name(args, files)
-    unwrapped = accelerator.unwrap_model(model)
-    hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
-                       "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
-                           "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
-                           "max_grad_norm")}, "warmup_steps": warmup_steps,
-                       "eval_sequences": len(datasets["validation"])}  # all, or the first --max-eval-samples
-    hub.write_model_card(written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
-                         preset=preset, config=unwrapped.config.to_dict(), num_parameters=unwrapped.num_parameters(),
-                         dataset=dataset, dataset_on_hub=run_data_on_hub(args, files),
-                         tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
-                         hyperparameters=hyperparameters, eval_results=results)
-    checkpointing.replace_folder(written, folder)
+    with model_folder_written(parser, folder):
+        # Not in the other processes: save_pretrained makes and lists the folder there too, racing the main process,
+        # which renames it (a FileNotFoundError in one, and the launcher then kills the main one while it writes).
+        with sharding.own_class(accelerator.unwrap_model(model)) as unwrapped:
+            unwrapped.save_pretrained(written, save_function=accelerator.save, state_dict=state_dict)
+        tokenizer.save_pretrained(written)
+        history.append({"step": args.max_steps, **results})
+        training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
+        files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
+        dataset = run_data_name(args, files)
+        unwrapped = accelerator.unwrap_model(model)
+        hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
+                           "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
+                               "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
+                               "max_grad_norm")}, "warmup_steps": warmup_steps,
+                           "eval_sequences": len(datasets["validation"])}  # all, or the first --max-eval-samples
+        hub.write_model_card(written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
+                             preset=preset, config=unwrapped.config.to_dict(),
+                             num_parameters=unwrapped.num_parameters(),
+                             dataset=dataset, dataset_on_hub=run_data_on_hub(args, files),
+                             tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
+                             hyperparameters=hyperparameters, eval_results=results)
+        checkpointing.replace_folder(written, folder)
     accelerator.print(f"saved {folder}")
 accelerator.end_training()
