@@ -237,7 +237,9 @@ class ScratchEncoderConfig(ScratchConfigBase):
     def __post_init__(self, **kwargs):
         _check_positive("num_hidden_layers", self.num_hidden_layers)
         _refuse_sliding_window(kwargs, "the encoder")  # else kept as an extra attribute that does nothing
-        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+        # A bool is an int to Python, and `nn.Embedding(True, ...)` fails with a TypeError naming no field.
+        type_vocab_size = self.type_vocab_size
+        if not isinstance(type_vocab_size, int) or isinstance(type_vocab_size, bool) or type_vocab_size < 0:
             raise ValueError(f"`type_vocab_size` must be a non-negative integer, got {self.type_vocab_size!r}.")
         for name in ("sparse_prediction", "mlm_transform"):
             _check_bool(name, getattr(self, name))

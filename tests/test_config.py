@@ -36,6 +36,8 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("decoder", dict(num_hidden_layers=0), "num_hidden_layers"),
         ("decoder", dict(sliding_window=0), "sliding_window"),
         ("encoder", dict(type_vocab_size=-1), "type_vocab_size"),
+        # a bool is an int to Python: `True` reached `nn.Embedding` and failed there with a TypeError
+        ("encoder", dict(type_vocab_size=True), "type_vocab_size"),
         ("encoder", dict(classifier_dropout=2.0), "classifier_dropout"),
         ("encoder", dict(sliding_window=4), "sliding_window"),  # was kept, and did nothing
         ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
