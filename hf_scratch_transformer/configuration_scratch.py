@@ -152,6 +152,15 @@ class ScratchConfigBase(PreTrainedConfig):
         for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "max_position_embeddings"):
             _check_positive(name, getattr(self, name))
+        # The padding row of every token embedding (the seq2seq encoder's too): out of range, `nn.Embedding` would
+        # fail with an AssertionError naming no field when the model is built.
+        for vocabulary in ("vocab_size", "encoder_vocab_size"):
+            size = getattr(self, vocabulary, None)
+            if self.pad_token_id is not None and size is not None and self.pad_token_id >= size:
+                raise ValueError(
+                    f"`pad_token_id` ({self.pad_token_id}) must be a token of the vocabulary: below `{vocabulary}` "
+                    f"({size})."
+                )
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "

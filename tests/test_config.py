@@ -22,6 +22,8 @@ from hf_scratch_transformer import ScratchDecoderConfig, ScratchSeq2SeqConfig
         (dict(attention_dropout=-0.1), "attention_dropout"),
         (dict(vocab_size=0), "vocab_size"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+        # the padding row of a vocabulary of 99: was an AssertionError from `nn.Embedding` when the model was built
+        (dict(pad_token_id=99), "pad_token_id"),
     ],
 )
 @pytest.mark.parametrize("family", FAMILIES)
@@ -42,6 +44,8 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("encoder", dict(sliding_window=4), "sliding_window"),  # was kept, and did nothing
         ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
         ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
+        # the encoder's embeddings pad with the same id
+        ("seq2seq", dict(encoder_vocab_size=50, share_embeddings=False, pad_token_id=60), "pad_token_id"),
         # generate() would build the cross-attention cache windowed too, keeping only the last encoder tokens
         ("seq2seq", dict(sliding_window=4), "sliding_window"),
         ("decoder", dict(position_embedding_type="rope", rope_parameters="yarn"), "rope_parameters"),
