@@ -69,6 +69,7 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -116,6 +117,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
         logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)

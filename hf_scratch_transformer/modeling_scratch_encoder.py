@@ -70,6 +70,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
@@ -110,6 +111,7 @@ class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
 

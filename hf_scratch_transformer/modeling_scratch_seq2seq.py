@@ -123,7 +123,11 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
+                **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple, from `return_dict=False`
             encoder_outputs = BaseModelOutput(
@@ -140,6 +144,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
             encoder_attention_mask=attention_mask,
             past_key_values=past_key_values,
             use_cache=use_cache,
+            return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
         return Seq2SeqModelOutput(
@@ -213,6 +218,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,
             use_cache=use_cache,
+            return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

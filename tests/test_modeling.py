@@ -186,6 +186,33 @@ def test_return_dict_false_gives_tuples(family):
     torch.testing.assert_close(out[1], model(**lm_inputs(family)).logits)
 
 
+HEAD_CLASSES = [
+    (family, cls) for family, classes in (
+        ("decoder", (hst.ScratchDecoderForCausalLM, hst.ScratchDecoderForSequenceClassification)),
+        ("encoder", (hst.ScratchEncoderForMaskedLM, hst.ScratchEncoderForSequenceClassification,
+                     hst.ScratchEncoderForTokenClassification)),
+        ("seq2seq", (hst.ScratchSeq2SeqModel, hst.ScratchSeq2SeqForConditionalGeneration)),
+    ) for cls in classes
+]
+
+
+@pytest.mark.parametrize("family, model_class", HEAD_CLASSES, ids=lambda value: getattr(value, "__name__", value))
+def test_return_dict_false_in_the_config_gives_tuples(family, model_class):
+    # The heads read the inner stack's output by name: with `config.return_dict=False` that output was a tuple
+    # too, and the forward failed with "'tuple' object has no attribute 'last_hidden_state'" (BERT asks its stack
+    # for a dict; Llama and GPT-2 fail the same way).
+    torch.manual_seed(0)
+    model = model_class(tiny_config(family)).eval()
+    inputs = {"input_ids": lm_inputs(family)["input_ids"]}
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :4]
+    expected = model(**inputs).to_tuple()
+    model.config.return_dict = False
+    out = model(**inputs)
+    assert isinstance(out, tuple)
+    torch.testing.assert_close(out[0], expected[0])
+
+
 # ---------------------------------------------------------------------------------------------- saving
 
 
