@@ -107,6 +107,13 @@ class ScratchConfigBase(PreTrainedConfig):
         if self.activation_dropout is None:
             self.activation_dropout = self.dropout
         self._validate_common()
+        # Native configs (Llama) take `head_dim`; ours is derived (a property), which transformers could not set.
+        head_dim = kwargs.pop("head_dim", None)
+        if head_dim is not None and head_dim != self.head_dim:
+            raise ValueError(
+                f"`head_dim` is `hidden_size // num_attention_heads` = {self.head_dim} in these models, "
+                f"got {head_dim!r}."
+            )
         self._take_rope_parameters(kwargs)
         super().__post_init__(**kwargs)
         if self.position_embedding_type == "rope":

@@ -57,6 +57,15 @@ def test_invalid_family_knob_names_the_field(family, overrides, field):
         tiny_config(family, **overrides)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_head_dim_is_accepted_when_it_is_the_one_the_model_has(family):
+    # Native configs (Llama) take `head_dim`; ours derives it, and setting it failed with an AttributeError
+    # ("property 'head_dim' ... has no setter") after a dump of the whole config.
+    assert tiny_config(family, head_dim=8).head_dim == 8  # hidden_size 32 / 4 heads
+    with pytest.raises(ValueError, match="head_dim"):
+        tiny_config(family, head_dim=16)
+
+
 def test_key_value_heads_resolve_to_attention_heads():
     assert tiny_config("decoder").num_key_value_heads == 4
     assert tiny_config("decoder", num_key_value_heads=1).num_key_value_heads == 1
