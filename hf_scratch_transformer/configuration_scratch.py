@@ -58,6 +58,9 @@ class ScratchConfigBase(PreTrainedConfig):
     family_auto_map: ClassVar[dict[str, str]] = {}
     # Pipeline tasks of our own that saved folders declare in `custom_pipelines` (format of `Pipeline.save_pretrained`).
     family_custom_pipelines: ClassVar[dict[str, dict]] = {}
+    # What `is_encoder_decoder` must be: `generate()` picks its encoder-decoder path from it, and the other value
+    # ends in errors about missing inputs that the caller never had to pass.
+    family_is_encoder_decoder: ClassVar[bool] = False
 
     vocab_size: int = 32000
     hidden_size: int = 512
@@ -197,6 +200,11 @@ class ScratchConfigBase(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be positive, got {value!r}.")
         for name in ("final_norm", "use_bias", "scale_embeddings", "embedding_norm"):
             _check_bool(name, getattr(self, name))
+        if self.is_encoder_decoder != self.family_is_encoder_decoder:
+            raise ValueError(
+                f"`is_encoder_decoder` must be {self.family_is_encoder_decoder} for {type(self).__name__} (it says "
+                f"whether the family's models are encoder-decoders), got {self.is_encoder_decoder!r}."
+            )
 
 
 class ScratchDecoderConfig(ScratchConfigBase):
@@ -281,6 +289,7 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
         }
     }
     attribute_map: ClassVar[dict[str, str]] = {"num_hidden_layers": "decoder_layers"}
+    family_is_encoder_decoder = True
 
     encoder_layers: int = 6
     decoder_layers: int = 6

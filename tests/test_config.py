@@ -48,6 +48,10 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("seq2seq", dict(encoder_vocab_size=50, share_embeddings=False, pad_token_id=60), "pad_token_id"),
         # generate() would build the cross-attention cache windowed too, keeping only the last encoder tokens
         ("seq2seq", dict(sliding_window=4), "sliding_window"),
+        # `generate()` takes its encoder-decoder path or not from it: the other value ended in errors about inputs
+        ("seq2seq", dict(is_encoder_decoder=False), "is_encoder_decoder"),
+        ("decoder", dict(is_encoder_decoder=True), "is_encoder_decoder"),
+        ("encoder", dict(is_encoder_decoder=True), "is_encoder_decoder"),
         ("decoder", dict(position_embedding_type="rope", rope_parameters="yarn"), "rope_parameters"),
         ("decoder", dict(position_embedding_type="rope", rope_parameters={"rope_type": "linear"}), "rope_parameters"),
     ],
