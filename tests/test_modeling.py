@@ -420,6 +420,18 @@ def test_seq2seq_with_two_vocabularies_refuses_resize_and_exposes_the_source_emb
         model.resize_token_embeddings(128)
 
 
+def test_seq2seq_source_token_types_do_not_reach_the_decoder():
+    # A tokenizer's all-zero `token_type_ids` (BERT-style ones send them) describe the source. They were passed on
+    # to the decoder too, which refused them for not matching the target's shape; Marian accepts them.
+    model = tiny_lm("seq2seq")
+    inputs = lm_inputs("seq2seq")
+    expected = model(**inputs).logits
+    token_type_ids = torch.zeros_like(inputs["input_ids"])
+    torch.testing.assert_close(model(**inputs, token_type_ids=token_type_ids).logits, expected)
+    with pytest.raises(ValueError, match="no token types"):  # non-zero ones are still refused, by the encoder
+        model(**inputs, token_type_ids=token_type_ids + 1)
+
+
 def test_token_types_on_a_model_without_them_are_a_clear_error():
     model = tiny_lm("decoder")
     ids = torch.randint(3, VOCAB, (1, 4))
