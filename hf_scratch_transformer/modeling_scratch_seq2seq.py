@@ -120,15 +120,18 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         decoder_position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
-        """`token_type_ids` (a tokenizer's, of the source) go to the encoder only: the decoder reads other tokens."""
+        """`token_type_ids` (a tokenizer's) and `position_ids` are the source's and go to the encoder only: the
+        decoder reads other tokens, at `decoder_position_ids`."""
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
                 token_type_ids=token_type_ids,
+                position_ids=position_ids,
                 return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
                 **kwargs,
             )

@@ -432,6 +432,18 @@ def test_seq2seq_source_token_types_do_not_reach_the_decoder():
         model(**inputs, token_type_ids=token_type_ids + 1)
 
 
+def test_seq2seq_source_position_ids_go_to_the_encoder():
+    # `position_ids` (the source's; the target's are `decoder_position_ids`) reached the decoder beside its own
+    # and failed with "TypeError: ... got multiple values for keyword argument 'position_ids'".
+    model = tiny_lm("seq2seq")
+    inputs = lm_inputs("seq2seq")
+    expected = model(**inputs).logits
+    positions = torch.arange(inputs["input_ids"].shape[1]).expand_as(inputs["input_ids"])
+    torch.testing.assert_close(model(**inputs, position_ids=positions).logits, expected)
+    reversed_positions = model(**inputs, position_ids=positions.flip(-1)).logits
+    assert not torch.allclose(reversed_positions, expected)  # the encoder reads them
+
+
 def test_token_types_on_a_model_without_them_are_a_clear_error():
     model = tiny_lm("decoder")
     ids = torch.randint(3, VOCAB, (1, 4))
