@@ -199,10 +199,13 @@ def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: flo
 
 def smoothed_loss_function(task: str, epsilon: float) -> Callable:
     """A `Trainer(compute_loss_func=...)` applying `label_smoothed_loss` the right way for `task`. Trainer's own
-    `label_smoothing_factor` shifts labels only for native causal LMs, never for ours."""
+    `label_smoothing_factor` shifts labels only for native causal LMs, never for ours. Smoothing is the training
+    objective only: evaluation (run without gradients) gets the plain cross-entropy, so that the validation loss,
+    the perplexity taken from it and the card's figures are the model's own, not the smoothed objective."""
 
     def compute_loss(outputs, labels, num_items_in_batch=None):
-        return label_smoothed_loss(outputs.logits, labels, epsilon, shift=task == "causal-lm",
+        smoothing = epsilon if torch.is_grad_enabled() else 0.0
+        return label_smoothed_loss(outputs.logits, labels, smoothing, shift=task == "causal-lm",
                                    num_items_in_batch=num_items_in_batch)
 
     return compute_loss

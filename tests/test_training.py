@@ -54,6 +54,27 @@ def test_smoothed_loss_divides_by_num_items_in_batch():
                                mean / 2)
 
 
+@pytest.mark.parametrize("family", ["decoder", "encoder", "seq2seq"])
+def test_evaluation_under_label_smoothing_reports_the_plain_loss(family, tmp_path):
+    """Smoothing is a training objective: the evaluation loss (and the perplexity and card taken from it) is the
+    model's cross-entropy, as without smoothing and as Seq2SeqTrainer's generating evaluation reports it;
+    exp(smoothed loss) overstated the perplexity."""
+    from transformers import Trainer, TrainingArguments
+
+    model = tiny_lm(family)
+    inputs = lm_inputs(family, batch=4)
+    if family == "seq2seq":  # as DataCollatorForSeq2Seq: Trainer gives a loss function's model no labels
+        inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(inputs["labels"])
+    rows = [{key: value[i] for key, value in inputs.items()} for i in range(4)]
+    task = {"decoder": "causal-lm", "encoder": "masked-lm", "seq2seq": "seq2seq"}[family]
+    trainer = Trainer(model=model, args=TrainingArguments(str(tmp_path), per_device_eval_batch_size=4, report_to=[],
+                                                          use_cpu=True),
+                      compute_loss_func=training.smoothed_loss_function(task, 0.1), eval_dataset=rows)
+    with torch.no_grad():
+        plain = model(**inputs).loss.item()
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(plain, rel=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- data
 
 
