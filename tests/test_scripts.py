@@ -67,6 +67,16 @@ def test_a_max_length_past_the_models_positions_is_refused_before_the_data(causa
     assert "Traceback" not in stderr and "tokenizing" not in stderr
 
 
+@pytest.mark.parametrize("script, value", [("train.py", "-0.1"), ("train.py", "1.5"), ("train_accelerate.py", "1")])
+def test_label_smoothing_outside_zero_to_one_is_refused_before_any_work(script, value, tmp_path):
+    """A negative epsilon trained without smoothing while the card listed it; 1.5 failed in the loss at the first
+    step, after the tokenizer and the data, with a traceback; 1 spreads every target evenly (nothing to learn)."""
+    stderr = run_script(script, "--label-smoothing", value, "--max-steps", 1, *TINY_RUN, *TINY_MODEL, "--output-dir",
+                        tmp_path / "run", cwd=tmp_path, returncode=2)
+    assert f"argument --label-smoothing: must be >= 0 and < 1, got {value}" in stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_main_job_writes_a_hub_ready_folder_and_samples_from_it(causal_lm_run):
     output, stdout = causal_lm_run
     folder = output / "model"

@@ -157,6 +157,18 @@ def local_path(what: str = "folder"):
 positive_int = at_least(1)
 non_negative_int = at_least(0)
 positive_float = at_least(0, float, exclusive=True)
+
+
+def smoothing(text: str) -> float:
+    """An argparse `type` for label smoothing: a number in [0, 1). PyTorch refuses others only in the loss, at the
+    first step; below 0 the runs trained unsmoothed, and 1 spreads every target evenly (nothing left to learn)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:  # nan too
+        raise argparse.ArgumentTypeError(f"must be >= 0 and < 1, got {text}")
+    return value
 # The shortest --max-length that leaves a token to learn from: a causal LM needs 2 (one predicts the next), a masked
 # LM 3 ([CLS] and [SEP] around one token it can mask); shorter ones train on nothing and report a loss of nan.
 sequence_length = at_least(3)

@@ -64,6 +64,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_tokenizer,
     run_data_name,
     run_data_on_hub,
+    smoothing,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -107,7 +108,7 @@ optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of
 optim.add_argument("--adam-beta2", type=float, help="default 0.99")
 optim.add_argument("--adam-epsilon", type=float, help="default 1e-8")
 optim.add_argument("--weight-decay", type=float, default=0.01)
-optim.add_argument("--label-smoothing", type=float, help="default 0")
+optim.add_argument("--label-smoothing", type=smoothing, help="default 0")
 optim.add_argument("--max-grad-norm", type=float, help="default 1.0")
 optim.add_argument("--bf16", action="store_true", help="bf16 autocast")
 optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
