@@ -159,9 +159,10 @@ non_negative_int = at_least(0)
 positive_float = at_least(0, float, exclusive=True)
 
 
-def smoothing(text: str) -> float:
-    """An argparse `type` for label smoothing: a number in [0, 1). PyTorch refuses others only in the loss, at the
-    first step; below 0 the runs trained unsmoothed, and 1 spreads every target evenly (nothing left to learn)."""
+def fraction(text: str) -> float:
+    """An argparse `type`: a number in [0, 1), for label smoothing and Adam's beta2. PyTorch refuses others only in
+    the loss or the optimizer, after the data; a negative smoothing trained unsmoothed, and 1 spreads every target
+    evenly (nothing left to learn)."""
     try:
         value = float(text)
     except ValueError:
@@ -171,6 +172,7 @@ def smoothing(text: str) -> float:
     return value
 # The shortest --max-length that leaves a token to learn from: a causal LM needs 2 (one predicts the next), a masked
 # LM 3 ([CLS] and [SEP] around one token it can mask); shorter ones train on nothing and report a loss of nan.
+non_negative_float = at_least(0, float)
 sequence_length = at_least(3)
 
 

@@ -54,9 +54,11 @@ from hf_scratch_transformer.cli.run_options import (
     config_overrides,
     fail,
     follow_the_tokenizer,
+    fraction,
     is_rank_zero,
     load_run_data,
     model_folder_written,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -64,7 +66,6 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_tokenizer,
     run_data_name,
     run_data_on_hub,
-    smoothing,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -102,14 +103,14 @@ optim.add_argument("--recipe", choices=sorted(RECIPES), help="the seeds' recipe;
 optim.add_argument("--max-steps", type=positive_int, default=600, help="default 600")
 optim.add_argument("--batch-size", type=positive_int, default=16, help="sequences per device step (default 16)")
 optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1)
-optim.add_argument("--learning-rate", type=float, default=1e-3, help="default 1e-3")
+optim.add_argument("--learning-rate", type=positive_float, default=1e-3, help="default 1e-3")
 optim.add_argument("--lr-scheduler", help="transformers scheduler name (default cosine; `inverse_sqrt` = Noam)")
 optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
-optim.add_argument("--adam-beta2", type=float, help="default 0.99")
-optim.add_argument("--adam-epsilon", type=float, help="default 1e-8")
-optim.add_argument("--weight-decay", type=float, default=0.01)
-optim.add_argument("--label-smoothing", type=smoothing, help="default 0")
-optim.add_argument("--max-grad-norm", type=float, help="default 1.0")
+optim.add_argument("--adam-beta2", type=fraction, help="default 0.99")
+optim.add_argument("--adam-epsilon", type=non_negative_float, help="default 1e-8")
+optim.add_argument("--weight-decay", type=non_negative_float, default=0.01)
+optim.add_argument("--label-smoothing", type=fraction, help="default 0")
+optim.add_argument("--max-grad-norm", type=non_negative_float, help="default 1.0")
 optim.add_argument("--bf16", action="store_true", help="bf16 autocast")
 optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
 optim.add_argument("--fsdp", action="store_true", help="FSDP2 with ScratchBlock units and sharded checkpoints, as "

@@ -61,6 +61,7 @@ from hf_scratch_transformer.cli.run_options import (
     fail,
     fail_together,
     follow_the_tokenizer,
+    fraction,
     load_run_data,
     main_process_first,
     model_folder_written,
@@ -70,7 +71,6 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_tokenizer,
     run_data_name,
     run_data_on_hub,
-    smoothing,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -93,7 +93,7 @@ optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of
 optim.add_argument("--adam-betas", type=float, nargs=2, default=[0.9, 0.99], help="default 0.9 0.99")
 optim.add_argument("--adam-epsilon", type=float, default=1e-8, help="default 1e-8")
 optim.add_argument("--weight-decay", type=float, default=0.01, help="on matrices and embeddings (default 0.01)")
-optim.add_argument("--label-smoothing", type=smoothing, default=0.0, help="default 0")
+optim.add_argument("--label-smoothing", type=fraction, default=0.0, help="default 0")
 optim.add_argument("--max-grad-norm", type=float, default=1.0, help="clip gradients to this norm; 0: no clipping")
 optim.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="default: the `accelerate launch` config, else no. bf16 runs on CPU and GPU, fp16 on GPU only")
