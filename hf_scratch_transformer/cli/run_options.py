@@ -129,7 +129,7 @@ def at_least(minimum: int | float, kind: type = int, exclusive: bool = False):
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-        if value < minimum or (exclusive and value == minimum):
+        if not value >= minimum or (exclusive and value == minimum):  # `not >=`: nan too
             raise argparse.ArgumentTypeError(f"must be {'>' if exclusive else '>='} {minimum}, got {text}")
         return value
 
@@ -157,10 +157,14 @@ def local_path(what: str = "folder"):
 positive_int = at_least(1)
 non_negative_int = at_least(0)
 positive_float = at_least(0, float, exclusive=True)
+non_negative_float = at_least(0, float)
+# The shortest --max-length that leaves a token to learn from: a causal LM needs 2 (one predicts the next), a masked
+# LM 3 ([CLS] and [SEP] around one token it can mask); shorter ones train on nothing and report a loss of nan.
+sequence_length = at_least(3)
 
 
 def fraction(text: str) -> float:
-    """An argparse `type`: a number in [0, 1), for label smoothing and Adam's beta2. PyTorch refuses others only in
+    """An argparse `type`: a number in [0, 1), for label smoothing and Adam's betas. PyTorch refuses others only in
     the loss or the optimizer, after the data; a negative smoothing trained unsmoothed, and 1 spreads every target
     evenly (nothing left to learn)."""
     try:
@@ -170,10 +174,6 @@ def fraction(text: str) -> float:
     if not 0 <= value < 1:  # nan too
         raise argparse.ArgumentTypeError(f"must be >= 0 and < 1, got {text}")
     return value
-# The shortest --max-length that leaves a token to learn from: a causal LM needs 2 (one predicts the next), a masked
-# LM 3 ([CLS] and [SEP] around one token it can mask); shorter ones train on nothing and report a loss of nan.
-non_negative_float = at_least(0, float)
-sequence_length = at_least(3)
 
 
 def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -65,6 +65,7 @@ from hf_scratch_transformer.cli.run_options import (
     load_run_data,
     main_process_first,
     model_folder_written,
+    non_negative_float,
     non_negative_int,
     positive_int,
     refuse_another_family,
@@ -87,14 +88,16 @@ optim.add_argument("--batch-size", type=positive_int, default=16,
                    help="sequences per process and micro-step (default 16)")
 optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
                    help="micro-steps per step (default 1)")
-optim.add_argument("--learning-rate", type=float, default=1e-3, help="default 1e-3")
+optim.add_argument("--learning-rate", type=non_negative_float, default=1e-3, help="default 1e-3")
 optim.add_argument("--lr-scheduler", default="cosine", help="transformers' get_scheduler name (default cosine)")
 optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
-optim.add_argument("--adam-betas", type=float, nargs=2, default=[0.9, 0.99], help="default 0.9 0.99")
-optim.add_argument("--adam-epsilon", type=float, default=1e-8, help="default 1e-8")
-optim.add_argument("--weight-decay", type=float, default=0.01, help="on matrices and embeddings (default 0.01)")
+optim.add_argument("--adam-betas", type=fraction, nargs=2, default=[0.9, 0.99], help="default 0.9 0.99")
+optim.add_argument("--adam-epsilon", type=non_negative_float, default=1e-8, help="default 1e-8")
+optim.add_argument("--weight-decay", type=non_negative_float, default=0.01,
+                   help="on matrices and embeddings (default 0.01)")
 optim.add_argument("--label-smoothing", type=fraction, default=0.0, help="default 0")
-optim.add_argument("--max-grad-norm", type=float, default=1.0, help="clip gradients to this norm; 0: no clipping")
+optim.add_argument("--max-grad-norm", type=non_negative_float, default=1.0,
+                   help="clip gradients to this norm; 0: no clipping")
 optim.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="default: the `accelerate launch` config, else no. bf16 runs on CPU and GPU, fp16 on GPU only")
 optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
