@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tiny_models import tiny_lm
-from tiny_tokenizers import write_run_corpus
+from tiny_tokenizers import wordpiece, write_run_corpus
 from transformers import TrainingArguments
 
 from hf_scratch_transformer import checkpointing
@@ -232,6 +232,27 @@ def test_a_model_folder_that_cannot_be_written_is_an_error_keeping_the_earlier_o
     assert "--resume, which writes the model folder from the last checkpoint" in stderr
     assert "Traceback" not in stderr
     assert {name: files(output / name) for name in ("model", "checkpoints")} == before
+
+
+def test_finetune_reports_a_model_folder_that_cannot_be_written_and_keeps_the_earlier_one(tmp_path):
+    """As the training commands do (above): a full disk while `hf-scratch finetune` writes its model folder was a
+    safetensors traceback; now one error line, the earlier folder as it was, and --resume writes it."""
+    tokenizer = wordpiece()
+    tiny_lm("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp_path / "mlm")
+    tokenizer.save_pretrained(tmp_path / "mlm")
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(
+        f"the {animal} runs {i},{animal}\n" for i in range(12) for animal in ("dog", "horse")))
+    finetune = [sys.executable, "-m", "hf_scratch_transformer.cli.finetune", "--model", str(tmp_path / "mlm"), "--task",
+                "text-classification", "--train-file", str(tmp_path / "train.csv"), "--max-steps", "1",
+                "--output-dir", str(tmp_path / "cls")]
+    run(finetune, tmp_path)
+    before = (tmp_path / "cls/model/model.safetensors").read_bytes()
+    stderr = run([*finetune, "--resume"], tmp_path, returncode=2, limit_file_size=40_000)
+    assert "error: The model folder could not be written in" in stderr and "File too large" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert (tmp_path / "cls/model/model.safetensors").read_bytes() == before
+    assert "saved a Hub-ready folder" in run([*finetune, "--resume"], tmp_path)
+    assert not (tmp_path / "cls/model.tmp").exists(), "what the failed write left is cleared"
 
 
 def test_resuming_with_another_model_is_an_error_naming_the_tensors(workspace, uninterrupted, tmp_path):
