@@ -324,6 +324,10 @@ def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, a
     assert not output.exists()
 
 
+def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
+    assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 1
+
+
 @pytest.mark.parametrize("name", ["missing.txt", "empty.txt", "binary.txt"])
 def test_the_main_job_names_bad_data_or_output_before_any_work(hf_scratch, bad_text, corpus, tmp_path, name):
     path, message = (str(tmp_path / name), "No such file or directory") if name == "missing.txt" else bad_text(name)

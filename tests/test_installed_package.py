@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,8 @@ def test_the_installed_command_runs_the_main_job_outside_the_checkout(installed,
                 tmp_path, env)
     assert str(ROOT) not in where and "site-packages" in where, "the package must come from the wheel"
     assert "train-accelerate" in run([bin_dir / "hf-scratch", "--help"], tmp_path, env)
+    expected = f"hf-scratch {version('hf-scratch-transformer')}"  # this checkout's, installed editable
+    assert run([bin_dir / "hf-scratch", "--version"], tmp_path, env).strip() == expected
 
     stdout = run([bin_dir / "hf-scratch", "train", "--max-steps", "2", "--batch-size", "2", "--max-length", "32",
                   "--vocab-size", "300", "--max-eval-samples", "4", "--set", "num_hidden_layers=1", "hidden_size=32",

@@ -9,6 +9,7 @@ and `scripts/*.py` in a checkout are thin wrappers over the same modules. No mod
 
 import runpy
 import sys
+from importlib.metadata import version
 
 # subcommand -> (module run as __main__, one line of help)
 COMMANDS = {
@@ -26,8 +27,8 @@ COMMANDS = {
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
-    return "usage: hf-scratch COMMAND [ARGS...]   (hf-scratch COMMAND --help for its options)\n\ncommands:\n" + \
-        "\n".join(lines) + "\n"
+    return "usage: hf-scratch [--version] COMMAND [ARGS...]   (hf-scratch COMMAND --help for its options)\n\n" \
+        "commands:\n" + "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,8 +36,12 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), end="")
         return
+    if argv[0] == "--version":
+        print(f"hf-scratch {version('hf-scratch-transformer')}")
+        return
     name, arguments = argv[0], argv[1:]
-    if name not in COMMANDS:
-        sys.exit(f"hf-scratch: error: unknown command {name!r}\n\n{usage()}")
+    if name not in COMMANDS:  # exit status 2, as argparse gives every other bad command line
+        print(f"hf-scratch: error: unknown command {name!r}\n\n{usage()}", end="", file=sys.stderr)
+        sys.exit(2)
     sys.argv = [f"hf-scratch {name}", *arguments]  # argparse's prog, as the user typed it
     runpy.run_module(COMMANDS[name][0], run_name="__main__")
