@@ -6,9 +6,11 @@ No model file imports this module, so it never travels to the Hub.
 
 import json
 import re
+import shutil
 from importlib.resources import files
 from pathlib import Path
 
+import yaml
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
@@ -63,6 +65,16 @@ TASKS = {
     ),
 }
 
+# The "How to use" of a native model (a folder `hf-scratch convert` exported), by task: (pipeline task, the call on
+# it). transformers 5 has no pipeline for translation: there the example calls `generate` itself.
+NATIVE_USAGE = {
+    "causal-lm": ("text-generation", TASKS["causal-lm"]["pipeline_call"]),
+    "masked-lm": ("fill-mask", TASKS["masked-lm"]["pipeline_call"]),
+    "seq2seq": (None, 'inputs = tokenizer("The house is wonderful.", return_tensors="pt")\n'
+                      "output = model.generate(**inputs, max_new_tokens=40)\n"
+                      "print(tokenizer.decode(output[0], skip_special_tokens=True))"),
+}
+
 # eval_results key -> (Hub metric id, pretty name); other keys are used as they are.
 METRICS = {
     "perplexity": ("perplexity", "Perplexity"),
@@ -84,11 +96,39 @@ ARCHITECTURE_KNOBS = (
 # Training checkpoints (ours under checkpoints/, Trainer's checkpoint-N/) and hidden files stay local.
 IGNORE_PATTERNS = ["checkpoints/*", "checkpoint-*/*", ".*", "*/.*"]
 
+CONVERTED = "**Converted** by `hf-scratch convert`"  # how the card of a converted model begins, under its title
+LOSS_CURVE = "loss_curve.png"  # a card shows it when its folder has it (`training.plot_loss_curve` writes it)
+
+# What the card says of remote code (left out of the card of a native model that `hf-scratch convert` exported).
+REMOTE_CODE_NOTE = (
+    "The model code travels with the weights, so loading needs `trust_remote_code=True` (read the `*.py` files first)."
+)
+REMOTE_CODE_LIMITATION = "Loading it runs the Python files in this repository (`trust_remote_code=True`)."
+
 # The pattern transformers follows to copy sibling modules of the model code (dynamic_module_utils).
 _RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\S+)\s+import", re.MULTILINE)
 
 # The line of the card's "How to use" (model_cards/template.md) that names the repo its example loads.
 _USAGE_REPO_ID = re.compile(r'^repo_id = "(.*)"$', re.MULTILINE)
+
+
+def usage_example(repo_id: str, auto_class: str, pipeline_task: str | None, call: str, remote_code: bool) -> str:
+    """The code block of a card's "How to use": load the model and tokenizer of `repo_id` with `auto_class`, then
+    `call` (on `pipe`, the `pipeline_task` pipeline, or on `model` and `tokenizer` where there is none). Its
+    `repo_id = "..."` line is the one `publish` points at the repo it uploads to (`_USAGE_REPO_ID`)."""
+    remote = ", trust_remote_code=True" if remote_code else ""
+    lines = [
+        f"from transformers import {auto_class}, AutoTokenizer{', pipeline' if pipeline_task else ''}",
+        "",
+        f'repo_id = "{repo_id}"',
+        f"model = {auto_class}.from_pretrained(repo_id{remote})",
+        f"tokenizer = AutoTokenizer.from_pretrained(repo_id{remote})" + ("  # the config names our classes"
+                                                                         if remote_code else ""),
+        "",
+        *([f'pipe = pipeline("{pipeline_task}", model=repo_id{remote})'] if pipeline_task else []),
+        call,
+    ]
+    return "```python\n" + "\n".join(lines) + "\n```"
 
 
 def write_model_card(
@@ -146,6 +186,9 @@ def write_model_card(
         template_path=str(TEMPLATE),
         **spec | ({"model_class": model_class} if model_class else {}),
         model_name=model_name,  # to_dict() moves it into model-index
+        usage=usage_example(model_name, spec["auto_class"], spec["pipeline_task"], spec["pipeline_call"], True),
+        remote_code_note=REMOTE_CODE_NOTE,
+        remote_code_limitation=REMOTE_CODE_LIMITATION,
         preset=preset,
         architecture={knob: config[knob] for knob in ARCHITECTURE_KNOBS if knob in config},
         num_parameters=num_parameters,
@@ -154,10 +197,62 @@ def write_model_card(
         tokenizer_description=tokenizer_description,
         hyperparameters=hyperparameters,
         eval_results=results,
-        loss_curve=(folder / "loss_curve.png").is_file(),
+        loss_curve=(folder / LOSS_CURVE).is_file(),
         intended_use=intended_use,
         limitations=limitations,
     )
+    card.save(folder / "README.md")
+    return card
+
+
+def load_card(folder) -> ModelCard | None:
+    """`folder/README.md` as a model card, None where there is none; a ValueError naming the file where its metadata
+    block is not valid YAML (or not a mapping)."""
+    path = Path(folder) / "README.md"
+    if not path.is_file():
+        return None
+    try:
+        return ModelCard.load(path)
+    except (ValueError, yaml.YAMLError) as error:
+        raise ValueError(f"{path} is not a valid model card: its metadata block does not parse ({error})") from error
+
+
+def write_conversion_card(folder, source, *, name: str, task: str, source_class: str, model_class: str,
+                          native: bool, check: str) -> ModelCard:
+    """The card of the model that `hf-scratch convert` wrote to `folder` from the folder `source`, written to
+    `folder/README.md`: the source's card (ours or any other) under a paragraph naming both classes and the `check`
+    made, with a "How to use" that loads the converted model (a `native` one without remote code, and without the
+    card's remote-code sentences), and the loss curve it shows; where the source has no card, that paragraph and
+    example under the title `name`, which its example loads. The metadata (license, datasets, results) stays the
+    source's: the model computes the same function."""
+    folder, source, spec = Path(folder), Path(source), TASKS[task]
+    source_card = load_card(source)
+    if source_card is not None:
+        data, text = source_card.data, source_card.text
+    else:
+        data, text = ModelCardData(library_name="transformers", pipeline_tag=spec["hub_task"]), f"\n# {name}\n"
+    if (source / LOSS_CURVE).is_file():
+        shutil.copy2(source / LOSS_CURVE, folder / LOSS_CURVE)
+    if native:
+        text = text.replace(REMOTE_CODE_NOTE + "\n", "").replace(" " + REMOTE_CODE_LIMITATION, "")
+    pipeline_task, call = NATIVE_USAGE[task] if native else (spec["pipeline_task"], spec["pipeline_call"])
+    named = _USAGE_REPO_ID.search(text)
+    repo_id = named.group(1) if named else name
+    usage = "## How to use\n\n" + usage_example(repo_id, spec["auto_class"], pipeline_task, call, not native) + "\n"
+    before, found, after = text.partition("## How to use")
+    if found:  # the source's example, up to the next section, is replaced
+        _, next_heading, later = after.partition("\n## ")
+        text = before + usage + next_heading + later
+    else:
+        text = text.rstrip() + "\n\n" + usage
+    loading = "a native transformers class, loaded without `trust_remote_code`" if native else \
+        "loaded with `trust_remote_code=True`, or with the Auto classes after `import hf_scratch_transformer`"
+    note = (f"{CONVERTED} from `{source_class}` to `{model_class}` ({loading}). {check} The rest of this card "
+            "describes the source model.\n")
+    text = re.sub(rf"^{re.escape(CONVERTED)} .*\n\n?", "", text, flags=re.MULTILINE)  # a converted source's note
+    title = re.search(r"^# .*\n", text, re.MULTILINE)
+    text = text[: title.end()] + "\n" + note + text[title.end():] if title else note + text
+    card = ModelCard(f"---\n{data.to_yaml()}\n---\n{text}")
     card.save(folder / "README.md")
     return card
 

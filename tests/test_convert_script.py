@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
 from tiny_native import ATOL, VOCAB, bert, gpt2, marian
@@ -28,6 +29,8 @@ from transformers import (
 )
 
 import hf_scratch_transformer as hst
+from hf_scratch_transformer import hub
+from hf_scratch_transformer.conversion import from_hf
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "convert_hf_checkpoint.py"
 
@@ -87,6 +90,10 @@ def test_converted_folder_reloads_with_native_logits(family, tmp_path):
     inputs = _inputs(family)
     with torch.no_grad():
         torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
+    # A source without a card gets a short one, for `hf-scratch publish`: what was converted, how to load it.
+    card = ModelCard.load(output / "README.md").text
+    assert card.startswith(f"\n# scratch\n\n{hub.CONVERTED} from `{type(native).__name__}` to `{our_class.__name__}`")
+    assert f'{auto_class.__name__}.from_pretrained(repo_id, trust_remote_code=True)' in card
     if make_tokenizer is None:  # no tokenizer in the source: none written, quietly
         assert not (output / "tokenizer_config.json").exists() and "tokenizer" not in result.stdout
     else:
@@ -184,6 +191,58 @@ def test_scratch_folder_exports_to_a_native_folder(tmp_path):
     assert AutoTokenizer.from_pretrained(output)("To be").input_ids == tokenizer("To be").input_ids
 
 
+EXPORTS = {  # family: (native factory, card task, tokenizer)
+    "decoder": (gpt2, "causal-lm", byte_level_bpe),
+    "encoder": (bert, "masked-lm", wordpiece),
+    "seq2seq": (marian, "seq2seq", lambda: byte_level_bpe(family="seq2seq")),
+}
+
+
+@pytest.mark.parametrize("family", EXPORTS)
+def test_an_exported_folder_carries_its_card_and_is_ready_to_publish(family, tmp_path):
+    """A trained folder exported to its native family had no card, so `hf-scratch publish` refused it. Its card now
+    goes with it (metadata, results, loss curve), saying what was converted, and its "How to use" loads the native
+    model with the plain Auto classes: run where the package is missing, without remote code, it works."""
+    make_native, task, make_tokenizer = EXPORTS[family]
+    tokenizer, source, output = make_tokenizer(), tmp_path / "trained", tmp_path / "native"
+    specials = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+                "decoder_start_token_id": tokenizer.pad_token_id} if family == "seq2seq" else {}
+    ours = from_hf(make_native(vocab_size=len(tokenizer), **specials))
+    ours.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    (source / hub.LOSS_CURVE).write_bytes(b"a plot")
+    hub.write_model_card(source, task=task, model_name="someone/tiny", preset=None, config=ours.config.to_dict(),
+                         num_parameters=ours.num_parameters(), dataset="tiny_shakespeare", hyperparameters={},
+                         eval_results={"eval_loss": 2.5})
+
+    result = run_command(source, output)
+    assert result.returncode == 0, result.stderr[-3000:]
+    card = ModelCard.load(output / "README.md")
+    native_class = type(make_native()).__name__
+    assert f"{hub.CONVERTED} from `{type(ours).__name__}` to `{native_class}`" in card.text
+    assert "the source's on a random batch with a padded row" in card.text
+    assert "trust_remote_code" not in card.text.replace("loaded without `trust_remote_code`", "")
+    assert card.data.eval_results == ModelCard.load(source / "README.md").data.eval_results
+    assert (output / hub.LOSS_CURVE).read_bytes() == b"a plot"
+    assert {"README.md", hub.LOSS_CURVE, "model.safetensors"} <= dict(hub.upload_plan(output)).keys()
+    assert hub.card_repo_id(output) == "someone/tiny"  # what `publish` points at the repo it uploads to
+
+    example = card.text.split("## How to use")[1].split("```python\n")[1].split("```")[0]
+    (tmp_path / "example.py").write_text(example.replace('"someone/tiny"', repr(str(output))))
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+    script = Path(__file__).with_name("load_without_package.py")
+    completed = subprocess.run([sys.executable, str(script), "--run", str(tmp_path / "example.py")],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=tmp_path, env=env,
+                               timeout=600, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+
+def _gpt2_with_a_broken_card(path: Path) -> Path:
+    gpt2().save_pretrained(path)
+    (path / "README.md").write_text("---\nlicense: [apache-2.0\n---\n# A model\n")
+    return path
+
+
 def _unsupported_folder(path: Path) -> Path:
     (path / "config.json").write_text(json.dumps({"model_type": "opt", "architectures": ["OPTForCausalLM"]}))
     return path
@@ -259,9 +318,10 @@ def _folder_without_config(path: Path) -> Path:
     (_gpt2_with_a_larger_tokenizer, [], ["the tokenizer has", "more than the model's vocabulary (99)"]),
     (_scratch_alibi_folder, [], ["Cannot export", "position_embedding_type='alibi'"]),
     (_llama_folder, ["--to", "native"], ["--to native", "native LlamaForCausalLM", "converts to Scratch only"]),
+    (_gpt2_with_a_broken_card, [], ["README.md is not a valid model card", "correct or remove it"]),
 ], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "resized-weight", "no-weights",
           "broken-config", "no-model-type", "tokenizer-too-large",
-        "knob-without-native-equivalent", "contradicting-direction"])
+        "knob-without-native-equivalent", "contradicting-direction", "broken-card"])
 def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path):
     source = tmp_path / "source"
     source.mkdir()

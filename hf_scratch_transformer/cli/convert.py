@@ -15,7 +15,9 @@ Marian, whichever computes exactly the same function (knobs that none does are n
 
 The converted model is checked (unless --no-check: the logits of both models on a random batch in eval mode must
 agree within --atol) and saved with `save_pretrained` in the source's dtype, with its generation config and the
-source's tokenizer when it has one. A Scratch result loads with `AutoModelFor*.from_pretrained(output)` after
+source's tokenizer when it has one, and a model card for `hf-scratch publish` (`hub.write_conversion_card`: the
+source's card, or a short one, saying what was converted and how it was checked, with a "How to use" that loads the
+converted classes). A Scratch result loads with `AutoModelFor*.from_pretrained(output)` after
 `import hf_scratch_transformer`, or with `trust_remote_code=True` where the package is not installed; a native
 result loads with the plain Auto classes, no remote code. Local folders only: the Hub is never contacted. An output
 folder that already holds files is replaced only with --overwrite-output-dir (never one that contains the source).
@@ -42,6 +44,10 @@ SCRATCH_CLASSES = {
     "scratch_encoder": "ScratchEncoderForMaskedLM",
     "scratch_seq2seq": "ScratchSeq2SeqForConditionalGeneration",
 }
+# model_type -> the task of the converted model's card (`hub.TASKS`): its "How to use"
+CARD_TASKS = {"gpt2": "causal-lm", "llama": "causal-lm", "mistral": "causal-lm", "qwen2": "causal-lm",
+              "bert": "masked-lm", "marian": "seq2seq", "scratch_decoder": "causal-lm",
+              "scratch_encoder": "masked-lm", "scratch_seq2seq": "seq2seq"}
 # Any one of them means the source has a tokenizer: older checkpoints carry only their vocabulary files (BERT's
 # vocab.txt, GPT-2's vocab.json and merges.txt, a sentencepiece model), which AutoTokenizer loads from them.
 # Checkpoints of other native heads that hold the whole language model as well: BERT's pre-training checkpoints (the
@@ -110,9 +116,14 @@ import transformers  # noqa: E402
 from transformers.modeling_utils import get_state_dict_dtype, load_state_dict  # noqa: E402
 
 import hf_scratch_transformer  # noqa: E402
+from hf_scratch_transformer import hub  # noqa: E402
 from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- load
+try:  # the source's card goes with the converted model: one whose metadata does not parse stops before any work
+    hub.load_card(args.source)
+except ValueError as error:
+    fail(f"{error}; correct or remove it")
 # Converted and checked in float32; saved in the source's dtype at the end.
 loader = getattr(transformers if to_scratch else hf_scratch_transformer, source_class)
 try:  # a folder without weights (OSError), or a config value its class refuses (ValueError)
@@ -187,6 +198,13 @@ dtype = source_config.get("dtype") or source_config.get("torch_dtype") or checkp
 converted.to(getattr(torch, dtype)).save_pretrained(staging)  # with generation_config.json where it generates
 if tokenizer is not None:
     tokenizer.save_pretrained(staging)
+check = "Its outputs were not compared with the source's (`--no-check`)."
+if args.check:
+    agreement = "equal" if diff == 0 else f"match within {diff:.3g}"
+    check = f"Its logits {agreement} the source's on a random batch with a padded row."
+hub.write_conversion_card(staging, args.source, name=output.name, task=CARD_TASKS[model_type],
+                          source_class=source_class, model_class=type(converted).__name__, native=not to_scratch,
+                          check=check)
 if output.exists():
     os.replace(output, replaced)
 os.replace(staging, output)
