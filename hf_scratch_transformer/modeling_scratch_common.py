@@ -262,7 +262,9 @@ class ScratchTransformer(ScratchPreTrainedModel):
         inputs, name, dims = (input_ids, ids_name, 2) if input_ids is not None else (inputs_embeds, embeds_name, 3)
         check_inputs_shape(inputs, name, dims)
         if not self.is_causal:
-            use_cache, past_key_values = False, None  # a bidirectional stack has nothing to cache
+            # A bidirectional stack makes no cache, but keys and values given as `past_key_values` are attended to
+            # before the input's own, at later positions, as BERT does: PEFT's prefix tuning passes its prefix so.
+            use_cache = False
         if use_cache and past_key_values is None:
             past_key_values = self._new_cache()
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0

@@ -8,6 +8,7 @@ transformers' `BertForMaskedLM` and `ModernBertForMaskedLM` for the v5 conventio
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
@@ -60,9 +61,12 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
-        """`labels` (B, T): the original id at masked positions, -100 elsewhere."""
+        """`labels` (B, T): the original id at masked positions, -100 elsewhere. `past_key_values`: keys and values
+        every layer attends to before the input's (prefix tuning), as BERT takes them; named here because PEFT
+        passes them to the heads whose signature has them, and to the trunk alone otherwise."""
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self.model(
             input_ids=input_ids,
@@ -70,6 +74,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
@@ -92,7 +97,10 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
 
 
 class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
-    """Trunk + dropout + linear layer; subclasses choose what to classify (first token or every token)."""
+    """Trunk + dropout + linear layer; subclasses choose what to classify (first token or every token). The
+    forwards name `past_key_values` (a prefix, see `ScratchEncoderForMaskedLM.forward`): without it in the signature,
+    PEFT's prefix tuning calls the trunk alone and feeds the classifier the trunk's second output (BERT's pooler
+    output), else its first: here every token's hidden state, not one per sequence."""
 
     def __init__(self, config: ScratchEncoderConfig):
         super().__init__(config)
@@ -128,9 +136,13 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
-        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        outputs = self._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values=past_key_values,
+            **kwargs,
+        )
         pooled = dropout(outputs.last_hidden_state[:, 0], self.classifier_dropout, self.training)
         logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
@@ -153,10 +165,14 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput:
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
-        outputs = self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        outputs = self._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values=past_key_values,
+            **kwargs,
+        )
         logits = self.classifier(dropout(outputs.last_hidden_state, self.classifier_dropout, self.training))
         loss = None
         if labels is not None:

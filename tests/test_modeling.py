@@ -1,5 +1,7 @@
 """The three families as a transformers user meets them: losses, outputs, saving, tying, checkpointing, errors."""
 
+import inspect
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -12,6 +14,7 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    DynamicCache,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput, Seq2SeqLMOutput
 
@@ -132,6 +135,26 @@ def test_classification_heads_return_native_losses():
     out = tagger(input_ids=ids, labels=labels)
     assert out.logits.shape == (3, 6, 5)
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits.reshape(-1, 5), labels.view(-1)))
+
+
+@pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
+                                         hst.ScratchEncoderForTokenClassification, hst.ScratchEncoderForMaskedLM,
+                                         hst.ScratchDecoderForSequenceClassification, hst.ScratchDecoderForCausalLM])
+def test_heads_name_past_key_values_and_attend_to_a_prefix(model_class):
+    """PEFT's prefix tuning gives `past_key_values` to a head whose forward names it, and otherwise to the trunk,
+    feeding the classifier the trunk's second output (BERT's pooler output, which ours lacks): every head names it."""
+    assert "past_key_values" in inspect.signature(model_class.forward).parameters
+    family = "decoder" if "Decoder" in model_class.__name__ else "encoder"
+    config = tiny_config(family, num_labels=3)
+    model = model_class(config).eval()
+    ids = torch.randint(3, VOCAB, (2, 6))
+    prefix = DynamicCache()
+    for layer in range(config.num_hidden_layers):
+        prefix.update(torch.randn(2, 4, 3, 8), torch.randn(2, 4, 3, 8), layer)
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        prefixed = model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=ids.dtype), past_key_values=prefix)
+    assert prefixed.logits.shape == plain.shape and not torch.allclose(prefixed.logits, plain, atol=1e-4)
 
 
 def test_decoder_classifier_reads_the_last_real_token_of_left_and_right_padded_rows():

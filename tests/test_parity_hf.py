@@ -4,7 +4,7 @@ Scratch model with the same logits (1e-4, fp32, eval mode) and the same greedy a
 import pytest
 import torch
 from tiny_native import ATOL, VOCAB, bert, gpt2, marian
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, GPT2Model
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, DynamicCache, GPT2Model
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.conversion import from_hf
@@ -104,6 +104,38 @@ def test_eager_attention_is_kept_with_its_weights(native_factory):
         expected, actual = native(**inputs), ours(**inputs)
     name = "decoder_attentions" if native.config.is_encoder_decoder else "attentions"
     torch.testing.assert_close(getattr(actual, name), getattr(expected, name), atol=ATOL, rtol=0)
+
+
+def _prefix_cache(native, batch: int, length: int = 3):
+    """Keys and values of `length` virtual tokens for every layer, as PEFT's prefix tuning passes them."""
+    generator = torch.Generator().manual_seed(5)
+    config = native.config
+    shape = (batch, config.num_attention_heads, length, config.hidden_size // config.num_attention_heads)
+    cache = DynamicCache()
+    for layer in range(config.num_hidden_layers):
+        cache.update(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator), layer)
+    return cache
+
+
+@pytest.mark.parametrize("native_factory", [bert, gpt2])
+def test_a_prefix_of_keys_and_values_gives_the_native_outputs(native_factory):
+    """Prefix tuning (PEFT) hands every layer keys and values to attend to before the input's, with an attention
+    mask that covers them: BERT and GPT-2 take them; the encoder used to refuse the mask, or ignore the prefix
+    without one."""
+    native = native_factory()
+    ours = from_hf(native)
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    with_prefix = torch.cat([torch.ones(2, 3, dtype=mask.dtype), mask], dim=1)
+    for attention_mask in (with_prefix, None):
+        with torch.no_grad():
+            expected = native(input_ids=ids, attention_mask=attention_mask, past_key_values=_prefix_cache(native, 2))
+            actual = ours(input_ids=ids, attention_mask=attention_mask, past_key_values=_prefix_cache(native, 2))
+        kept = mask.bool() if attention_mask is not None else torch.ones_like(mask).bool()
+        torch.testing.assert_close(actual.logits[kept], expected.logits[kept], atol=ATOL, rtol=0)
+    with torch.no_grad():
+        assert not torch.allclose(ours(input_ids=ids).logits, actual.logits, atol=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------- generation
