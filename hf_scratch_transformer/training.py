@@ -116,6 +116,15 @@ def _with_validation(raw: DatasetDict, validation_split: float, seed: int, sourc
     return DatasetDict(train=split["train"], validation=split["test"])
 
 
+def keep_the_inputs_the_model_reads(tokenizer, config) -> None:
+    """A model without a token-type table (`type_vocab_size` 0, e.g. the bert-prenorm preset) refuses segment ids other
+    than 0, which an encoder's tokenizer gives the second text of a pair (pipelines' `text_pair`, zero-shot
+    classification, cross-encoders): its tokenizer then gives none, as ModernBERT's does. Saved with it
+    (`model_input_names` in tokenizer_config.json)."""
+    if getattr(config, "type_vocab_size", None) == 0 and "token_type_ids" in tokenizer.model_input_names:
+        tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
+
+
 def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
     """Documents -> `<s> document </s>` token streams, concatenated and cut into blocks of `block_size` (sequence
     packing: every token trains). The tokenizer adds `<s>`; `</s>` ends each document here. The stream is cut as one,

@@ -18,6 +18,7 @@ from tiny_tokenizers import byte_level_bpe, wordpiece, write_run_corpus
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
     BertForTokenClassification,
@@ -185,6 +186,13 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls/model")
     assert isinstance(model, hf_scratch_transformer.ScratchEncoderForSequenceClassification)
     assert set(model.config.id2label.values()) == {"animal", "other"}
+    # bert-prenorm has no token types: its tokenizer gave the second text of a pair segment ids 1, which the model
+    # refuses, so every pair (text_pair, zero-shot classification, cross-encoders) failed. The folders' tokenizers
+    # give none, the pre-trained one's as the classifier's.
+    for folder in ("mlm/model", "cls/model"):
+        assert "token_type_ids" not in AutoTokenizer.from_pretrained(tmp_path / folder)("a dog", "a horse")
+    pair = pipeline("text-classification", model=str(tmp_path / "cls/model"))({"text": "a dog", "text_pair": "a horse"})
+    assert pair["label"] in {"animal", "other"}
     # Hub-ready as the main job's folder: a card with the model's class, its metrics and the run (was missing, so
     # `hf-scratch publish` refused the folder).
     plan = dict(hub.upload_plan(tmp_path / "cls/model"))

@@ -261,6 +261,7 @@ model = HEADS[args.task].from_pretrained(
     problem_type="single_label_classification",  # what this command trains, whatever the base did (regression, say)
     pad_token_id=tokenizer.pad_token_id, ignore_mismatched_sizes=True,  # a classifier of other classes: a new head
 )
+training.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
 
 

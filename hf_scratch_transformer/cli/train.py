@@ -197,6 +197,7 @@ else:
     follow_the_tokenizer(config, dict(args.set))
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
+training.keep_the_inputs_the_model_reads(tokenizer, model.config)
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters")
 
 if task == "causal-lm":

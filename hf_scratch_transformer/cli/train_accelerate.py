@@ -232,6 +232,7 @@ else:
     follow_the_tokenizer(config, dict(args.set))
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
+training.keep_the_inputs_the_model_reads(tokenizer, model.config)
 accelerator.print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters; "
                   f"{accelerator.num_processes} x {accelerator.distributed_type.value}, {accelerator.mixed_precision}")
 
