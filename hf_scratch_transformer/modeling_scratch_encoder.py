@@ -106,7 +106,7 @@ class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = ScratchEncoderModel(config)
-        self.classifier_dropout = (
+        self.classifier_dropout = nn.Dropout(
             config.classifier_dropout if config.classifier_dropout is not None else config.dropout
         )
         self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
@@ -143,7 +143,7 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values=past_key_values,
             **kwargs,
         )
-        pooled = dropout(outputs.last_hidden_state[:, 0], self.classifier_dropout, self.training)
+        pooled = dropout(outputs.last_hidden_state[:, 0], self.classifier_dropout.p, self.training)
         logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
         if labels is not None:
@@ -173,7 +173,7 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values=past_key_values,
             **kwargs,
         )
-        logits = self.classifier(dropout(outputs.last_hidden_state, self.classifier_dropout, self.training))
+        logits = self.classifier(dropout(outputs.last_hidden_state, self.classifier_dropout.p, self.training))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)

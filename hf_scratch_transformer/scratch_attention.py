@@ -119,7 +119,7 @@ class ScratchAttention(nn.Module):
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
-        self.attention_dropout = config.attention_dropout
+        self.attention_dropout = nn.Dropout(config.attention_dropout)  # a rate, see `scratch_dropout`
         q_size, kv_size = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         self.q_size, self.kv_size = q_size, kv_size
         if is_cross_attention:
@@ -191,7 +191,7 @@ class ScratchAttention(nn.Module):
             key,
             value,
             attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
+            dropout=self.attention_dropout.p if self.training else 0.0,
             scaling=self.scaling,
             **kwargs,
         )

@@ -80,7 +80,7 @@ class ScratchFeedForward(nn.Module):
             # (3072 x 384: 210 us against 2 x 65, AVX-512 Intel Xeon; docs/quantization.md): one product per part.
             self.up_proj.quantized_in_parts = True
         self.down_proj = ScratchLinear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
-        self.activation_dropout = config.activation_dropout
+        self.activation_dropout = nn.Dropout(config.activation_dropout)  # a rate, see `scratch_dropout`
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
@@ -89,7 +89,7 @@ class ScratchFeedForward(nn.Module):
             hidden_states = self.act_fn(gate) * up
         else:
             hidden_states = self.act_fn(hidden_states)
-        return self.down_proj(dropout(hidden_states, self.activation_dropout, self.training))
+        return self.down_proj(dropout(hidden_states, self.activation_dropout.p, self.training))
 
 
 class ScratchMLMTransform(nn.Module):
@@ -119,13 +119,13 @@ class ScratchBlock(GradientCheckpointingLayer):
             self.cross_attn_norm = make_norm(config)
         self.mlp = ScratchFeedForward(config)
         self.mlp_norm = make_norm(config)
-        self.residual_dropout = config.dropout
+        self.residual_dropout = nn.Dropout(config.dropout)
 
     def _sublayer_input(self, hidden_states: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         return norm(hidden_states) if self.pre_norm else hidden_states
 
     def _add_residual(self, residual: torch.Tensor, update: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        hidden_states = residual + dropout(update, self.residual_dropout, self.training)
+        hidden_states = residual + dropout(update, self.residual_dropout.p, self.training)
         return hidden_states if self.pre_norm else norm(hidden_states)
 
     def forward(
@@ -188,7 +188,7 @@ class ScratchEmbeddings(nn.Module):
                 config.max_position_embeddings, config.hidden_size, config.sinusoidal_layout
             )
         self.norm = make_norm(config) if config.embedding_norm else None
-        self.embedding_dropout = config.embedding_dropout
+        self.embedding_dropout = nn.Dropout(config.embedding_dropout)
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
         """Out-of-range ids would index garbage or crash deep inside; name the problem instead (SPEC section 10)."""
@@ -250,4 +250,4 @@ class ScratchEmbeddings(nn.Module):
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-        return dropout(hidden_states, self.embedding_dropout, self.training)
+        return dropout(hidden_states, self.embedding_dropout.p, self.training)
