@@ -9,6 +9,7 @@ import torch
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
@@ -148,6 +149,13 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
         return (positions * (input_ids != pad_token_id)).argmax(-1)
 
+
+# Trainer's `label_smoothing_factor` shifts the labels of a causal LM only when its class name is in this table of
+# native names, which `AutoModelForCausalLM.register` leaves alone: without the entry Trainer smooths our logits
+# against unshifted labels and trains each position to predict its own token. Done here, not at registration, so
+# that a folder loaded with `trust_remote_code` gets it too. The lazy Auto mappings read only keys that are also
+# native config types, so they are unaffected.
+MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(ScratchDecoderConfig.model_type, ScratchDecoderForCausalLM.__name__)
 
 __all__ = [
     "ScratchDecoderPreTrainedModel",

@@ -207,10 +207,10 @@ def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: flo
 
 
 def smoothed_loss_function(task: str, epsilon: float) -> Callable:
-    """A `Trainer(compute_loss_func=...)` applying `label_smoothed_loss` the right way for `task`. Trainer's own
-    `label_smoothing_factor` shifts labels only for native causal LMs, never for ours. Smoothing is the training
-    objective only: evaluation (run without gradients) gets the plain cross-entropy, so that the validation loss,
-    the perplexity taken from it and the card's figures are the model's own, not the smoothed objective."""
+    """A `Trainer(compute_loss_func=...)` applying `label_smoothed_loss` the right way for `task`. Unlike Trainer's
+    own `label_smoothing_factor`, smoothing is the training objective only: evaluation (run without gradients) gets
+    the plain cross-entropy, so that the validation loss, the perplexity taken from it and the card's figures are the
+    model's own, not the smoothed objective."""
 
     def compute_loss(outputs, labels, num_items_in_batch=None):
         smoothing = epsilon if torch.is_grad_enabled() else 0.0

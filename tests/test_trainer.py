@@ -5,6 +5,7 @@ import pytest
 import torch
 from tiny_models import VOCAB, tiny_config, tiny_lm
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_pt_utils import LabelSmoother
 
 import hf_scratch_transformer as hst
 
@@ -91,3 +92,17 @@ def test_gradient_accumulation_gives_the_update_of_one_batch(head, problem_type,
         Trainer(model=model, args=args, train_dataset=examples).train()
         weights.append(torch.cat([parameter.detach().flatten() for parameter in model.parameters()]))
     torch.testing.assert_close(weights[1], weights[0])
+
+
+def test_trainer_label_smoothing_shifts_the_causal_lm_labels(tmp_path):
+    """Trainer's `label_smoothing_factor` shifts labels only for class names in transformers'
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (`Auto*.register` does not add them there): our causal LM was trained to
+    predict each position's own token, where GPT-2 learns the next one."""
+    model = tiny_lm("decoder")
+    args = TrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    labels = ids.masked_fill(torch.arange(9) > 6, -100)
+    loss = Trainer(model=model, args=args).compute_loss(model, {"input_ids": ids, "labels": labels})
+    logits = model(input_ids=ids).logits
+    expected = LabelSmoother(0.1)({"logits": logits}, labels, shift_labels=True)
+    torch.testing.assert_close(loss, expected)
