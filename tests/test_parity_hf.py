@@ -89,6 +89,22 @@ def test_training_mode_is_kept():
     assert from_hf(gpt2().train()).training
 
 
+@pytest.mark.parametrize("native_factory", [gpt2, bert, marian])
+def test_dropout_sits_where_the_native_models_has_it(native_factory, monkeypatch):
+    """In training mode, with `F.dropout`'s masks (what our dropout takes on CUDA; on CPU it draws its own), the
+    same seed gives the native model's logits: each dropout is in the same place, called in the same order."""
+    monkeypatch.setattr("hf_scratch_transformer.scratch_dropout.inside_torch_func", lambda: True)
+    rates = dict(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1) if native_factory is marian else {}
+    native = native_factory(attn_implementation="eager", **rates).train()  # GPT-2 and BERT: 0.1 everywhere
+    ours = from_hf(native)
+    inputs = {"input_ids": _ids()} | ({"decoder_input_ids": _ids(length=4)} if native_factory is marian else {})
+    logits = []
+    for model in (native, ours):
+        torch.manual_seed(1)
+        logits.append(model(**inputs).logits)
+    torch.testing.assert_close(logits[1], logits[0], atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("native_factory", [gpt2, marian])
 def test_eager_attention_is_kept_with_its_weights(native_factory):
     """A native model loaded with `attn_implementation="eager"` returns its attention weights; so does ours
