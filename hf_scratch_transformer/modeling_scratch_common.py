@@ -225,7 +225,12 @@ class ScratchTransformer(ScratchPreTrainedModel):
         self.final_norm = make_norm(config) if config.final_norm else nn.Identity()
         self.rotary_emb = ScratchRotaryEmbedding(config) if config.position_embedding_type == "rope" else None
         self.alibi = ScratchAlibiBias(config.num_attention_heads) if config.position_embedding_type == "alibi" else None
-        self.gradient_checkpointing = False
+        if is_causal:
+            # Read by `merge_with_config_defaults`, which turns a cache off under gradient checkpointing in training
+            # and warns. A bidirectional stack has no cache: with the flag it would warn about the config's
+            # `use_cache=True`, and that logging call breaks a `torch.compile(fullgraph=True)` graph. Its layers
+            # carry their own flags.
+            self.gradient_checkpointing = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

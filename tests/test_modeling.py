@@ -17,6 +17,7 @@ from transformers import (
     DynamicCache,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput, Seq2SeqLMOutput
+from transformers.utils import generic
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.modeling_scratch_seq2seq import shift_tokens_right
@@ -345,15 +346,32 @@ def test_resize_token_embeddings_keeps_tying_and_updates_the_config(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_gradient_checkpointing_gives_the_same_gradients(family):
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_gradient_checkpointing_gives_the_same_gradients(family, use_reentrant):
+    """With dropout on: the recomputed forward draws the same masks (checkpointing restores the random state)."""
     inputs = lm_inputs(family)
-    plain, checkpointed = tiny_lm(family).train(), tiny_lm(family).train()
-    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    rates = dict(dropout=0.1, attention_dropout=0.1, embedding_dropout=0.1)
+    plain, checkpointed = tiny_lm(family, **rates).train(), tiny_lm(family, **rates).train()
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
     assert checkpointed.is_activation_checkpointing
-    plain(**inputs).loss.backward()
-    checkpointed(**inputs).loss.backward()
+    for model in (plain, checkpointed):
+        torch.manual_seed(1)
+        model(**inputs).loss.backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+@pytest.mark.parametrize("family", ["encoder", "seq2seq"])
+def test_gradient_checkpointing_leaves_a_bidirectional_stack_without_a_cache_warning(family, monkeypatch):
+    """`merge_with_config_defaults` warns that `use_cache=True` (the config's) is incompatible with gradient
+    checkpointing when a stack carries the flag: an encoder has no cache, and the warning (a logging call) broke
+    `torch.compile(fullgraph=True)` of a checkpointed encoder or seq2seq training step."""
+    warnings = []
+    monkeypatch.setattr(generic.logger, "warning_once", warnings.append)
+    model = tiny_lm(family).train()
+    model.activation_checkpointing_enable()
+    model(**lm_inputs(family)).loss.backward()
+    assert warnings == []
 
 
 # ---------------------------------------------------------------------------------------------- bad input
