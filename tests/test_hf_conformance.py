@@ -62,8 +62,9 @@ with warnings.catch_warnings():
 
 
 # The mixin picks labels and some tests by class name: `name in get_values(MODEL_FOR_..._MAPPING_NAMES)`, tables
-# of native models only (`Auto*.register` does not touch them, and adding keys would break the lazy mappings).
-# Each of our classes counts for the tables of the Auto classes it is registered with.
+# of native models (`Auto*.register` does not touch them; only the decoder's causal LM adds itself to its table, for
+# Trainer's label smoothing, and counts twice there, which changes no membership test). Each of our classes counts
+# for the tables of the Auto classes it is registered with.
 def _registered_names() -> dict[int, list[str]]:
     names = {}
     for models in hf_scratch_transformer.AUTO_CLASSES.values():
