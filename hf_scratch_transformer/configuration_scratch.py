@@ -8,6 +8,7 @@ names the field (the `@strict` validators would raise a different exception type
 This file is copied next to saved models for `trust_remote_code`: it imports only `transformers`.
 """
 
+import dataclasses
 from typing import ClassVar
 
 from transformers import PreTrainedConfig
@@ -20,6 +21,8 @@ NORM_POSITIONS = ("pre", "post")
 INIT_SCHEMES = ("normal", "xavier")
 # What `PreTrainedConfig` reads as RoPE settings: kept on RoPE configs only.
 ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+# Fields of transformers' own config (dtype, labels, ...), which `from_dict` handles itself.
+BASE_FIELDS = {field.name for field in dataclasses.fields(PreTrainedConfig)}
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -103,6 +106,10 @@ class ScratchConfigBase(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
+        # The keys of `attribute_map` (a seq2seq `num_hidden_layers` is its `decoder_layers`) would be set by the base
+        # after the checks: set first, they are checked as the model reads them.
+        for key in [key for key in kwargs if key in self.attribute_map]:
+            setattr(self, key, kwargs.pop(key))
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.intermediate_size is None:
@@ -110,6 +117,7 @@ class ScratchConfigBase(PreTrainedConfig):
         if self.activation_dropout is None:
             self.activation_dropout = self.dropout
         self._validate_common()
+        self._validate_family(kwargs)
         # Native configs (Llama) take `head_dim`; ours is derived (a property), which transformers could not set.
         head_dim = kwargs.pop("head_dim", None)
         if head_dim is not None and head_dim != self.head_dim:
@@ -153,6 +161,21 @@ class ScratchConfigBase(PreTrainedConfig):
             self.convert_rope_params_to_dict()
         elif value != "rope" and has_rope_parameters:
             del self.rope_parameters
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """`from_pretrained(folder, knob=value)`, of AutoConfig and of the models, comes here with the saved values and
+        the overrides. transformers sets the overrides on the config built from the saved values, past every check
+        of `__post_init__`: a `dropout` of 1.5, an unknown `position_embedding_type` (a model without positions) or
+        `norm_type` loaded without a word, and `head_dim` failed with "property has no setter". Our knobs go to the
+        constructor instead, with the saved values; the rest (`num_labels`, `dtype`, ...) as transformers does."""
+        knobs = {field.name for field in dataclasses.fields(cls)} - BASE_FIELDS
+        knobs |= {"is_encoder_decoder", "head_dim", "sliding_window", "rope_parameters", *cls.attribute_map}
+        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in knobs}
+        return super().from_dict({**config_dict, **overrides}, **kwargs)
+
+    def _validate_family(self, kwargs: dict) -> None:
+        """The family's own checks; `kwargs` are the constructor's arguments that are not fields."""
 
     @property
     def head_dim(self) -> int:
@@ -222,11 +245,10 @@ class ScratchDecoderConfig(ScratchConfigBase):
     # None = full causal attention; an int = each token sees itself and the previous `sliding_window - 1` tokens.
     sliding_window: int | None = None
 
-    def __post_init__(self, **kwargs):
+    def _validate_family(self, kwargs: dict) -> None:
         _check_positive("num_hidden_layers", self.num_hidden_layers)
         if self.sliding_window is not None:
             _check_positive("sliding_window", self.sliding_window)
-        super().__post_init__(**kwargs)
 
 
 def _refuse_sliding_window(kwargs: dict, family: str) -> None:
@@ -258,7 +280,7 @@ class ScratchEncoderConfig(ScratchConfigBase):
     # None = `dropout`.
     classifier_dropout: float | None = None
 
-    def __post_init__(self, **kwargs):
+    def _validate_family(self, kwargs: dict) -> None:
         _check_positive("num_hidden_layers", self.num_hidden_layers)
         _refuse_sliding_window(kwargs, "the encoder")  # else kept as an extra attribute that does nothing
         # A bool is an int to Python, and `nn.Embedding(True, ...)` fails with a TypeError naming no field.
@@ -269,7 +291,6 @@ class ScratchEncoderConfig(ScratchConfigBase):
             _check_bool(name, getattr(self, name))
         if self.classifier_dropout is not None:
             _check_probability("classifier_dropout", self.classifier_dropout)
-        super().__post_init__(**kwargs)
 
 
 class ScratchSeq2SeqConfig(ScratchConfigBase):
@@ -305,7 +326,7 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     decoder_start_token_id: int | None = None
     is_encoder_decoder: bool = True
 
-    def __post_init__(self, **kwargs):
+    def _validate_family(self, kwargs: dict) -> None:
         _check_positive("encoder_layers", self.encoder_layers)
         _check_positive("decoder_layers", self.decoder_layers)
         # The masks would read it, and `generate()` builds the cross-attention cache from this config too:
@@ -320,7 +341,6 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
                     "`share_embeddings=True` needs one shared vocabulary: set `encoder_vocab_size=None` "
                     "or `share_embeddings=False`."
                 )
-        super().__post_init__(**kwargs)
 
     @property
     def source_vocab_size(self) -> int:

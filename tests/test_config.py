@@ -1,10 +1,11 @@
 """Configuration: defaults resolved the native way, every impossible combination a ValueError naming the field."""
 
 import pytest
+import torch
 from tiny_models import FAMILIES, tiny_config
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModel
 
-from hf_scratch_transformer import ScratchDecoderConfig, ScratchSeq2SeqConfig
+from hf_scratch_transformer import ScratchDecoderConfig, ScratchSeq2SeqConfig, ScratchSeq2SeqModel
 
 
 @pytest.mark.parametrize(
@@ -54,6 +55,8 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("encoder", dict(is_encoder_decoder=True), "is_encoder_decoder"),
         ("decoder", dict(position_embedding_type="rope", rope_parameters="yarn"), "rope_parameters"),
         ("decoder", dict(position_embedding_type="rope", rope_parameters={"rope_type": "linear"}), "rope_parameters"),
+        # `num_hidden_layers` is the seq2seq decoder's depth (`attribute_map`), set after the checks: 0 was accepted
+        ("seq2seq", dict(num_hidden_layers=0), "decoder_layers"),
     ],
 )
 def test_invalid_family_knob_names_the_field(family, overrides, field):
@@ -158,3 +161,45 @@ def test_config_round_trips_through_auto_config(family, tmp_path):
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert type(loaded) is type(config)
     assert loaded.to_diff_dict() == config.to_diff_dict()
+
+
+@pytest.mark.parametrize(
+    "family, overrides, field",
+    [
+        ("decoder", dict(dropout=1.5), "dropout"),
+        ("decoder", dict(position_embedding_type="relative"), "position_embedding_type"),  # loaded without positions
+        ("decoder", dict(norm_type="batchnorm"), "norm_type"),  # loaded with a LayerNorm
+        ("decoder", dict(num_attention_heads=5), "hidden_size"),
+        ("decoder", dict(pad_token_id=500), "pad_token_id"),  # an AssertionError from nn.Embedding
+        ("decoder", dict(is_encoder_decoder=True), "is_encoder_decoder"),
+        ("encoder", dict(type_vocab_size=-1), "type_vocab_size"),
+        ("encoder", dict(sliding_window=4), "sliding_window"),
+        ("seq2seq", dict(num_hidden_layers=0), "decoder_layers"),
+        ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
+        ("seq2seq", dict(head_dim=16), "head_dim"),  # an AttributeError: "property 'head_dim' ... has no setter"
+        ("decoder", dict(position_embedding_type="rope", rope_parameters={"rope_type": "linear"}), "rope_parameters"),
+    ],
+)
+def test_from_pretrained_overrides_are_checked_as_in_the_constructor(family, overrides, field, tmp_path):
+    """`from_pretrained(folder, knob=value)` (AutoConfig's and the models'): transformers set such overrides on the
+    config built from the saved values, past every check, so that a model without positions or with the wrong norm
+    loaded without a word."""
+    tiny_config(family).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=field):
+        AutoConfig.from_pretrained(tmp_path, **overrides)
+    with pytest.raises(ValueError, match=field):
+        AutoModel.from_pretrained(tmp_path, **overrides)
+
+
+def test_from_pretrained_overrides_that_work_are_applied(tmp_path):
+    ScratchSeq2SeqModel(tiny_config("seq2seq", position_embedding_type="rope")).save_pretrained(tmp_path)
+    rope_parameters = {"rope_type": "default", "rope_theta": 500.0}
+    config, unused = AutoConfig.from_pretrained(
+        tmp_path, num_hidden_layers=3, dropout=0.3, head_dim=8, rope_parameters=rope_parameters, num_labels=5, foo=1,
+        return_unused_kwargs=True,
+    )
+    assert (config.decoder_layers, config.encoder_layers, config.dropout) == (3, 2, 0.3)
+    assert config.rope_parameters["rope_theta"] == 500.0
+    assert config.num_labels == 5 and unused == {"foo": 1}
+    model = AutoModel.from_pretrained(tmp_path, dropout=0.2, dtype=torch.bfloat16)
+    assert model.config.dropout == 0.2 and model.dtype == torch.bfloat16
