@@ -50,24 +50,19 @@ class ScratchSeq2SeqPreTrainedModel(ScratchPreTrainedModel):
         """`resize_token_embeddings` resizes the one vocabulary: the shared matrix or, when `share_embeddings=False`,
         both matrices; then the output projection (which tying replaces when it is tied). Two vocabularies are
         refused, since `config.vocab_size` is the target's."""
-        if self.config.share_embeddings:
-            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if self.config.encoder_vocab_size is not None:
-            raise ValueError(
-                "This model has separate source and target vocabularies (`encoder_vocab_size`): resize "
-                "`model.encoder` / `model.decoder` embeddings directly and update the config."
-            )
-        model = self.base_model
-        for stack in (model.encoder, model.decoder):
-            resized = self._get_resized_embeddings(
-                stack.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
-            )
-            stack.set_input_embeddings(resized)
-        lm_head = self.get_output_embeddings()
-        if lm_head is not None:
-            new_num_tokens = model.decoder.get_input_embeddings().num_embeddings
-            self.set_output_embeddings(self._get_resized_lm_head(lm_head, new_num_tokens, mean_resizing=mean_resizing))
-        return self.get_input_embeddings()
+        if not self.config.share_embeddings:
+            if self.config.encoder_vocab_size is not None:
+                raise ValueError(
+                    "This model has separate source and target vocabularies (`encoder_vocab_size`): resize "
+                    "`model.encoder` / `model.decoder` embeddings directly and update the config."
+                )
+            # The decoder's matrix here (resized in place); the input (the encoder's) and the output head as
+            # transformers resizes them, keeping their `requires_grad` and device hooks.
+            decoder = self.base_model.decoder
+            decoder.set_input_embeddings(self._get_resized_embeddings(
+                decoder.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
+            ))
+        return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
 
 class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):

@@ -453,6 +453,20 @@ def test_seq2seq_resize_with_two_matrices_of_one_vocabulary():
     assert model(input_ids=ids, labels=ids).logits.shape == (1, 2, 128)
 
 
+@pytest.mark.parametrize("share_embeddings", [True, False])
+def test_seq2seq_resize_keeps_a_frozen_head_frozen(share_embeddings):
+    """As transformers' resize: the new output head keeps `requires_grad` of the old one. With `share_embeddings=False`
+    a frozen head came back trainable."""
+    model = tiny_lm("seq2seq", share_embeddings=share_embeddings, tie_word_embeddings=False)
+    model.lm_head.requires_grad_(False)
+    model.model.encoder.get_input_embeddings().requires_grad_(False)
+    model.resize_token_embeddings(128)
+    encoder, decoder, head = _seq2seq_embedding_weights(model)
+    assert encoder.shape[0] == decoder.shape[0] == head.shape[0] == model.config.vocab_size == 128
+    assert not head.requires_grad and not encoder.requires_grad
+    assert decoder.requires_grad is not share_embeddings
+
+
 def test_seq2seq_with_two_vocabularies_refuses_resize_and_exposes_the_source_embeddings():
     model = tiny_lm("seq2seq", share_embeddings=False, encoder_vocab_size=50)
     assert model.get_input_embeddings() is model.model.encoder.get_input_embeddings()
