@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -18,8 +19,9 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from transformers.modeling_utils import _add_variant
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -89,6 +91,25 @@ def safetensors_error(path) -> ValueError | None:
     return ValueError(f"{path} is not a complete safetensors file: {problem}. Save or download it again.")
 
 
+def remove_stale_weights(folder, variant: str | None = None) -> None:
+    """After `save_pretrained` into a folder that held an earlier save in the other layout: transformers removes only
+    the earlier shards, so a sharded save left the earlier `model.safetensors` (which `from_pretrained` reads before
+    the index: the earlier weights) and a single-file save left the earlier shards' index."""
+    folder = Path(folder)
+    single = folder / _add_variant(SAFE_WEIGHTS_NAME, variant)
+    index = folder / _add_variant(SAFE_WEIGHTS_INDEX_NAME, variant)
+    if not (single.is_file() and index.is_file()):
+        return
+    try:
+        shards = set(json.loads(index.read_text("utf-8"))["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError):  # not an index that could load: not this save's
+        shards = {None}
+    if shards and all(shard and (folder / shard).is_file() for shard in shards):
+        single.unlink()  # saved sharded now: the single file is the earlier save's
+    else:
+        index.unlink()  # saved as one file now: transformers removed the shards this index names
+
+
 class ScratchPreTrainedModel(PreTrainedModel):
     """Initialisation and the transformers feature flags common to every Scratch model."""
 
@@ -112,7 +133,7 @@ class ScratchPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """As transformers' `save_pretrained`, declaring every class of the family in `auto_map` (transformers adds
         only the saved one) and the family's own pipelines in `custom_pipelines`, for `trust_remote_code` loading.
-        Entries already in the config win."""
+        Entries already in the config win. An earlier save's weights in the other layout are removed."""
         config = self.config
         config.auto_map = {**config.family_auto_map, **(getattr(config, "auto_map", None) or {})}
         if config.family_custom_pipelines:
@@ -120,7 +141,11 @@ class ScratchPreTrainedModel(PreTrainedModel):
             config.custom_pipelines = {
                 **copy.deepcopy(config.family_custom_pipelines), **(getattr(config, "custom_pipelines", None) or {})
             }
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        given = inspect.signature(PreTrainedModel.save_pretrained).bind(self, save_directory, *args, **kwargs).arguments
+        if given.get("is_main_process", True):
+            remove_stale_weights(save_directory, given.get("variant"))
+        return result
 
     @staticmethod
     def _load_pretrained_model(model, state_dict, checkpoint_files, *args, **kwargs):

@@ -255,6 +255,24 @@ def test_save_and_reload_gives_the_same_outputs_and_keeps_weights_tied(family, p
     torch.testing.assert_close(reloaded(**inputs).logits, model(**inputs).logits, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("first, second", [("50GB", "20KB"), ("20KB", "50GB")],
+                         ids=["sharded-over-one", "one-over-sharded"])
+def test_saving_again_in_another_layout_leaves_no_stale_weights(first, second, tmp_path):
+    """transformers removes the shards of an earlier save only: a sharded save over one `model.safetensors` left that
+    file, which `from_pretrained` reads first (the earlier weights, without a word, on the Hub too), and a single file
+    over shards left their index (`hf-scratch publish` then asked for the deleted shards)."""
+    tiny_lm("decoder").save_pretrained(tmp_path, max_shard_size=first)
+    model = tiny_lm("decoder", initializer_range=0.5)
+    model.save_pretrained(tmp_path, max_shard_size=second)
+    files = {path.name for path in tmp_path.glob("model*.safetensors*")}
+    if second == "20KB":
+        assert "model.safetensors" not in files and "model.safetensors.index.json" in files
+    else:
+        assert files == {"model.safetensors"}
+    inputs = lm_inputs("decoder")
+    torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path)(**inputs).logits, model(**inputs).logits)
+
+
 def test_untied_head_stays_untied_after_reload(tmp_path):
     model = tiny_lm("decoder", tie_word_embeddings=False)
     model.save_pretrained(tmp_path)
