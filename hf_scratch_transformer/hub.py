@@ -284,8 +284,15 @@ def _read_json(path: Path) -> dict:
 
 
 def _weight_files(folder: Path) -> list[str]:
-    """`model.safetensors`, or when sharded, every shard its index names."""
+    """`model.safetensors`, or when sharded, every shard its index names. Both is an earlier save's leftover (see
+    `remove_stale_weights`): `from_pretrained` reads the single file, whichever is the model, so it is refused."""
     index = folder / "model.safetensors.index.json"
+    if index.is_file() and (folder / "model.safetensors").is_file():
+        raise ValueError(
+            f"{folder} holds both model.safetensors and model.safetensors.index.json, one of them left by an earlier "
+            "save: from_pretrained reads model.safetensors. Save the model again into this folder, or remove the "
+            "files that are not the model."
+        )
     if index.is_file():
         return sorted(set(_read_json(index)["weight_map"].values()))
     return ["model.safetensors"]

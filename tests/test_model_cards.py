@@ -147,6 +147,22 @@ def test_upload_plan_names_a_config_that_is_not_json(folders, tmp_path):
         hub.upload_plan(folder)
 
 
+def test_upload_plan_refuses_weights_in_both_layouts(tmp_path):
+    """One `model.safetensors` beside a shard index (an earlier save's leftover, from the time `save_pretrained` left
+    it): `from_pretrained` reads the single file, whichever is the model, and the plan uploaded both (or asked for the
+    shards of a stale index)."""
+    folder = tmp_path / "decoder"
+    tiny_lm("decoder").save_pretrained(folder)
+    byte_level_bpe().save_pretrained(folder)
+    (folder / "README.md").write_text("card")
+    hub.upload_plan(folder)
+    tiny_lm("decoder").save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    for path in (tmp_path / "sharded").glob("model*"):
+        shutil.copy(path, folder)
+    with pytest.raises(ValueError, match=r"both model\.safetensors and model\.safetensors\.index\.json"):
+        hub.upload_plan(folder)
+
+
 def test_publish_dry_run_cli_lists_the_plan_offline(folders):
     folder = folders["seq2seq"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
