@@ -230,13 +230,18 @@ class ScratchTransformer(ScratchPreTrainedModel):
         self,
         config,
         *,
-        num_layers: int,
+        layers_field: str,
         vocab_size: int,
         is_causal: bool,
         has_cross_attention: bool = False,
         type_vocab_size: int = 0,
     ):
         super().__init__(config)
+        # The config field that counts this stack's layers (the seq2seq halves share one config). Forward runs as
+        # many as it says now: early-exit self-speculation (`generate(assistant_early_exit=n)`) lowers it while
+        # drafting, as Llama's stack honours.
+        self.layers_field = layers_field
+        num_layers = getattr(config, layers_field)
         self.is_causal = is_causal
         self.has_cross_attention = has_cross_attention
         # What errors call the inputs: the encoder-decoder passes its decoder `decoder_input_ids` / `..._embeds`.
@@ -316,7 +321,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
             )
         position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
 
-        for layer in self.layers:
+        for layer in self.layers[: getattr(self.config, self.layers_field)]:
             # Tensors that need gradients go positionally: reentrant gradient checkpointing (`use_reentrant=True`)
             # passes only positional arguments through `torch.utils.checkpoint`.
             hidden_states = layer(
@@ -344,5 +349,7 @@ class ScratchCrossAttentionTransformer(ScratchTransformer):
         "cross_attentions": OutputRecorder(ScratchAttention, index=1, layer_name="cross_attn"),
     }
 
-    def __init__(self, config, *, num_layers: int, vocab_size: int):
-        super().__init__(config, num_layers=num_layers, vocab_size=vocab_size, is_causal=True, has_cross_attention=True)
+    def __init__(self, config, *, vocab_size: int):
+        super().__init__(
+            config, layers_field="decoder_layers", vocab_size=vocab_size, is_causal=True, has_cross_attention=True
+        )

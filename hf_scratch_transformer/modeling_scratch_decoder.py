@@ -28,7 +28,7 @@ class ScratchDecoderModel(ScratchTransformer):
     config: ScratchDecoderConfig
 
     def __init__(self, config: ScratchDecoderConfig):
-        super().__init__(config, num_layers=config.num_hidden_layers, vocab_size=config.vocab_size, is_causal=True)
+        super().__init__(config, layers_field="num_hidden_layers", vocab_size=config.vocab_size, is_causal=True)
 
 
 class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):

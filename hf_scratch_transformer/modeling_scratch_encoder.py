@@ -32,7 +32,7 @@ class ScratchEncoderModel(ScratchTransformer):
     def __init__(self, config: ScratchEncoderConfig):
         super().__init__(
             config,
-            num_layers=config.num_hidden_layers,
+            layers_field="num_hidden_layers",
             vocab_size=config.vocab_size,
             is_causal=False,
             type_vocab_size=config.type_vocab_size,

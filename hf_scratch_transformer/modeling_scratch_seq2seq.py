@@ -76,11 +76,9 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
             # Declared so that `save_pretrained` stores the shared matrix once, under the decoder's name.
             self._tied_weights_keys = self._shared_embeddings_keys
         self.encoder = ScratchTransformer(
-            config, num_layers=config.encoder_layers, vocab_size=config.source_vocab_size, is_causal=False
+            config, layers_field="encoder_layers", vocab_size=config.source_vocab_size, is_causal=False
         )
-        self.decoder = ScratchCrossAttentionTransformer(
-            config, num_layers=config.decoder_layers, vocab_size=config.vocab_size
-        )
+        self.decoder = ScratchCrossAttentionTransformer(config, vocab_size=config.vocab_size)
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:

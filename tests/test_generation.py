@@ -286,6 +286,23 @@ def test_assisted_decoding_matches_greedy(family):
     assert torch.equal(assisted, _greedy(model, inputs))
 
 
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_early_exit_self_speculation_drafts_with_the_first_layers_and_matches_greedy(family):
+    """`assistant_early_exit=1` drafts with the model's own first layer (it lowers `config.num_hidden_layers` while
+    drafting, as Llama's stack honours), then verifies with all of them: greedy's tokens."""
+    model = tiny_lm(family)
+    inputs = {"input_ids": _prompt()}
+    layers = model.model.layers if family == "decoder" else model.model.decoder.layers
+    calls = [0, 0]
+    hooks = [layer.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, layer in enumerate(layers)]
+    early_exit = _greedy(model, inputs, assistant_early_exit=1)
+    for hook in hooks:
+        hook.remove()
+    assert torch.equal(early_exit, _greedy(model, inputs))
+    assert calls[0] > calls[1]  # the drafts ran the first layer only
+
+
 def test_prompt_lookup_decoding_matches_greedy():
     model = tiny_lm("decoder")
     ids = torch.cat([_prompt(length=4)] * 3, dim=1)
