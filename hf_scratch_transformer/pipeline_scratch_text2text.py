@@ -39,6 +39,12 @@ class ScratchText2TextPipeline(Pipeline):
     def _sanitize_parameters(self, max_source_length=None, skip_special_tokens=None, **generate_kwargs):
         preprocess_params = {} if max_source_length is None else {"max_source_length": max_source_length}
         postprocess_params = {} if skip_special_tokens is None else {"skip_special_tokens": skip_special_tokens}
+        # `Pipeline.__init__` loads `assistant_model=` (and `assistant_tokenizer=`) but leaves passing them on to the
+        # task, as transformers' text-generation pipeline does: otherwise they are kept and never used.
+        if getattr(self, "assistant_model", None) is not None:  # set only for a model that can generate
+            generate_kwargs["assistant_model"] = self.assistant_model
+        if getattr(self, "assistant_tokenizer", None) is not None:
+            generate_kwargs |= {"tokenizer": self.tokenizer, "assistant_tokenizer": self.assistant_tokenizer}
         return preprocess_params, generate_kwargs, postprocess_params
 
     def preprocess(self, text: str, max_source_length: int | None = None):

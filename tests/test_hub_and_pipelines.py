@@ -188,6 +188,22 @@ def test_scratch_text2text_default_length_stays_within_absolute_positions(tokeni
         translator(TEXT, max_new_tokens=17, eos_token_id=None)
 
 
+def test_scratch_text2text_pipeline_drafts_with_its_assistant_model(tokenizers):
+    """`pipeline(..., assistant_model=...)` loads the assistant (transformers' `Pipeline.__init__`); the pipeline must
+    hand it to `generate()`, as the text-generation pipeline does: it was kept and never used."""
+    config = tiny_config("seq2seq", vocab_size=len(tokenizers["seq2seq"]))
+    torch.manual_seed(0)
+    model = hst.ScratchSeq2SeqForConditionalGeneration(config).eval()
+    assistant = hst.ScratchSeq2SeqForConditionalGeneration(config).eval()
+    drafts = []
+    assistant.register_forward_hook(lambda *_: drafts.append(1))
+    settings = dict(max_new_tokens=5, num_beams=1, do_sample=False)
+    translator = pipeline(hst.TEXT2TEXT_TASK, model=model, tokenizer=tokenizers["seq2seq"], assistant_model=assistant)
+    plain = pipeline(hst.TEXT2TEXT_TASK, model=model, tokenizer=tokenizers["seq2seq"])
+    assert translator(TEXT, **settings) == plain(TEXT, **settings)  # greedy verification: the same text
+    assert drafts
+
+
 def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizers, tmp_path):
     folder = _save(hst.ScratchDecoderForCausalLM, "decoder", tokenizers["decoder"], tmp_path)
     assert AutoTokenizer.from_pretrained(folder)(TEXT).input_ids == tokenizers["decoder"](TEXT).input_ids
