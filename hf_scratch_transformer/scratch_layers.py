@@ -208,7 +208,11 @@ class ScratchEmbeddings(nn.Module):
         if span and span[1] >= self.max_positions:
             raise ValueError(
                 f"The input reaches position {span[1]}, but this model has "
-                f"`max_position_embeddings={self.max_positions}` absolute positions; shorten or truncate the input."
+                f"`max_position_embeddings={self.max_positions}` absolute positions; shorten or truncate the input. "
+                # Raised part-way through `generate()` too, where a short prompt is not what to shorten.
+                "In `generate()` the prompt and the new tokens share them: ask for fewer (`max_new_tokens`, "
+                "`max_length`); prompt-lookup decoding also verifies up to `prompt_lookup_num_tokens` drafted tokens "
+                "past `max_length`."
             )
 
     def check_token_types(self, token_type_ids: torch.Tensor) -> None:

@@ -194,6 +194,20 @@ def test_max_new_tokens_is_honoured():
     assert out.shape == (1, 9)
 
 
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_generating_past_the_absolute_positions_names_the_generation_lengths(family):
+    """A short prompt with too many new tokens runs out of learned positions part-way: the error must point at the
+    length asked of `generate()`, not only tell the user to shorten an input of 5 tokens. Prompt-lookup decoding
+    (transformers) verifies drafts past `max_length`, so even a `max_length` within the table can run out."""
+    model = tiny_lm(family, position_embedding_type="learned")  # 64 positions
+    with pytest.raises(ValueError, match=r"reaches position 64.*`max_new_tokens`"):
+        _greedy(model, {"input_ids": _prompt()}, max_new_tokens=70)
+    if family == "decoder":
+        repetitive = torch.cat([_prompt(length=20)] * 3, dim=1)
+        with pytest.raises(ValueError, match="`prompt_lookup_num_tokens`"):
+            _greedy(model, {"input_ids": repetitive}, max_length=64, prompt_lookup_num_tokens=10)
+
+
 # ---------------------------------------------------------------------------------------------- static cache
 
 
