@@ -43,6 +43,19 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int | None, decoder_s
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+def _check_source_mask_width(attention_mask: torch.Tensor | None, encoder_states: torch.Tensor) -> None:
+    """The source's 2D `attention_mask` must cover the encoder's tokens. `generate(prefill_chunk_size=...)` cuts it to
+    the decoder's length (transformers slices `attention_mask` as if it were the decoder's, as in a decoder-only
+    model), which Marian takes silently, attending to the source's padding: name the option instead."""
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[1] == encoder_states.shape[1]:
+        return
+    raise ValueError(
+        f"`attention_mask` (the source's) covers {attention_mask.shape[1]} tokens but the encoder output has "
+        f"{encoder_states.shape[1]}. `generate(prefill_chunk_size=...)` cuts it so on encoder-decoder models, whose "
+        "decoder prompt is too short to chunk: leave `prefill_chunk_size` unset."
+    )
+
+
 class ScratchSeq2SeqPreTrainedModel(ScratchPreTrainedModel):
     config: ScratchSeq2SeqConfig
 
@@ -134,6 +147,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
                 attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
             )
+        _check_source_mask_width(attention_mask, encoder_outputs.last_hidden_state)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,

@@ -324,6 +324,18 @@ def test_prompt_lookup_decoding_matches_greedy():
                        _greedy(model, {"input_ids": ids}))
 
 
+def test_seq2seq_chunked_prefill_is_refused_by_name():
+    """transformers' chunked prefill cuts `attention_mask` to the decoder's length, but on an encoder-decoder that
+    mask is the source's: Marian then silently attends to the source's padding. Ours refuses, naming the option
+    (it said that an `encoder_attention_mask` nobody passed had the wrong shape)."""
+    model = tiny_lm("seq2seq")
+    ids = _prompt(batch=2, length=6)
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        _greedy(model, {"input_ids": ids, "attention_mask": mask}, prefill_chunk_size=2)
+
+
 def test_generation_config_ships_the_token_ids(tmp_path):
     model = tiny_lm("seq2seq")
     model.save_pretrained(tmp_path)
