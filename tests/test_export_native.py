@@ -206,6 +206,22 @@ def test_import_computes_the_same_and_converts_back(name):
         _assert_same_logits(native, back, family)
 
 
+@pytest.mark.parametrize("make_native", [_llama, _mistral], ids=["llama", "mistral"])
+def test_early_exit_self_speculation_matches_the_native_model(make_native):
+    """`generate(assistant_early_exit=1)`: Llama's stack runs `config.num_hidden_layers` layers, which the drafting
+    lowers; ours failed with IndexError from the cache. Sampled, so the scores and the random draws must match too."""
+    native = perturbed(make_native())
+    ours = from_hf(native)
+    ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
+    outputs = []
+    for model in (native, ours):
+        torch.manual_seed(0)
+        outputs.append(model.generate(ids, max_new_tokens=8, do_sample=True, top_k=10, assistant_early_exit=1,
+                                      return_dict_in_generate=True, output_scores=True))
+    assert torch.equal(outputs[1].sequences, outputs[0].sequences)
+    torch.testing.assert_close(torch.stack(outputs[1].scores), torch.stack(outputs[0].scores), atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("rope", [
     dict(rope_type="linear", factor=2.0),
     dict(rope_type="dynamic", factor=2.0),
