@@ -133,13 +133,16 @@ def test_training_continues_from_a_saved_model_folder(causal_lm_run, tmp_path):
 
 def test_masked_lm_training(tmp_path):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(" ".join(_words(6, seed=i)) for i in range(300)))  # 30 words a paragraph
+    # 90 words a paragraph: longer than the model's 64 positions, as the first validation line, which the sample at
+    # the end masks (it failed with a traceback after the folder was saved).
+    corpus.write_text("\n\n".join(" ".join(_words(18, seed=i)) for i in range(300)))
     # 13 evaluation examples in batches of 4: the last batch is short (the default corpus's 362 in 16s is too), and
     # its one example has several masked tokens.
-    run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir", tmp_path,
-               *TINY_RUN, *TINY_MODEL, "--max-eval-samples", 13, cwd=tmp_path)
+    stdout = run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir",
+                        tmp_path, *TINY_RUN, *TINY_MODEL, "--max-eval-samples", 13, cwd=tmp_path)
     results = json.loads((tmp_path / "model/eval_results.json").read_text())
     assert 0.0 <= results["mlm_accuracy"] <= 1.0
+    assert "fill-mask: " in stdout
     # Resumed from step 2, the run keeps its WordPiece vocabulary (trained again, it comes out differently).
     shutil.rmtree(tmp_path / "checkpoints/checkpoint-4")
     run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir", tmp_path,
@@ -149,7 +152,9 @@ def test_masked_lm_training(tmp_path):
 
 
 def test_seq2seq_training_with_the_seed_recipe(tmp_path):
-    sources = _words(120, seed=1)
+    # 75 words a sentence, past the model's 64 positions: training truncates them to --max-length, and so must the
+    # sample translated at the end (it failed with a traceback after the folder was saved).
+    sources = [" ".join([sentence] * 15) for sentence in _words(120, seed=1)]
     (tmp_path / "train.src").write_text("\n".join(sources))
     (tmp_path / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sources))
     stdout = run_script(

@@ -320,17 +320,24 @@ print(f"saved a Hub-ready folder: {folder}")
 # ----------------------------------------------------------------------------------------------- reload and sample
 reloaded = AUTO_MODEL[task].from_pretrained(folder).eval()
 tokenizer = AutoTokenizer.from_pretrained(folder)
+# The sample's inputs and outputs stay within the model's absolute positions (a validation text can be longer, and
+# failing here would end a run whose folder is saved with a traceback).
+positions = reloaded.config.max_position_embeddings
 if task == "causal-lm":
-    inputs = tokenizer(args.sample_prompt, return_tensors="pt")
-    room = reloaded.config.max_position_embeddings - inputs.input_ids.shape[1]  # absolute positions run out
+    inputs = tokenizer(args.sample_prompt, return_tensors="pt", truncation=True, max_length=positions - 1)
+    room = positions - inputs.input_ids.shape[1]
     output = reloaded.generate(**inputs, max_new_tokens=min(80, room), do_sample=True, top_k=40, temperature=0.8)
     print("sample from the reloaded model:\n" + tokenizer.decode(output[0], skip_special_tokens=True))
 elif task == "seq2seq":
     source = raw["validation"][0]["source"]
-    output = reloaded.generate(**tokenizer(source, return_tensors="pt"), num_beams=args.num_beams, max_new_tokens=60)
+    inputs = tokenizer(source, return_tensors="pt", truncation=True, max_length=min(args.max_length, positions))
+    output = reloaded.generate(**inputs, num_beams=args.num_beams, max_new_tokens=min(60, positions - 1))
     print(f"source: {source}\ntranslation: {tokenizer.decode(output[0], skip_special_tokens=True)}")
 else:
     text = raw["validation"][0]["text"].split("\n")[0]
+    # As many tokens as [CLS] ... [SEP] leaves room for; masking the last word adds none.
+    text = tokenizer.decode(tokenizer(text, add_special_tokens=False, truncation=True,
+                                      max_length=min(args.max_length, positions) - 2).input_ids)
     words = text.split()
     masked = " ".join(words[:-1] + [tokenizer.mask_token]) if words else tokenizer.mask_token
     logits = reloaded(**tokenizer(masked, return_tensors="pt")).logits[0]
