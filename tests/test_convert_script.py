@@ -4,6 +4,7 @@ classes with the native logits (1e-4); a Scratch folder exported the other way, 
 and the refusals (an unsupported model, a missing folder, config or weight, a knob with no native equivalent, a
 contradicting --to) exit non-zero naming the problem, writing nothing."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from transformers import (
     GPT2DoubleHeadsModel,
     LlamaConfig,
     LlamaForCausalLM,
+    TorchAoConfig,
 )
 
 import hf_scratch_transformer as hst
@@ -298,6 +300,25 @@ def _bert_without_model_type(path: Path) -> Path:
     return path
 
 
+def _llama_quantized_with_bitsandbytes(path: Path) -> Path:
+    """A 4-bit bitsandbytes folder as the Hub has many (its config is what matters: loading it needs bitsandbytes,
+    which is not installed here; the refusal must not depend on the weights)."""
+    _llama().save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _llama_quantized_with_torchao(path: Path) -> Path:
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    _llama().save_pretrained(path / "fp32")
+    LlamaForCausalLM.from_pretrained(path / "fp32", quantization_config=TorchAoConfig(Int8WeightOnlyConfig())
+                                     ).save_pretrained(path)
+    return path
+
+
 def _folder_without_config(path: Path) -> Path:
     gpt2().save_pretrained(path)
     (path / "config.json").unlink()
@@ -318,10 +339,18 @@ def _folder_without_config(path: Path) -> Path:
     (_gpt2_with_a_larger_tokenizer, [], ["the tokenizer has", "more than the model's vocabulary (99)"]),
     (_scratch_alibi_folder, [], ["Cannot export", "position_embedding_type='alibi'"]),
     (_llama_folder, ["--to", "native"], ["--to native", "native LlamaForCausalLM", "converts to Scratch only"]),
+    pytest.param(_llama_quantized_with_bitsandbytes, [], [
+        "holds weights quantized with bitsandbytes", "requires bitsandbytes",
+        "convert the full-precision folder, then quantize the result"], marks=pytest.mark.skipif(
+        importlib.util.find_spec("bitsandbytes") is not None, reason="loads where bitsandbytes is installed")),
+    pytest.param(_llama_quantized_with_torchao, [], [
+        "`model.layers.0.self_attn.q_proj.weight` is a quantized Int8Tensor"], marks=pytest.mark.skipif(
+        importlib.util.find_spec("torchao") is None, reason="needs torchao")),
     (_gpt2_with_a_broken_card, [], ["README.md is not a valid model card", "correct or remove it"]),
 ], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "resized-weight", "no-weights",
           "broken-config", "no-model-type", "tokenizer-too-large",
-        "knob-without-native-equivalent", "contradicting-direction", "broken-card"])
+        "knob-without-native-equivalent", "contradicting-direction", "bitsandbytes-without-the-library",
+        "torchao-int8", "broken-card"])
 def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path):
     source = tmp_path / "source"
     source.mkdir()

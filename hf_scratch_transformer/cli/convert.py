@@ -132,6 +132,15 @@ try:  # a folder without weights (OSError), or a config value its class refuses 
                                                   ignore_mismatched_sizes=True)
 except (OSError, ValueError) as error:
     fail(f"cannot load {args.source} as a {source_class}: {error}")
+except ImportError as error:  # a quantizer's library (bitsandbytes, GPTQ, AWQ, torchao) that is not installed
+    quantization = source_config.get("quantization_config")
+    if not isinstance(quantization, dict):
+        fail(f"cannot load {args.source} as a {source_class}: {error}")
+    # Installing the library would not help: loaded, the weights are quantized tensors, which `to_hf` / `from_hf`
+    # refuse (those of methods that transformers dequantizes at load, such as fp8 on CPU, raise no ImportError).
+    fail(f"{args.source} holds weights quantized with {quantization.get('quant_method')} (config.json's "
+         f"quantization_config), which cannot be loaded here ({error}); quantized weights do not convert: convert "
+         "the full-precision folder, then quantize the result")
 if loading_info["missing_keys"]:
     fail(f"the checkpoint lacks weights of a {source_class}: {sorted(loading_info['missing_keys'])}")
 if loading_info["mismatched_keys"]:
