@@ -22,6 +22,18 @@ from tokenizer_training import check_text_file, load_data
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
 
+# ---------------------------------------------------------------------------------------------- model
+
+
+def load_to_train(model_class, folder, **kwargs):
+    """`model_class.from_pretrained(folder, **kwargs)` in float32, whatever dtype the folder was saved in.
+    transformers 5 loads a folder in its own dtype (`dtype="auto"`): a bf16 folder (`hf-scratch convert` of a bf16
+    Llama writes one) trained in bf16, where AdamW at a learning rate of 1e-5 left 84% of a tiny model's weights as
+    they were after 5 steps (fp16 alike, with fp16's overflow besides). Weights and optimizer state train in
+    float32, as with --bf16 autocast (docs/training.md), and the trained folder is saved in float32."""
+    return model_class.from_pretrained(folder, dtype=torch.float32, **kwargs)
+
+
 # ---------------------------------------------------------------------------------------------- data
 
 

@@ -375,3 +375,25 @@ def test_fast_bf16_fp32_and_gpus_pass(matmul_rates, mixed_precision, device):
 
 def test_matmul_gflops_measures_a_positive_rate():
     assert training.matmul_gflops(torch.float32, size=32) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_folder_is_loaded_for_training_in_float32(dtype, tmp_path):
+    """transformers 5 loads a folder in the dtype it was saved in (`dtype="auto"`): `train --model`, train-accelerate
+    and finetune trained a bf16 folder (`hf-scratch convert` of a bf16 Llama writes one) in bf16, where AdamW at a
+    learning rate of 1e-5 left most weights as they were (fp16 alike). Loaded for
+    training, the weights are the saved ones in float32 (the optimizer state then too, as with --bf16 autocast)."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_lm("decoder").to(dtype).save_pretrained(tmp_path)
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert saved.dtype == dtype  # what a plain load gives
+    model = training.load_to_train(AutoModelForCausalLM, tmp_path)
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+    for (name, parameter), original in zip(model.named_parameters(), saved.parameters(), strict=True):
+        assert torch.equal(parameter, original.float()), name
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    model.train()(**lm_inputs("decoder")).loss.backward()
+    optimizer.step()
+    assert all(not torch.equal(old, new) for old, new in zip(before, model.parameters(), strict=True))

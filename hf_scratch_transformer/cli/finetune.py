@@ -256,8 +256,8 @@ if tokenizer.pad_token is None:
 # then take positions that depend on the longest text of its batch. Classifiers find the last real token on either
 # side, so they pad on the right (as GPT-2's tokenizer does), in training and in the saved folder's pipelines.
 tokenizer.padding_side = "right"
-model = HEADS[args.task].from_pretrained(
-    source, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
+model = training.load_to_train(
+    HEADS[args.task], source, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
     problem_type="single_label_classification",  # what this command trains, whatever the base did (regression, say)
     pad_token_id=tokenizer.pad_token_id, ignore_mismatched_sizes=True,  # a classifier of other classes: a new head
 )

@@ -183,7 +183,7 @@ refuse_another_family(parser, tokenizer, task, resumed if saved else given)
 
 # ----------------------------------------------------------------------------------------------- model
 if args.model:
-    model = AUTO_MODEL[task].from_pretrained(args.model)
+    model = training.load_to_train(AUTO_MODEL[task], args.model)
     preset = None
 else:
     overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer)}

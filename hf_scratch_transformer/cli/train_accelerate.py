@@ -223,7 +223,7 @@ accelerator.print(f"data: {len(raw['train'])} training examples; tokenizer: {len
 # ----------------------------------------------------------------------------------------------- model
 set_seed(args.seed)  # the same initial weights in every process
 if args.model:
-    model, preset = AUTO_MODEL[task].from_pretrained(args.model), None
+    model, preset = training.load_to_train(AUTO_MODEL[task], args.model), None
 else:
     overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer)}
     overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
