@@ -13,7 +13,7 @@ import torch
 import transformers
 from datasets import ClassLabel, Dataset, Features, Value
 from huggingface_hub import ModelCard
-from tiny_models import tiny_config
+from tiny_models import tiny_config, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece, write_run_corpus
 from transformers import (
     AutoModelForCausalLM,
@@ -384,3 +384,22 @@ def test_a_config_override_is_json_or_else_a_string():
     assert config_override("dropout=0.2") == ("dropout", 0.2)
     assert config_override("sliding_window=null") == ("sliding_window", None)
     assert config_override("position_embedding_type=rope") == ("position_embedding_type", "rope")
+
+
+@pytest.mark.parametrize("script, options", [
+    ("train.py", []), ("train_accelerate.py", ["--cpu"]),
+    ("finetune.py", ["--task", "text-classification", "--dataset", "imdb"]),
+])
+def test_a_quantized_model_folder_is_refused_before_any_work(script, options, tmp_path):
+    """A folder saved with a `quantization_config` (torchao's int8, bitsandbytes, GPTQ...) holds weights that do not
+    train: train failed with Trainer's traceback after the data, train-accelerate trained around its int8 weights and
+    stopped at the first checkpoint with "free space", finetune converted or loaded it first. Refused, naming it."""
+    model = tiny_lm("decoder")
+    model.save_pretrained(tmp_path / "int8")
+    config = json.loads((tmp_path / "int8/config.json").read_text())
+    config["quantization_config"] = {"quant_method": "torchao", "quant_type": {"default": {}}}
+    (tmp_path / "int8/config.json").write_text(json.dumps(config))
+    output = run_script(script, "--model", tmp_path / "int8", *options, "--output-dir", tmp_path / "run",
+                        cwd=tmp_path, returncode=2)
+    assert "--model" in output and "holds quantized weights (torchao" in output and "Traceback" not in output
+    assert "full-precision folder" in output and not (tmp_path / "run").exists()

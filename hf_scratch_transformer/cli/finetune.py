@@ -45,6 +45,7 @@ from hf_scratch_transformer.cli.run_options import (
     on_the_hub,
     positive_float,
     positive_int,
+    refuse_quantized_model,
     sequence_length,
 )
 from hf_scratch_transformer.conversion import from_hf
@@ -91,6 +92,7 @@ parser.add_argument("--model-name", help="the card's title and repo id (default:
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
 add_run_safety_arguments(parser)
 args = parser.parse_args()
+refuse_quantized_model(parser, args.model)
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero())

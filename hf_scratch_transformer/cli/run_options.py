@@ -216,9 +216,25 @@ def config_override(item: str) -> tuple[str, object]:
         return key, value
 
 
+def refuse_quantized_model(parser: argparse.ArgumentParser, folder: Path | None) -> None:
+    """A --model folder saved with a `quantization_config` (torchao's int8, bitsandbytes, GPTQ, ...) holds weights
+    that do not train: Trainer refused it with a traceback after the data work, the accelerate loop trained around
+    them and failed at its first checkpoint. Read from config.json, before anything is loaded."""
+    config = folder / "config.json" if folder is not None else None
+    if config is None or not config.is_file():
+        return
+    with suppress(json.JSONDecodeError):
+        quantization = json.loads(config.read_text(encoding="utf-8")).get("quantization_config")
+        if isinstance(quantization, dict):
+            parser.error(f"--model {folder} holds quantized weights ({quantization.get('quant_method')}, config.json's "
+                         "quantization_config), which do not train: train the full-precision folder, then quantize "
+                         "the result.")
+
+
 def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     """The --set overrides, checked against the preset's config before any data or tokenizer work: an unknown
     field (a typo would be saved and do nothing) or an invalid value stops the command, naming it."""
+    refuse_quantized_model(parser, args.model)
     overrides = dict(args.set)
     if overrides and args.model:
         parser.error("--set configures a new model (a preset or --config); --model continues a saved one as it is")
