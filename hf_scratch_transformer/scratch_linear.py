@@ -206,7 +206,11 @@ class ScratchLinear(nn.Linear):
         if cached is None or cached[0] is not weight:
             ends = itertools.accumulate(self.fused_sizes)  # torchao slices by rows (aten.slice), it has no split
             rows = [slice(end - size, end) for size, end in zip(self.fused_sizes, ends, strict=True)]
-            parts = tuple((weight[part], None if self.bias is None else self.bias[part]) for part in rows)
+            # Made as normal tensors even under `torch.inference_mode()`: there torchao's slicing fails ("Cannot set
+            # version_counter for inference tensor"), and inference-mode views could not serve a later forward
+            # with gradients, as the native model's weights do.
+            with torch.inference_mode(False):
+                parts = tuple((weight[part], None if self.bias is None else self.bias[part]) for part in rows)
             self.__dict__["_torchao_cache"] = cached = (weight, parts)
         return cached[1]
 

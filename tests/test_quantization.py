@@ -217,3 +217,24 @@ def test_quantized_or_offloaded_models_are_refused_by_conversion_with_the_weight
     with pytest.raises(ValueError, match=r"`model\.\S+` is not in memory \(on the meta device"):
         convert(offloaded)
     assert type(convert(plain)).__name__ == CLASSES["native" if side == "ours" else "ours"].__name__
+
+
+@pytest.mark.parametrize("side", CLASSES)
+def test_a_quantized_model_runs_under_inference_mode_and_then_with_gradients(side, folders, inputs):
+    """`torch.inference_mode()`, the usual wrapper of inference scripts: ours failed at its first forward with
+    "Cannot set version_counter for inference tensor" (torchao's slicing of the fused gate | up into its parts), where
+    the native Llama runs. The parts, made there, must also serve a later forward with gradients (a saliency map,
+    say), as the native weights do."""
+    quantization = pytest.importorskip("torchao.quantization")
+    config = TorchAoConfig(quantization.Int8WeightOnlyConfig())
+    model = CLASSES[side].from_pretrained(folders[side], quantization_config=config).eval()
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    model = CLASSES[side].from_pretrained(folders[side], quantization_config=config).eval()  # no parts made yet
+    with torch.inference_mode():
+        torch.testing.assert_close(model(**inputs).logits, expected, atol=0, rtol=0)
+        tokens = model.generate(input_ids=inputs["input_ids"][:1], max_new_tokens=2, do_sample=False)
+    assert tokens.shape[1] == inputs["input_ids"].shape[1] + 2
+    embeds = model.get_input_embeddings()(inputs["input_ids"]).detach().requires_grad_()
+    model(inputs_embeds=embeds, attention_mask=inputs["attention_mask"]).logits.sum().backward()
+    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
