@@ -307,6 +307,18 @@ def corpus(tmp_path):
         (["train", "--tokenizer", "./no-tokenizer"], "argument --tokenizer: folder ./no-tokenizer does not exist"),
         (["train-accelerate", "--keep-checkpoints", "0"], "argument --keep-checkpoints: must be >= 1, got 0"),
         (["train-accelerate", "--gradient-accumulation-steps", "0"], "argument --gradient-accumulation-steps: must"),
+        # Optimisation options out of range trained silently wrong (a negative smoothing or clipping norm, listed
+        # by the card) or failed after the tokenizer and the data (a smoothing of 1.5, a negative learning rate).
+        (["train", "--label-smoothing", "-0.1"], "argument --label-smoothing: must be >= 0 and < 1, got -0.1"),
+        (["train", "--label-smoothing", "1.5"], "argument --label-smoothing: must be >= 0 and < 1, got 1.5"),
+        (["train-accelerate", "--label-smoothing", "1"], "argument --label-smoothing: must be >= 0 and < 1, got 1"),
+        (["train", "--learning-rate", "-1"], "argument --learning-rate: must be >= 0, got -1"),
+        (["train-accelerate", "--learning-rate", "nan"], "argument --learning-rate: must be >= 0, got nan"),
+        (["train-accelerate", "--max-grad-norm", "-1"], "argument --max-grad-norm: must be >= 0, got -1"),
+        (["train", "--adam-beta2", "1.5"], "argument --adam-beta2: must be >= 0 and < 1, got 1.5"),
+        (["train", "--adam-epsilon", "-0.1"], "argument --adam-epsilon: must be >= 0, got -0.1"),
+        (["train", "--weight-decay", "-0.1"], "argument --weight-decay: must be >= 0, got -0.1"),
+        (["train", "--max-grad-norm", "-1"], "argument --max-grad-norm: must be >= 0, got -1"),
         (["tokenizer", "--kind", "bpe", "--family", "decoder", "--min-frequency", "-1"],
          "argument --min-frequency: must be >= 0, got -1"),
         (["finetune", "--task", "text-classification", "--max-steps", "0"],
@@ -325,7 +337,7 @@ def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, a
 
 
 def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
-    assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 1
+    assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 2
 
 
 @pytest.mark.parametrize("name", ["missing.txt", "empty.txt", "binary.txt"])

@@ -7,6 +7,7 @@ contradicting --to) exit non-zero naming the problem, writing nothing."""
 import importlib.util
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -351,14 +352,19 @@ def _folder_without_config(path: Path) -> Path:
           "broken-config", "no-model-type", "tokenizer-too-large",
         "knob-without-native-equivalent", "contradicting-direction", "bitsandbytes-without-the-library",
         "torchao-int8", "broken-card"])
-def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path):
+def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path, monkeypatch, capsys):
+    """Run in this process, as the command's module (each refusal comes before the conversion: no process start per
+    case); anything but the command's own exit, a traceback say, fails the test."""
     source = tmp_path / "source"
     source.mkdir()
-    result = run_script(make_source(source), tmp_path / "output", *options)
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
+    monkeypatch.setattr(sys, "argv", ["hf-scratch convert", str(make_source(source)), str(tmp_path / "output"),
+                                      *options])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_module("hf_scratch_transformer.cli.convert", run_name="__main__")
+    assert stopped.value.code not in (0, None)
+    stderr = f"{capsys.readouterr().err}{stopped.value.code}"  # argparse prints its error; `fail` exits with it
     for fragment in expected:
-        assert fragment in result.stderr
+        assert fragment in stderr
     assert not (tmp_path / "output").exists()
 
 
