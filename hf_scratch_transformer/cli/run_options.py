@@ -223,18 +223,20 @@ def refuse_quantized_model(parser: argparse.ArgumentParser, folder: Path | None)
     config = folder / "config.json" if folder is not None else None
     if config is None or not config.is_file():
         return
-    with suppress(json.JSONDecodeError):
-        quantization = json.loads(config.read_text(encoding="utf-8")).get("quantization_config")
-        if isinstance(quantization, dict):
-            parser.error(f"--model {folder} holds quantized weights ({quantization.get('quant_method')}, config.json's "
-                         "quantization_config), which do not train: train the full-precision folder, then quantize "
-                         "the result.")
+    try:
+        saved = json.loads(config.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return  # loading the model names a config.json that is not JSON
+    quantization = saved.get("quantization_config") if isinstance(saved, dict) else None
+    if isinstance(quantization, dict):
+        parser.error(f"--model {folder} holds quantized weights ({quantization.get('quant_method')}, config.json's "
+                     "quantization_config), which do not train: train the full-precision folder, then quantize the "
+                     "result.")
 
 
 def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     """The --set overrides, checked against the preset's config before any data or tokenizer work: an unknown
     field (a typo would be saved and do nothing) or an invalid value stops the command, naming it."""
-    refuse_quantized_model(parser, args.model)
     overrides = dict(args.set)
     if overrides and args.model:
         parser.error("--set configures a new model (a preset or --config); --model continues a saved one as it is")

@@ -64,6 +64,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    refuse_quantized_model,
     run_data_name,
     run_data_on_hub,
     stop_cleanly_on_ctrl_c,
@@ -144,6 +145,7 @@ optimisation = {
 task = args.task
 output_dir = args.output_dir or Path("outputs") / task
 is_main_process = is_rank_zero()
+refuse_quantized_model(parser, args.model)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process)
 resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)
