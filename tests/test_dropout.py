@@ -7,13 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import lm_inputs, tiny_config
 
-from hf_scratch_transformer import (
-    ScratchDecoderForCausalLM,
-    ScratchEncoderForSequenceClassification,
-    ScratchSeq2SeqForConditionalGeneration,
-)
 from hf_scratch_transformer.scratch_dropout import dropout, keep_mask
 
 COUNT = 2_000_000
@@ -87,27 +81,3 @@ def test_inactive_or_total_dropout_and_transforms_take_the_plain_path():
     assert batched.shape == (3, 100) and set(batched.unique().tolist()) <= {0.0, 2.0}
 
 
-def _switch_off_every_dropout_module(model: torch.nn.Module) -> None:
-    """What TRL's `disable_dropout_in_model` does (on by default in its DPO and reward trainers)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0
-
-
-@pytest.mark.parametrize("model_class", [ScratchDecoderForCausalLM, ScratchEncoderForSequenceClassification,
-                                         ScratchSeq2SeqForConditionalGeneration])
-def test_setting_p_to_zero_on_every_dropout_module_switches_ours_off_as_it_does_gpt2s(model_class):
-    """Our layers apply dropout as a function, with no `nn.Dropout` module to find: a model in training mode went on
-    dropping out after TRL's switch, unlike GPT-2 and BERT. The rates are now the `p` of modules the layers hold."""
-    family = model_class.config_class.model_type.removeprefix("scratch_")
-    rates = dict(dropout=0.3, attention_dropout=0.3, activation_dropout=0.3, embedding_dropout=0.3)
-    torch.manual_seed(0)
-    model = model_class(tiny_config(family, **rates)).train()
-    inputs = lm_inputs(family)
-    if model_class is ScratchEncoderForSequenceClassification:
-        del inputs["labels"]  # the masked LM's
-    expected = model.eval()(**inputs).logits
-    model.train()
-    assert not torch.equal(model(**inputs).logits, expected), "dropout is on in training mode"
-    _switch_off_every_dropout_module(model)
-    assert torch.equal(model(**inputs).logits, expected)

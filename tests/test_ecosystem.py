@@ -1,0 +1,165 @@
+"""Libraries built on transformers, used on our families as on the native models: PEFT (LoRA, prefix tuning) and
+TRL (supervised fine-tuning; the dropout switch of its preference trainers). Where a native model has the same
+computation, the same weights with the same adapter give the same outputs and gradients as there."""
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, PrefixTuningConfig, TaskType, get_peft_model
+from safetensors.torch import load_file
+from tiny_models import lm_inputs, tiny_lm
+from tiny_native import ATOL, VOCAB, bert, gpt2, marian
+from tiny_tokenizers import byte_level_bpe
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+import hf_scratch_transformer as hst
+from hf_scratch_transformer.conversion import from_hf
+
+# LoRA on the same products of each layer, in the order the layers hold them. Q, K and V are one fused product in
+# ours and in GPT-2 (a LoRA update of rank r to the fused product is not one to each of three), so BERT and Marian
+# pair only their output, up and down products.
+LORA_TARGETS = {  # native factory: (task, native target modules, ours)
+    gpt2: (TaskType.CAUSAL_LM, ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"],
+           ["qkv_proj", "o_proj", "up_proj", "down_proj"]),
+    bert: (None, ["output.dense", "intermediate.dense"], ["o_proj", "up_proj", "down_proj"]),
+    marian: (TaskType.SEQ_2_SEQ_LM, ["out_proj", "fc1", "fc2"], ["o_proj", "up_proj", "down_proj"]),
+}
+
+
+def _inputs(native) -> dict:
+    ids = torch.randint(3, VOCAB - 2, (2, 7), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "labels": ids}
+    if native.config.is_encoder_decoder:
+        inputs["labels"] = ids[:, :5].clone()  # Marian views them
+    return inputs
+
+
+def _lora_layers(model) -> list:
+    return [module for module in model.modules() if hasattr(module, "lora_A")]
+
+
+def _lora(model, task, targets, **options):
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, task_type=task, init_lora_weights=False, **options)
+    return get_peft_model(model, config)
+
+
+@pytest.mark.parametrize("native_factory", list(LORA_TARGETS), ids=lambda factory: factory.__name__)
+def test_lora_on_ours_computes_what_lora_on_the_native_model_computes(native_factory):
+    """The same adapter on the same weights: the same logits and the same adapter gradients; merged into the
+    weights (`merge_and_unload`), the same logits again."""
+    task, native_targets, our_targets = LORA_TARGETS[native_factory]
+    native = native_factory()
+    ours = from_hf(native)
+    native = _lora(native, task, native_targets, fan_in_fan_out=native_factory is gpt2)  # GPT-2's Conv1D
+    ours = _lora(ours, task, our_targets)
+    pairs = list(zip(_lora_layers(native), _lora_layers(ours), strict=True))
+    with torch.no_grad():
+        for native_layer, our_layer in pairs:
+            for name in ("lora_A", "lora_B"):
+                getattr(our_layer, name).default.weight.copy_(getattr(native_layer, name).default.weight)
+    inputs = _inputs(native)
+    expected, actual = native(**inputs), ours(**inputs)
+    torch.testing.assert_close(actual.logits, expected.logits, atol=ATOL, rtol=0)
+    expected.loss.backward()
+    actual.loss.backward()
+    for native_layer, our_layer in pairs:
+        for name in ("lora_A", "lora_B"):
+            torch.testing.assert_close(getattr(our_layer, name).default.weight.grad,
+                                       getattr(native_layer, name).default.weight.grad, atol=1e-5, rtol=1e-4)
+    trainable = {name for name, parameter in ours.named_parameters() if parameter.requires_grad}
+    assert trainable and all(".lora_" in name for name in trainable), "only the adapter trains"
+
+    with torch.no_grad():
+        merged = ours.merge_and_unload()
+        assert not _lora_layers(merged) and type(merged) is type(from_hf(native_factory()))
+        torch.testing.assert_close(merged(**inputs).logits, expected.logits, atol=ATOL, rtol=0)
+
+
+AUTO_LM = {"decoder": (AutoModelForCausalLM, TaskType.CAUSAL_LM), "encoder": (AutoModelForMaskedLM, None),
+           "seq2seq": (AutoModelForSeq2SeqLM, TaskType.SEQ_2_SEQ_LM)}
+
+
+@pytest.mark.parametrize("family", list(AUTO_LM))
+def test_a_lora_adapter_saved_alone_loads_onto_the_saved_model(family, tmp_path):
+    """The base folder and the adapter folder apart, as published: `PeftModel.from_pretrained` on the base loaded
+    through the Auto class gives the adapted model's outputs; the adapter folder holds the adapter only."""
+    auto_class, task = AUTO_LM[family]
+    tiny_lm(family).save_pretrained(tmp_path / "base")
+    adapted = _lora(auto_class.from_pretrained(tmp_path / "base"), task, ["qkv_proj", "o_proj"]).eval()
+    adapted.save_pretrained(tmp_path / "adapter")
+    inputs = lm_inputs(family)
+    with torch.no_grad():
+        expected = adapted(**inputs).logits
+        reloaded = PeftModel.from_pretrained(auto_class.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+        torch.testing.assert_close(reloaded.eval()(**inputs).logits, expected, atol=1e-6, rtol=0)
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert saved and all(".lora_" in name for name in saved)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_prefix_tuning_on_ours_computes_what_it_computes_on_the_native_model(family):
+    """PEFT's prefix tuning: virtual keys and values for every layer from one trained embedding, handed to the
+    model as `past_key_values`, behind an attention mask that covers them. The same prefix weights give the native
+    outputs (GPT-2's logits; BERT's hidden states, through the trunks); the prefix alone trains."""
+    if family == "decoder":
+        native, task, output = gpt2(), TaskType.CAUSAL_LM, "logits"
+        ours = from_hf(native)
+    else:
+        native_lm = bert()
+        native, ours = native_lm.bert, from_hf(native_lm).model
+        task, output = TaskType.FEATURE_EXTRACTION, "last_hidden_state"
+    config = PrefixTuningConfig(num_virtual_tokens=3, task_type=task)
+    native, ours = get_peft_model(native, config), get_peft_model(ours, config)
+    with torch.no_grad():
+        native.prompt_encoder.default.embedding.weight.normal_()
+        ours.prompt_encoder.default.embedding.weight.copy_(native.prompt_encoder.default.embedding.weight)
+    ids = _inputs(native)["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0
+    expected = getattr(native(input_ids=ids, attention_mask=mask), output)
+    actual = getattr(ours(input_ids=ids, attention_mask=mask), output)
+    kept = mask.bool()
+    torch.testing.assert_close(actual[kept], expected[kept], atol=ATOL, rtol=0)
+    actual.sum().backward()
+    trainable = [name for name, parameter in ours.named_parameters() if parameter.requires_grad]
+    assert trainable == ["prompt_encoder.default.embedding.weight"]
+    assert ours.prompt_encoder.default.embedding.weight.grad.abs().sum() > 0
+
+
+def test_trl_sft_trains_ours_and_saves_a_folder_the_auto_class_loads(tmp_path):
+    """TRL's `SFTTrainer` on plain texts, with and without its packing (best-fit sequences in one row, told apart
+    by position ids that restart)."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    tokenizer = byte_level_bpe()
+    texts = [f"the {word} walks to the house number {number}" for number in range(12)
+             for word in ("man", "dog")]
+    for packing in (False, True):
+        model = tiny_lm("decoder", vocab_size=len(tokenizer), max_position_embeddings=64).train()
+        arguments = SFTConfig(output_dir=str(tmp_path / f"packing-{packing}"), max_steps=3, learning_rate=1e-2,
+                              per_device_train_batch_size=4, packing=packing, max_length=32, report_to=[],
+                              use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=1)
+        trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_dict({"text": texts}),
+                             processing_class=tokenizer)
+        losses = [entry["loss"] for entry in trainer.train() and trainer.state.log_history if "loss" in entry]
+        assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses))), losses
+        trainer.save_model(str(tmp_path / "model"))
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+        assert isinstance(reloaded, hst.ScratchDecoderForCausalLM)
+        torch.testing.assert_close(reloaded.state_dict(), model.state_dict())
+
+
+@pytest.mark.parametrize("family", list(AUTO_LM))
+def test_trls_dropout_switch_turns_ours_off(family):
+    """TRL's DPO and reward trainers call `disable_dropout_in_model`, which sets p = 0 on every `nn.Dropout`."""
+    from trl.trainer.utils import disable_dropout_in_model
+
+    rates = dict(dropout=0.3, attention_dropout=0.3, activation_dropout=0.3, embedding_dropout=0.3)
+    model = tiny_lm(family, **rates)
+    inputs = lm_inputs(family)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        model.train()
+        assert not torch.equal(model(**inputs).logits, expected), "dropout is on in training mode"
+        disable_dropout_in_model(model)
+        assert torch.equal(model(**inputs).logits, expected)
