@@ -1,9 +1,18 @@
 """pytest set-up: no Hub access, a fixed seed per test, one fp32 CPU kernel and one bf16 training attention kernel;
 `force_choice` for the tests of those choices."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Each test process its own cache of `trust_remote_code` modules, removed at its end: transformers copies a folder's
+# code under the folder's name, and two test workers (pytest-xdist) loading folders of one name would write one file
+# at once; nor is the user's cache touched.
+if "HF_MODULES_CACHE" not in os.environ:
+    os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
+    atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 # One fp32 kernel for the whole suite: on "auto" each process times the kernels, and the two processes of one test (a
 # run and its resumed half) could pick different ones and differ at fp32 rounding. tests/test_linear.py covers both.
 os.environ.setdefault("HF_SCRATCH_CPU_KERNELS", "onednn")

@@ -13,11 +13,10 @@ import sys
 import pytest
 import torch
 from tiny_models import BOS, EOS, PAD, VOCAB, tiny_lm
-from tiny_native import ATOL, bert, gpt2, marian
+from tiny_native import ATOL, bert, gpt2, llama, marian
 from transformers import (
     BertForMaskedLM,
     GPT2LMHeadModel,
-    LlamaConfig,
     LlamaForCausalLM,
     MarianMTModel,
     MistralConfig,
@@ -147,13 +146,6 @@ def test_export_keeps_generation_config_dtype_and_mode():
 # ---------------------------------------------------------------------------------------------- native -> ours
 
 
-def _llama(**overrides):
-    values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=PAD,
-                  bos_token_id=BOS, eos_token_id=EOS)
-    return LlamaForCausalLM(LlamaConfig(**{**values, **overrides})).eval()
-
-
 def _mistral(**overrides):
     values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64, sliding_window=4,
@@ -173,8 +165,8 @@ LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_fa
 # id: (native factory, family, the class `to_hf(from_hf(...))` gives back)
 IMPORTS = {
     "gpt2": (gpt2, "decoder", GPT2LMHeadModel),
-    "llama": (lambda: _llama(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE), "decoder", LlamaForCausalLM),
-    "llama-attention-bias": (lambda: _llama(attention_bias=True), "decoder", LlamaForCausalLM),
+    "llama": (lambda: llama(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE), "decoder", LlamaForCausalLM),
+    "llama-attention-bias": (lambda: llama(attention_bias=True), "decoder", LlamaForCausalLM),
     "mistral": (_mistral, "decoder", MistralForCausalLM),
     # Qwen2 biases q, k and v only: ours has one `use_bias`, so the rest become zero biases, and it exports as a
     # Llama with biases everywhere (the same function; Qwen2 is not an export target).
@@ -206,7 +198,7 @@ def test_import_computes_the_same_and_converts_back(name):
         _assert_same_logits(native, back, family)
 
 
-@pytest.mark.parametrize("make_native", [_llama, _mistral], ids=["llama", "mistral"])
+@pytest.mark.parametrize("make_native", [llama, _mistral], ids=["llama", "mistral"])
 def test_early_exit_self_speculation_matches_the_native_model(make_native):
     """`generate(assistant_early_exit=1)`: Llama's stack runs `config.num_hidden_layers` layers, which the drafting
     lowers; ours failed with IndexError from the cache. Sampled, so the scores and the random draws must match too."""
@@ -234,7 +226,7 @@ def test_early_exit_self_speculation_matches_the_native_model(make_native):
 ], ids=lambda rope: rope["rope_type"])
 def test_llama_rope_scaling_types_convert(rope):
     """Past the original context (16) and, for `dynamic`, past `max_position_embeddings` (32)."""
-    native = perturbed(_llama(max_position_embeddings=32, rope_parameters={"rope_theta": 1000.0, **rope}))
+    native = perturbed(llama(max_position_embeddings=32, rope_parameters={"rope_theta": 1000.0, **rope}))
     ours = from_hf(native)
     assert ours.config.rope_parameters == native.config.rope_parameters
     ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(3))
@@ -249,7 +241,7 @@ def test_rotary_frequencies_keep_the_precision_of_the_source(cast, tmp_path):
     """`from_pretrained(dtype=torch.bfloat16)` keeps Llama's rotary frequencies in float32, `.to(torch.bfloat16)`
     casts them: both ways, the converted model computes its angles as the source does. bf16 frequencies at position
     2000 are off by radians (wide weights make attention depend on positions)."""
-    native = _llama(initializer_range=0.5)
+    native = llama(initializer_range=0.5)
     if cast == "from_pretrained":
         native.save_pretrained(tmp_path)
         native = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
@@ -303,15 +295,15 @@ def test_marian_sharing_without_a_tied_head_imports_as_separate_matrices():
 
 
 def _unknown_rope_type():
-    native = _llama()
+    native = llama()
     native.config.rope_parameters = {"rope_type": "mrope", "rope_theta": 10000.0}
     return native
 
 
 @pytest.mark.parametrize("make_native, fragments", [
     (_unknown_rope_type, ["rope_type='mrope'", "supported: default, linear"]),
-    (lambda: _llama(head_dim=16), ["head_dim=16"]),
-    (lambda: _llama(hidden_act="gelu", head_dim=16), ["hidden_act='gelu'", "head_dim=16"]),  # both, in one error
+    (lambda: llama(head_dim=16), ["head_dim=16"]),
+    (lambda: llama(hidden_act="gelu", head_dim=16), ["hidden_act='gelu'", "head_dim=16"]),  # both, in one error
     (lambda: _qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=1), ["some layers only"]),
 ], ids=["rope-type", "head-dim", "two-at-once", "qwen2-some-layers-sliding"])
 def test_llama_family_options_without_equivalent_are_refused(make_native, fragments):

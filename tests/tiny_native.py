@@ -1,7 +1,17 @@
-"""Small randomly initialised native `transformers` models (GPT-2, BERT, Marian) for the parity tests, in eval mode."""
+"""Small randomly initialised native `transformers` models (GPT-2, Llama, BERT, Marian) for the parity tests, in eval
+mode."""
 
 import torch
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, MarianConfig, MarianMTModel
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianConfig,
+    MarianMTModel,
+)
 
 VOCAB = 99
 ATOL = 1e-4  # logits parity, fp32
@@ -11,6 +21,13 @@ def gpt2(**overrides) -> GPT2LMHeadModel:
     values = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1,
                   eos_token_id=2, pad_token_id=0)
     return GPT2LMHeadModel(GPT2Config(**{**values, **overrides})).eval()
+
+
+def llama(**overrides) -> LlamaForCausalLM:
+    values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(LlamaConfig(**{**values, **overrides})).eval()
 
 
 def bert(**overrides) -> BertForMaskedLM:

@@ -27,6 +27,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from filelock import FileLock
+
 PACKAGE = "hf_upstream_tests"
 DEFAULT_CACHE = Path(__file__).resolve().parents[2] / ".hf_conformance"
 
@@ -154,10 +156,19 @@ def build(cache: Path = DEFAULT_CACHE) -> Path:
     root = tree_root(cache)
     if (root / PACKAGE / "test_modeling_common.py").is_file():
         return root
-    version, transformers_dir = installed_transformers()
     cache.mkdir(parents=True, exist_ok=True)
+    # The test workers (pytest-xdist) import this at once: one downloads and builds, the others wait and reuse.
+    with FileLock(cache / ".build.lock"):
+        if (root / PACKAGE / "test_modeling_common.py").is_file():
+            return root
+        _build_tree(cache, root)
+    return root
+
+
+def _build_tree(cache: Path, root: Path) -> None:
+    version, transformers_dir = installed_transformers()
     sdist = _download_sdist(version, cache / "dl")
-    # Build next to the final place, then rename: concurrent builders and interrupted builds leave no half tree.
+    # Build next to the final place, then rename: an interrupted build leaves no half tree.
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache))
     staging.chmod(0o755)
     try:
@@ -169,17 +180,12 @@ def build(cache: Path = DEFAULT_CACHE) -> Path:
             raise SetupError(f"{sdist} is not a readable archive: {error}") from error
         _rename_package(package_dir)
         _add_stubs_and_links(staging, package_dir, transformers_dir)
-        try:
-            os.rename(staging, root)
-        except OSError:
-            if not (root / PACKAGE / "test_modeling_common.py").is_file():
-                raise
+        os.rename(staging, root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for stale in cache.glob("transformers-*-*"):  # trees of other versions or older stubs
         if stale.is_dir() and stale != root:
             shutil.rmtree(stale, ignore_errors=True)
-    return root
 
 
 def main() -> None:
