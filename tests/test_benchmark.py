@@ -93,3 +93,34 @@ def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_
                             timeout=300, check=False)
     assert result.returncode == 2 and "--write records a full run of every family" in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+@pytest.fixture
+def benchmark_module(monkeypatch):
+    """The benchmark module imported in this process (it parses sys.argv when imported), for its helpers."""
+    monkeypatch.setattr(sys, "argv", ["hf-scratch benchmark", "--quick"])
+    monkeypatch.delitem(sys.modules, "hf_scratch_transformer.cli.benchmark", raising=False)
+    return importlib.import_module("hf_scratch_transformer.cli.benchmark")
+
+
+def _fails(error: Exception):
+    def fail(*args, **kwargs):
+        raise error
+
+    return fail
+
+
+@pytest.mark.parametrize("where", ["config", "loading"])
+def test_a_torchao_that_cannot_quantize_skips_the_int8_rows(benchmark_module, monkeypatch, where):
+    """An older or broken torchao fails in other ways than ImportError: TorchAoConfig raises ValueError when
+    transformers finds torchao too old, quantizing can raise RuntimeError. The run goes on without the int8 rows and
+    says why, as where torchao is missing, instead of dying after the other families were measured."""
+    from tiny_models import tiny_lm
+
+    if where == "config":
+        monkeypatch.setattr(benchmark_module, "TorchAoConfig", _fails(ValueError("torchao is too old")))
+    model = tiny_lm("decoder")
+    if where == "loading":
+        monkeypatch.setattr(type(model), "from_pretrained", _fails(RuntimeError("torchao is too old")))
+    result = benchmark_module.load_int8({"ours": model})
+    assert isinstance(result, str) and "torchao is too old" in result

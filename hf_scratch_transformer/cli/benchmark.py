@@ -22,7 +22,8 @@ a ratio whose range straddles 1 is not a measured difference.
   (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
 - int8 decode (family llama): batch-1 decode tokens/s as above, in fp32 and after each side is saved and loaded
   back with `from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` (torchao; the LM
-  head stays fp32, TorchAoConfig's default). Where torchao is not importable, the run says so and has no int8 row.
+  head stays fp32, TorchAoConfig's default). Where torchao is not importable, too old or fails to quantize, the run
+  says so and why, and has no int8 row.
 - tokens are input positions: batch x seq, and batch x (source + target) for Marian.
 - peak memory: each side runs in a fresh subprocess (no allocator state shared with the other side), with
   MALLOC_MMAP_THRESHOLD_ fixed so freed tensors go back to the OS; before each workload the kernel's peak-RSS
@@ -203,18 +204,25 @@ def forward_backward(model, inputs: dict) -> None:
 
 def load_int8(models: dict) -> dict | str:
     """Each side saved and loaded back with TorchAoConfig(Int8WeightOnlyConfig()), as a user quantizes a folder; or,
-    where torchao is not importable (or older than transformers needs), why not."""
+    where torchao is not importable, older than transformers needs or fails to quantize, why not."""
     try:
         from torchao.quantization import Int8WeightOnlyConfig
 
         config = TorchAoConfig(Int8WeightOnlyConfig())
     except ImportError as error:
         return f"torchao is not importable ({error})"
+    except Exception as error:  # TorchAoConfig: ValueError where transformers finds torchao too old
+        return f"torchao is not usable ({type(error).__name__}: {error})"
     with tempfile.TemporaryDirectory() as folder:
         for side, model in models.items():
             model.save_pretrained(Path(folder) / side)
-        return {side: type(model).from_pretrained(Path(folder) / side, quantization_config=config).eval()
-                for side, model in models.items()}
+        loaded = {}
+        for side, model in models.items():
+            try:  # an older or broken torchao fails while quantizing (RuntimeError, ...): no int8 rows, not a dead run
+                loaded[side] = type(model).from_pretrained(Path(folder) / side, quantization_config=config).eval()
+            except Exception as error:
+                return f"torchao could not quantize the {side} model ({type(error).__name__}: {error})"
+        return loaded
 
 
 # ----------------------------------------------------------------------------------------------- memory worker
