@@ -89,7 +89,8 @@ class ScratchConfigBase(PreTrainedConfig):
     use_bias: bool = True
     dropout: float = 0.1
     attention_dropout: float = 0.0
-    # Dropout on the feed-forward's hidden activation; None = `dropout` (GPT-2 and BERT have none there).
+    # Dropout on the feed-forward's hidden activation; None = `dropout` (GPT-2 and BERT have none there). Kept None
+    # (also in config.json) and read through `activation_dropout_rate`, so that a later `dropout` carries over.
     activation_dropout: float | None = None
     embedding_dropout: float = 0.0
     scale_embeddings: bool = False
@@ -114,8 +115,6 @@ class ScratchConfigBase(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
-        if self.activation_dropout is None:
-            self.activation_dropout = self.dropout
         self._validate_common()
         self._validate_family(kwargs)
         # Native configs (Llama) take `head_dim`; ours is derived (a property), which transformers could not set.
@@ -181,6 +180,11 @@ class ScratchConfigBase(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def activation_dropout_rate(self) -> float:
+        """The feed-forward's dropout rate: `activation_dropout`, or `dropout` where that is None."""
+        return self.dropout if self.activation_dropout is None else self.activation_dropout
+
     def _validate_common(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "max_position_embeddings"):
@@ -214,8 +218,10 @@ class ScratchConfigBase(PreTrainedConfig):
             raise ValueError(f"`position_embedding_type='rope'` needs an even head size, got {self.head_dim}.")
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2 != 0:
             raise ValueError(f"sinusoidal positions need an even `hidden_size`, got {self.hidden_size}.")
-        for name in ("dropout", "attention_dropout", "activation_dropout", "embedding_dropout"):
+        for name in ("dropout", "attention_dropout", "embedding_dropout"):
             _check_probability(name, getattr(self, name))
+        if self.activation_dropout is not None:
+            _check_probability("activation_dropout", self.activation_dropout)
         for name in ("layer_norm_eps", "initializer_range"):
             value = getattr(self, name)
             _check_number(name, value)

@@ -501,7 +501,6 @@ class _Marian(_Family):
         "max_position_embeddings": "max_position_embeddings",
         "dropout": "dropout",
         "attention_dropout": "attention_dropout",
-        "activation_dropout": "activation_dropout",
         "scale_embeddings": "scale_embedding",
         "tie_word_embeddings": "tie_word_embeddings",
         "initializer_range": "init_std",
@@ -534,6 +533,7 @@ class _Marian(_Family):
             encoder_vocab_size=None if target_vocab == c.vocab_size else c.vocab_size,
             hidden_act=ACTIVATIONS[c.activation_function],
             embedding_dropout=c.dropout,  # Marian drops out embeddings + positions with `dropout` too
+            activation_dropout=c.activation_dropout,  # not `renamed`: ours may be None ("the same as `dropout`")
             # transformers 5 ties Marian's embeddings only under `tie_word_embeddings`: with it off, encoder,
             # decoder and output matrices are separate parameters even when `share_encoder_decoder_embeddings` is set
             # (ours can share the two embeddings with an untied head, but Marian cannot, see `blockers`).
@@ -555,6 +555,7 @@ class _Marian(_Family):
         shared = config.share_embeddings
         return transformers.MarianMTModel(transformers.MarianConfig(
             **self.renamed_values(config),
+            activation_dropout=config.activation_dropout_rate,
             vocab_size=config.source_vocab_size,
             decoder_vocab_size=config.vocab_size,
             share_encoder_decoder_embeddings=shared,

@@ -80,7 +80,7 @@ class ScratchFeedForward(nn.Module):
             # (3072 x 384: 210 us against 2 x 65, AVX-512 Intel Xeon; docs/quantization.md): one product per part.
             self.up_proj.quantized_in_parts = True
         self.down_proj = ScratchLinear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
-        self.activation_dropout = nn.Dropout(config.activation_dropout)  # a rate, see `scratch_dropout`
+        self.activation_dropout = nn.Dropout(config.activation_dropout_rate)  # a rate, see `scratch_dropout`
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)

@@ -1,5 +1,7 @@
 """Configuration: defaults resolved the native way, every impossible combination a ValueError naming the field."""
 
+import json
+
 import pytest
 import torch
 from tiny_models import FAMILIES, tiny_config
@@ -203,3 +205,32 @@ def test_from_pretrained_overrides_that_work_are_applied(tmp_path):
     assert config.num_labels == 5 and unused == {"foo": 1}
     model = AutoModel.from_pretrained(tmp_path, dropout=0.2, dtype=torch.bfloat16)
     assert model.config.dropout == 0.2 and model.dtype == torch.bfloat16
+
+
+def _activation_dropout_rates(model) -> set:
+    return {module.activation_dropout.p for module in model.modules() if hasattr(module, "down_proj")}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_activation_dropout_left_unset_follows_dropout_after_saving(family, tmp_path):
+    """`activation_dropout=None` means "the same as `dropout`": it was saved resolved (0.3 here), so lowering
+    `dropout` in config.json or in `from_pretrained(folder, dropout=0.0)` kept the FFN's old rate."""
+    AutoModel.from_config(tiny_config(family, dropout=0.3)).save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    assert json.loads(config_file.read_text())["activation_dropout"] is None
+    assert _activation_dropout_rates(AutoModel.from_pretrained(tmp_path)) == {0.3}
+    assert _activation_dropout_rates(AutoModel.from_pretrained(tmp_path, dropout=0.0)) == {0.0}
+    config_file.write_text(config_file.read_text().replace('"dropout": 0.3', '"dropout": 0.1'))
+    assert _activation_dropout_rates(AutoModel.from_pretrained(tmp_path)) == {0.1}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_activation_dropout_set_or_saved_resolved_stays_as_it_is(family, tmp_path):
+    """A rate given explicitly is kept apart from `dropout`, and folders saved with the resolved rate load the same."""
+    config = tiny_config(family, dropout=0.3, activation_dropout=0.2)
+    AutoModel.from_config(config).save_pretrained(tmp_path)
+    assert _activation_dropout_rates(AutoModel.from_pretrained(tmp_path, dropout=0.0)) == {0.2}
+    assert AutoConfig.from_pretrained(tmp_path).to_diff_dict() == config.to_diff_dict()
+    config_file = tmp_path / "config.json"  # a folder saved before: `activation_dropout` equal to `dropout`
+    config_file.write_text(config_file.read_text().replace('"activation_dropout": 0.2', '"activation_dropout": 0.3'))
+    assert _activation_dropout_rates(AutoModel.from_pretrained(tmp_path, dropout=0.0)) == {0.3}
