@@ -161,6 +161,14 @@ class ScratchPreTrainedModel(PreTrainedModel):
                     raise corrupt from error
             raise
 
+    def _get_resized_lm_head(self, old_lm_head: nn.Linear, *args, **kwargs) -> nn.Linear:
+        """transformers' resize of an untied output head, which builds a plain `nn.Linear`: the new head gets the old
+        one's class back (`ScratchLinear`, its fp32 kernel choice), as the model has it when built or loaded."""
+        new_lm_head = super()._get_resized_lm_head(old_lm_head, *args, **kwargs)
+        if type(new_lm_head) is nn.Linear and isinstance(old_lm_head, nn.Linear):
+            new_lm_head.__class__ = type(old_lm_head)  # the same parameters: ScratchLinear adds no state of its own
+        return new_lm_head
+
     @property
     def loss_function(self):
         """transformers' loss for the model's `loss_type`, except the language-model losses, which are the same

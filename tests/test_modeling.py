@@ -21,6 +21,7 @@ from transformers.utils import generic
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.modeling_scratch_seq2seq import shift_tokens_right
+from hf_scratch_transformer.scratch_linear import ScratchLinear
 
 # ---------------------------------------------------------------------------------------------- registration
 
@@ -358,6 +359,22 @@ def test_resize_token_embeddings_keeps_tying_and_updates_the_config(family):
     ids = torch.tensor([[3, 120, 127]])
     labels = ids if family != "seq2seq" else ids[:, :2].contiguous()
     assert model(input_ids=ids, labels=labels).logits.shape[-1] == 128
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resize_keeps_an_untied_head_a_scratch_linear(family):
+    """transformers builds the resized head as a plain `nn.Linear`: ours lost `ScratchLinear`'s fp32 kernel choice
+    until the model was saved and loaded again. It keeps the class, weights and `requires_grad` of a resize."""
+    model = tiny_lm(family, tie_word_embeddings=False)
+    old_head = model.get_output_embeddings()
+    old_head.weight.requires_grad_(False)
+    model.resize_token_embeddings(VOCAB + 5, mean_resizing=False)
+    head = model.get_output_embeddings()
+    assert type(head) is ScratchLinear and head is not old_head
+    assert head.weight.shape == (VOCAB + 5, 32) and not head.weight.requires_grad
+    torch.testing.assert_close(head.weight[:VOCAB], old_head.weight)
+    ids = torch.tensor([[3, 100, 103]])
+    assert model(input_ids=ids, labels=ids).logits.shape[-1] == VOCAB + 5
 
 
 # ---------------------------------------------------------------------------------------------- checkpointing
