@@ -340,6 +340,25 @@ def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
     assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 2
 
 
+@pytest.mark.parametrize("name", ["train", "convert", "tokenizer"])
+def test_ctrl_c_while_a_command_starts_stops_with_one_line(monkeypatch, capsys, name):
+    """Ctrl-C while the command's module runs its imports (datasets, accelerate, Trainer: seconds) ended in a
+    KeyboardInterrupt traceback; once the training commands run, it stops them with one line and exit status 130."""
+    import runpy
+
+    from hf_scratch_transformer.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runpy, "run_module", interrupted)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])  # `main` sets it: restored afterwards
+    with pytest.raises(SystemExit) as stopped:
+        main([name, "--help"])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err.strip() == "stopped by Ctrl-C"
+
+
 @pytest.mark.parametrize("name", ["missing.txt", "empty.txt", "binary.txt"])
 def test_the_main_job_names_bad_data_or_output_before_any_work(hf_scratch, bad_text, corpus, tmp_path, name):
     path, message = (str(tmp_path / name), "No such file or directory") if name == "missing.txt" else bad_text(name)

@@ -7,6 +7,7 @@
 and `scripts/*.py` in a checkout are thin wrappers over the same modules. No model file imports this package.
 """
 
+import os
 import runpy
 import sys
 from importlib.metadata import version
@@ -22,6 +23,11 @@ COMMANDS = {
     "serve": ("hf_scratch_transformer.cli.serve", "serve a saved folder with `transformers serve` (OpenAI API)"),
     "benchmark": ("hf_scratch_transformer.cli.benchmark", "measure speed and memory side by side with native models"),
 }
+
+
+def is_rank_zero() -> bool:
+    """Not one of the other processes of a launched run (a stray RANK alone does not make a command one)."""
+    return int(os.environ.get("RANK", 0)) == 0 or int(os.environ.get("WORLD_SIZE", 1)) == 1
 
 
 def usage() -> str:
@@ -44,4 +50,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"hf-scratch: error: unknown command {name!r}\n\n{usage()}", end="", file=sys.stderr)
         sys.exit(2)
     sys.argv = [f"hf-scratch {name}", *arguments]  # argparse's prog, as the user typed it
-    runpy.run_module(COMMANDS[name][0], run_name="__main__")
+    try:
+        runpy.run_module(COMMANDS[name][0], run_name="__main__")
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler (`run_options.stop_cleanly_on_ctrl_c`), or
+        # in a command without one: its imports alone take seconds. One line and 130, as that handler gives.
+        if is_rank_zero():
+            print("\nstopped by Ctrl-C", file=sys.stderr)
+        sys.exit(130)

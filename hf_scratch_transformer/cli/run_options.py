@@ -23,6 +23,7 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_scratch_transformer import checkpointing, training
+from hf_scratch_transformer.cli import is_rank_zero
 from hf_scratch_transformer.presets import get_preset
 
 # Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
@@ -43,11 +44,6 @@ DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
 # ----------------------------------------------------------------------------------------------- stopping
 # Under a launcher (torchrun, accelerate launch) every process parses the same options and reads the same files, so
 # each meets the same problem: it is said once, by the main process, and every process exits with status 2.
-
-
-def is_rank_zero() -> bool:
-    """Not one of the other processes of a launched run (a stray RANK alone does not make a command one)."""
-    return int(os.environ.get("RANK", 0)) == 0 or int(os.environ.get("WORLD_SIZE", 1)) == 1
 
 
 class RunParser(argparse.ArgumentParser):
