@@ -111,6 +111,12 @@ _RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\S+)\s+import", re.MULTILINE)
 # The line of the card's "How to use" (model_cards/template.md) that names the repo its example loads.
 _USAGE_REPO_ID = re.compile(r'^repo_id = "(.*)"$', re.MULTILINE)
 
+# Headings of a card's usage section: ours ("How to use") and those of other cards, e.g. huggingface_hub's template
+# ("How to Get Started with the Model"). Not "Uses": that one is about intended uses.
+_USAGE_HEADING = re.compile(r"(how to use|(example )?usage|how to get started.*|getting started|quick ?start)\W*",
+                            re.IGNORECASE)
+_HEADING = re.compile(r"^(#{1,6}) +(.*?)\s*$")
+
 
 def usage_example(repo_id: str, auto_class: str, pipeline_task: str | None, call: str, remote_code: bool) -> str:
     """The code block of a card's "How to use": load the model and tokenizer of `repo_id` with `auto_class`, then
@@ -217,14 +223,37 @@ def load_card(folder) -> ModelCard | None:
         raise ValueError(f"{path} is not a valid model card: its metadata block does not parse ({error})") from error
 
 
+def _usage_sections(text: str) -> list[tuple[int, int, int]]:
+    """(start, end, level) of each usage section of the markdown `text` (`_USAGE_HEADING`), outermost only: from its
+    heading over the subsections that hold code (more examples), up to any other heading, so that a subsection such
+    as the gpt2 card's "Limitations and bias" under its "How to use" stays. Lines in ``` fences are code."""
+    headings, offset, fenced = [], 0, False  # [offset, level, title, whether its own text holds code]
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            if headings:
+                headings[-1][3] = True
+        heading = None if fenced else _HEADING.match(line)
+        if heading:
+            headings.append([offset, len(heading.group(1)), heading.group(2), False])
+        offset += len(line)
+    sections = []
+    for i, (start, level, title, _) in enumerate(headings):
+        if _USAGE_HEADING.fullmatch(title) and not (sections and start < sections[-1][1]):
+            end = next((later for later, deeper, _, code in headings[i + 1:] if deeper <= level or not code),
+                       len(text))
+            sections.append((start, end, level))
+    return sections
+
+
 def write_conversion_card(folder, source, *, name: str, task: str, source_class: str, model_class: str,
                           native: bool, check: str) -> ModelCard:
     """The card of the model that `hf-scratch convert` wrote to `folder` from the folder `source`, written to
     `folder/README.md`: the source's card (ours or any other) under a paragraph naming both classes and the `check`
-    made, with a "How to use" that loads the converted model (a `native` one without remote code, and without the
-    card's remote-code sentences), and the loss curve it shows; where the source has no card, that paragraph and
-    example under the title `name`, which its example loads. The metadata (license, datasets, results) stays the
-    source's: the model computes the same function."""
+    made, with a "How to use" in place of the source's usage sections (`_usage_sections`) that loads the converted
+    model (a `native` one without remote code, and without the card's remote-code sentences), and the loss curve it
+    shows; where the source has no card, that paragraph and example under the title `name`, which its example loads.
+    The metadata (license, datasets, results) stays the source's: the model computes the same function."""
     folder, source, spec = Path(folder), Path(source), TASKS[task]
     source_card = load_card(source)
     if source_card is not None:
@@ -238,13 +267,13 @@ def write_conversion_card(folder, source, *, name: str, task: str, source_class:
     pipeline_task, call = NATIVE_USAGE[task] if native else (spec["pipeline_task"], spec["pipeline_call"])
     named = _USAGE_REPO_ID.search(text)
     repo_id = named.group(1) if named else name
-    usage = "## How to use\n\n" + usage_example(repo_id, spec["auto_class"], pipeline_task, call, not native) + "\n"
-    before, found, after = text.partition("## How to use")
-    if found:  # the source's example, up to the next section, is replaced
-        _, next_heading, later = after.partition("\n## ")
-        text = before + usage + next_heading + later
-    else:
-        text = text.rstrip() + "\n\n" + usage
+    usage = "How to use\n\n" + usage_example(repo_id, spec["auto_class"], pipeline_task, call, not native) + "\n"
+    # The source's usage sections load the source: the first becomes ours, at its level; the others go.
+    sections = _usage_sections(text)
+    for index, (start, end, level) in reversed(list(enumerate(sections))):
+        text = text[:start] + ("#" * level + " " + usage + "\n" if index == 0 else "") + text[end:]
+    if not sections:
+        text = text.rstrip() + "\n\n## " + usage
     loading = "a native transformers class, loaded without `trust_remote_code`" if native else \
         "loaded with `trust_remote_code=True`, or with the Auto classes after `import hf_scratch_transformer`"
     note = (f"{CONVERTED} from `{source_class}` to `{model_class}` ({loading}). {check} The rest of this card "

@@ -245,6 +245,39 @@ def test_an_exported_folder_carries_its_card_and_is_ready_to_publish(family, tmp
     assert completed.returncode == 0, completed.stderr[-3000:]
 
 
+FOREIGN_USAGE = '```python\n# the source\'s own example\nmodel = GPT2LMHeadModel.from_pretrained("someone/foo")\n```\n'
+FOREIGN_CARDS = {  # a card not written by us: its usage section under another heading, then what follows it
+    # huggingface_hub's default model card template
+    "hub-template": "## Uses\n\nText generation.\n\n## How to Get Started with the Model\n\nUse the code below.\n\n"
+                    + FOREIGN_USAGE,
+    "usage": "## Usage\n\n" + FOREIGN_USAGE + "\n### With a pipeline\n\n" + FOREIGN_USAGE,  # examples in subsections
+    # the layout of the gpt2 and bert-base-uncased cards: a subsection of "Intended uses", with one after it
+    "subsection": "## Intended uses & limitations\n\nText generation.\n\n### How to use\n\n" + FOREIGN_USAGE
+                  + "\n#### Limitations and bias\n\nUnfiltered web text.\n",
+}
+
+
+@pytest.mark.parametrize("layout", FOREIGN_CARDS)
+def test_the_card_of_a_converted_folder_has_one_usage_section(layout, tmp_path):
+    """A source card not written by us kept its own example (loading the source class) beside ours when its heading
+    was not exactly "## How to use"; under "### How to use", the subsections after it were dropped."""
+    source, output = tmp_path / "source", tmp_path / "output"
+    source.mkdir(), output.mkdir()
+    card = f"---\nlicense: mit\n---\n\n# foo\n\n{FOREIGN_CARDS[layout]}\n## Citation\n\nnone\n"
+    (source / "README.md").write_text(card)
+    card = hub.write_conversion_card(output, source, name="foo", task="causal-lm", source_class="GPT2LMHeadModel",
+                                     model_class="ScratchDecoderForCausalLM", native=False, check="Checked.").text
+    assert "source's own example" not in card and "GPT2LMHeadModel.from_pretrained" not in card
+    assert card.count("How to use") == 1 and card.count("```python") == 1
+    assert "AutoModelForCausalLM.from_pretrained(repo_id, trust_remote_code=True)" in card
+    assert card.index("How to use") < card.index("## Citation")  # where the source's example was
+    if layout == "hub-template":  # intended uses, not an example
+        assert "## Uses\n\nText generation." in card
+    if layout == "subsection":
+        assert "#### Limitations and bias\n\nUnfiltered web text." in card
+        assert card.index("## Intended uses") < card.index("### How to use") < card.index("#### Limitations")
+
+
 def _gpt2_with_a_broken_card(path: Path) -> Path:
     gpt2().save_pretrained(path)
     (path / "README.md").write_text("---\nlicense: [apache-2.0\n---\n# A model\n")
