@@ -14,12 +14,16 @@ exported to a native family (`hf-scratch convert FOLDER NATIVE_FOLDER`) needs ne
 `--trust-remote-code`: plain `transformers serve NATIVE_FOLDER` serves it.
 """
 
+import functools
 import sys
+from pathlib import Path
 
 import transformers
 import typer
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM
 from transformers.cli.serve import Serve
+from transformers.cli.serving.utils import split_model_id
 
 from hf_scratch_transformer import AUTO_CLASSES
 
@@ -49,7 +53,35 @@ for models in AUTO_CLASSES.values():
         served = model_class if auto_class is AutoModelForCausalLM else NotServed(model_class)
         setattr(transformers, model_class.__name__, served)
 
+
+def check_model(model: str | None) -> None:
+    """The model given on the command line must be a saved folder or a Hub id (`transformers serve`'s
+    `<repo>[@revision][:<file>.gguf]`). A mistyped folder or a file went to the Hub as a repo id and stopped with a
+    traceback ending in 'Repo id must be in the form ...'; refused here, naming the path, as the other commands do."""
+    if model is None:
+        return
+    repo, gguf_file = split_model_id(model)
+    repo = repo.split("@", 1)[0]
+    folder = Path(repo)
+    if folder.is_dir():
+        if gguf_file is None and not (folder / "config.json").is_file():
+            raise typer.BadParameter(f"{repo} holds no config.json: not a model folder written by `save_pretrained`")
+    elif folder.exists():
+        raise typer.BadParameter(f"{repo} is a file, not a model folder written by `save_pretrained`")
+    else:
+        try:
+            validate_repo_id(repo)  # `namespace/name` may be on the Hub; anything else can only be a local path
+        except HFValidationError:
+            raise typer.BadParameter(f"folder {repo} does not exist") from None
+
+
+@functools.wraps(Serve, updated=())  # typer reads `Serve`'s options and help through the wrapper
+def serve(**options) -> None:
+    check_model(options["force_model"])
+    Serve(**options)
+
+
 try:
-    typer.run(Serve)
+    typer.run(serve)
 except NotServableError as error:  # raised at start for the folder given on the command line: no traceback
     sys.exit(f"hf-scratch serve: error: {error}")
