@@ -2,6 +2,7 @@
 subprocess on 127.0.0.1 and spoken to with the official `openai` client, with and without continuous batching.
 Every answer must be the text of greedy `generate()` on the same prompt."""
 
+import contextlib
 import copy
 import os
 import socket
@@ -85,7 +86,8 @@ def expected(folder):
 
 
 def _serve_command(folder, port: int) -> list[str]:
-    return [sys.executable, "-m", "hf_scratch_transformer.cli", "serve", str(folder),
+    """The command line of `hf-scratch serve FOLDER`, or of a server that loads what each request names (`None`)."""
+    return [sys.executable, "-m", "hf_scratch_transformer.cli", "serve", *([] if folder is None else [str(folder)]),
             "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
 
 
@@ -98,14 +100,22 @@ def _free_port() -> int:
 @pytest.fixture(scope="module", params=["generate", "continuous-batching"])
 def server(request, folder):
     """`hf-scratch serve FOLDER` on a free loopback port; yields an `openai` client, then stops the server."""
-    port = _free_port()
-    command = _serve_command(folder, port)
+    options = []
     if request.param == "continuous-batching":
-        command += ["--continuous-batching", "--cb-num-blocks", "16", "--cb-max-batch-tokens", "64"]
+        options = ["--continuous-batching", "--cb-num-blocks", "16", "--cb-max-batch-tokens", "64"]
+    with _running(folder, options, folder.parent / f"server-{request.param}.log") as client:
+        yield client
+
+
+@contextlib.contextmanager
+def _running(folder, options: list[str], log):
+    """`hf-scratch serve [FOLDER] OPTIONS` on a free loopback port, its output in `log` (a file: a pipe nobody reads
+    could fill and block it); yields an `openai` client, then stops the server."""
+    port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = folder.parent / f"server-{request.param}.log"  # a file: a pipe nobody reads could fill and block it
     with open(log, "w") as output:
-        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(_serve_command(folder, port) + options, env=env, stdout=output,
+                                   stderr=subprocess.STDOUT)
     try:
         _wait_until_healthy(process, port, log)
         yield openai.OpenAI(
@@ -177,6 +187,21 @@ def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):
     assert result.returncode != 0
     assert "ScratchSeq2SeqForConditionalGeneration" in result.stderr and "causal" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_it(tmp_path):
+    """A server started without a folder loads what each request names: a seq2seq folder was refused in the server's
+    log only, and the client got a bare 500 'Internal Server Error'. It gets a 400 that names the class."""
+    tokenizer = byte_level_bpe(family="seq2seq")
+    config = tiny_config("seq2seq", vocab_size=len(tokenizer), decoder_start_token_id=tokenizer.bos_token_id)
+    ScratchSeq2SeqForConditionalGeneration(config).save_pretrained(tmp_path / "seq2seq")
+    tokenizer.save_pretrained(tmp_path / "seq2seq")
+    with _running(None, [], tmp_path / "server.log") as client:
+        with pytest.raises(openai.BadRequestError) as refusal:
+            client.completions.create(model=str(tmp_path / "seq2seq"), prompt="Hi", max_tokens=2)
+    assert refusal.value.status_code == 400
+    reason = refusal.value.response.json()["detail"]
+    assert "ScratchSeq2SeqForConditionalGeneration" in reason and "causal" in reason
 
 
 @pytest.mark.parametrize("given, reason", [

@@ -24,18 +24,29 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM
 from transformers.cli.serve import Serve
 from transformers.cli.serving.utils import split_model_id
+from transformers.utils.import_utils import is_serve_available
 
 from hf_scratch_transformer import AUTO_CLASSES
 
+if not is_serve_available():  # what `transformers serve` says, without the traceback of the import below
+    sys.exit('hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')
 
-class NotServableError(ValueError):
-    """A Scratch folder that `transformers serve` cannot answer with."""
+from fastapi import HTTPException
+
+
+class NotServableError(HTTPException):
+    """A Scratch folder that `transformers serve` cannot answer with. As an `HTTPException`, a request that names one
+    is answered 400 with the reason (FastAPI's handler), where any other exception is a bare 500."""
+
+    def __init__(self, message: str):
+        super().__init__(status_code=400, detail=message)
 
 
 class NotServed:
     """Stands in `transformers` for a Scratch class that is not a causal LM. The server answers with `generate()`'s
     output after the prompt's length: an encoder-decoder's output is a new sequence, so its non-streamed answers came
-    back empty, and a classifier or encoder does not generate at all. Loading one is refused, naming it."""
+    back empty, and a classifier or encoder does not generate at all. Loading one is refused, naming it: at start, or
+    with a 400 to the request that names it."""
 
     def __init__(self, model_class: type):
         self.__name__ = model_class.__name__
@@ -84,4 +95,4 @@ def serve(**options) -> None:
 try:
     typer.run(serve)
 except NotServableError as error:  # raised at start for the folder given on the command line: no traceback
-    sys.exit(f"hf-scratch serve: error: {error}")
+    sys.exit(f"hf-scratch serve: error: {error.detail}")
