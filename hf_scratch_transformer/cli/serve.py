@@ -66,9 +66,10 @@ for models in AUTO_CLASSES.values():
 
 
 def check_model(model: str | None) -> None:
-    """The model given on the command line must be a saved folder or a Hub id (`transformers serve`'s
-    `<repo>[@revision][:<file>.gguf]`). A mistyped folder or a file went to the Hub as a repo id and stopped with a
-    traceback ending in 'Repo id must be in the form ...'; refused here, naming the path, as the other commands do."""
+    """The model given on the command line must be a saved folder with its tokenizer, or a Hub id (`transformers
+    serve`'s `<repo>[@revision][:<file>.gguf]`). A mistyped folder or a file went to the Hub as a repo id and stopped
+    with a traceback ending in 'Repo id must be in the form ...', a folder without its tokenizer with one ending in
+    'Unrecognized processing class'; refused here, naming the path, as the other commands do."""
     if model is None:
         return
     repo, gguf_file = split_model_id(model)
@@ -77,6 +78,9 @@ def check_model(model: str | None) -> None:
     if folder.is_dir():
         if gguf_file is None and not (folder / "config.json").is_file():
             raise typer.BadParameter(f"{repo} holds no config.json: not a model folder written by `save_pretrained`")
+        if gguf_file is None and not (folder / "tokenizer_config.json").is_file():  # what every tokenizer saves
+            raise typer.BadParameter(f"{repo} holds no tokenizer (tokenizer_config.json): the server reads prompts "
+                                     "with it; save the tokenizer next to the model (`tokenizer.save_pretrained`)")
     elif folder.exists():
         raise typer.BadParameter(f"{repo} is a file, not a model folder written by `save_pretrained`")
     else:
