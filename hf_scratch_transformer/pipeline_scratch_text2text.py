@@ -29,6 +29,13 @@ class ScratchText2TextPipeline(Pipeline):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # A model without an LM head failed later with an AttributeError (`Pipeline.__init__` sets the generation
+        # defaults only for models that generate), and a decoder-only one answered its source and a continuation.
+        if not (self.model.config.is_encoder_decoder and self.model.can_generate()):
+            raise ValueError(
+                f"{TASK} needs an encoder-decoder model that generates (ScratchSeq2SeqForConditionalGeneration, "
+                f"AutoModelForSeq2SeqLM); got a {type(self.model).__name__}."
+            )
         # The decoder reads one position per new token: with absolute positions, the default length stops at the
         # last one (`hf-scratch train --task seq2seq` makes 128), where 256 failed whenever no EOS came first.
         config = self.model.config

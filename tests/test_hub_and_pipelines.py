@@ -204,6 +204,16 @@ def test_scratch_text2text_pipeline_drafts_with_its_assistant_model(tokenizers):
     assert drafts
 
 
+@pytest.mark.parametrize("model_class, family", [(hst.ScratchSeq2SeqModel, "seq2seq"),
+                                                 (hst.ScratchDecoderForCausalLM, "decoder")])
+def test_scratch_text2text_pipeline_refuses_a_model_that_does_not_translate(tokenizers, model_class, family):
+    """A model without an LM head failed with AttributeError ('_generation_defaults', or '_generate_kwargs' at the
+    first call), and a decoder-only one answered its own source followed by a continuation as the "translation"."""
+    model = model_class(tiny_config(family, vocab_size=len(tokenizers["seq2seq"]))).eval()
+    with pytest.raises(ValueError, match=f"encoder-decoder .* {model_class.__name__}"):
+        pipeline(hst.TEXT2TEXT_TASK, model=model, tokenizer=tokenizers["seq2seq"])
+
+
 def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizers, tmp_path):
     folder = _save(hst.ScratchDecoderForCausalLM, "decoder", tokenizers["decoder"], tmp_path)
     assert AutoTokenizer.from_pretrained(folder)(TEXT).input_ids == tokenizers["decoder"](TEXT).input_ids
