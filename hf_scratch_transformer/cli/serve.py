@@ -76,9 +76,11 @@ def check_model(model: str | None) -> None:
     repo = repo.split("@", 1)[0]
     folder = Path(repo)
     if folder.is_dir():
-        if gguf_file is None and not (folder / "config.json").is_file():
+        if gguf_file is not None:  # the GGUF file holds the config and the tokenizer
+            return
+        if not (folder / "config.json").is_file():
             raise typer.BadParameter(f"{repo} holds no config.json: not a model folder written by `save_pretrained`")
-        if gguf_file is None and not (folder / "tokenizer_config.json").is_file():  # what every tokenizer saves
+        if not (folder / "tokenizer_config.json").is_file():  # what every tokenizer's `save_pretrained` writes
             raise typer.BadParameter(f"{repo} holds no tokenizer (tokenizer_config.json): the server reads prompts "
                                      "with it; save the tokenizer next to the model (`tokenizer.save_pretrained`)")
     elif folder.exists():
