@@ -208,13 +208,18 @@ def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_i
     ("missing/model/folder", "folder missing/model/folder does not exist"),
     (".", ". holds no config.json"),
     ("model", "model holds no tokenizer"),
+    ("run@2", "run@2: `transformers serve` reads what follows '@' as a revision"),
 ])
 def test_a_model_that_is_neither_a_folder_nor_a_hub_id_is_refused_at_start(tmp_path, given, reason):
     """A mistyped folder (or a file, or a folder without config.json) went to the Hub as a repo id, and the server
     stopped with a traceback ending in 'Repo id must be in the form ...'; a model folder without its tokenizer (a bare
-    checkpoint) with one ending in 'Unrecognized processing class'. Refused as a bad argument, naming the path."""
+    checkpoint) with one ending in 'Unrecognized processing class', a folder named with '@' with the first error as it
+    was read as a revision. Refused as a bad argument, naming the path."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model/config.json").write_text("{}")
+    (tmp_path / "run@2").mkdir()  # a whole folder, that transformers would look for as `run` at revision `2`
+    for name in ("config.json", "tokenizer_config.json"):
+        (tmp_path / "run@2" / name).write_text("{}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "200"}
     command = _serve_command(given, _free_port())
     result = subprocess.run(command, check=False, env=env, cwd=tmp_path, capture_output=True, text=True,

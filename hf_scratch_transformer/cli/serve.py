@@ -73,6 +73,9 @@ def check_model(model: str | None) -> None:
     if model is None:
         return
     repo, gguf_file = split_model_id(model)
+    if "@" in repo and Path(repo).exists():
+        raise typer.BadParameter(f"{repo}: `transformers serve` reads what follows '@' as a revision; give the folder "
+                                 "a path without '@' (a symbolic link will do)")
     repo = repo.split("@", 1)[0]
     folder = Path(repo)
     if folder.is_dir():
