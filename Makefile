@@ -24,7 +24,7 @@ quickstart: $(VENV)/.installed
 	$(BIN)/hf-scratch train --output-dir outputs/quickstart --overwrite-output-dir --max-minutes 3.5
 
 test: $(VENV)/.installed-test
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) outputs .hf_conformance

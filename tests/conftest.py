@@ -7,6 +7,11 @@ import shutil
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Under pytest-xdist (`make test` runs two workers), the cores are shared out: a worker's torch and the runs it starts
+# take their share of threads, rather than each spinning up as many threads as the machine has cores.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, share)))
 # Each test process its own cache of `trust_remote_code` modules, removed at its end: transformers copies a folder's
 # code under the folder's name, and two test workers (pytest-xdist) loading folders of one name would write one file
 # at once; nor is the user's cache touched.
