@@ -95,6 +95,8 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
     ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
     with a bare TypeError, midway through tokenizing."""
     raw = load_data(dataset, dataset_config)
+    if "train" not in raw:  # e.g. a folder holding test.csv only: a bare KeyError below
+        raise ValueError(f"Dataset {dataset!r} has no 'train' split (it has {', '.join(raw)}); training needs one.")
     features = raw["train"].features
     for column in columns:
         if column not in features:

@@ -246,6 +246,15 @@ def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_ou
         training.load_texts(dataset=str(tmp_path), text_column="label")
 
 
+def test_a_dataset_without_a_train_split_is_named(tmp_path):
+    # A folder holding test.csv only: the loaders failed with a bare KeyError: 'train'.
+    (tmp_path / "test.csv").write_text("text,de\n" + "".join(f"line {i},Zeile {i}\n" for i in range(4)))
+    with pytest.raises(ValueError, match=r"has no 'train' split \(it has test\)"):
+        training.load_texts(dataset=str(tmp_path))
+    with pytest.raises(ValueError, match=r"has no 'train' split \(it has test\)"):
+        training.load_parallel(dataset=str(tmp_path), source_column="text", target_column="de")
+
+
 def test_a_dataset_can_be_a_single_local_file(tmp_path):
     # As docs/training.md says; `load_dataset` looked for the file's name on the Hub.
     (tmp_path / "data.csv").write_text("text\n" + "".join(f"line {i}\n" for i in range(20)))
