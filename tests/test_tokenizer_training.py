@@ -10,7 +10,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer
 
-from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
+from tokenizer_training import load_data, padded_vocab_size, special_token_ids, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,6 +162,15 @@ def test_a_unigram_vocabulary_smaller_than_the_alphabet_is_named(corpus_file):
 def test_missing_file_is_reported_before_training(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         train_tokenizer("bpe", "decoder", files=[tmp_path / "nope.txt"])
+
+
+@pytest.mark.parametrize("name", ["nope.jsonl", "data/nope.csv", "./nope", "/no/such/folder"])
+def test_a_missing_local_data_file_is_named_not_looked_up_on_the_hub(name, tmp_path, monkeypatch):
+    # `load_dataset` took a mistyped local path for a Hub name: a ConnectionError traceback offline, "doesn't exist on
+    # the Hub" online. A name with a data file's suffix, or one that starts like a path, is local.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"^{name}: no such file or folder"):
+        load_data(name)
 
 
 def test_special_token_ids_needs_a_family(trained):

@@ -10,6 +10,7 @@ and `AutoTokenizer.from_pretrained` reads it back. See `trainers.py` for the spe
 """
 
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,12 +106,17 @@ def check_text_file(path: str | Path, block_size: int = 1 << 20) -> None:
 def load_data(name: str | Path, config: str | None = None, split: str | None = None):
     """`datasets.load_dataset(name, config, split=split)` for a Hub name or local folder, and for a single local file
     too (read by the builder of its suffix, `FILE_BUILDERS`, where `load_dataset` would look for its name on the Hub);
-    problems with the data are a ValueError beginning with `name`: a file type without a builder, a text file that
-    is binary or empty (`check_text_file`), a file the builder cannot parse (the parser's own words), no rows."""
+    problems with the data are a ValueError beginning with `name`: a local file or folder that does not exist, a file
+    type without a builder, a text file that is binary or empty (`check_text_file`), a file the builder cannot parse
+    (the parser's own words), no rows."""
     import datasets  # slow to import, and only callers with a dataset need it
 
     path = Path(name)
     builder = FILE_BUILDERS.get(path.suffix)
+    # A mistyped local path would be looked up on the Hub: a ConnectionError offline, "doesn't exist on the Hub"
+    # online. A data file's suffix, or a start that only a path has, makes a name local.
+    if not path.exists() and (builder or str(name).startswith((".", "/", "~", os.sep))):
+        raise ValueError(f"{name}: no such file or folder")
     if path.is_file() and builder is None:
         raise ValueError(f"{name}: unknown file type {path.suffix or '(no suffix)'!r}; use one of "
                          f"{', '.join(FILE_BUILDERS)}")
