@@ -52,7 +52,8 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
         for path in [*files, *(validation_files or [])]:
             check_text_file(path)  # `datasets` reports an empty or binary file without naming it
         data_files = {"train": list(files)} | ({"validation": list(validation_files)} if validation_files else {})
-        raw = load_dataset("text", data_files=data_files, sample_by="paragraph")
+        raw = load_dataset("text", data_files=data_files, sample_by="paragraph").map(
+            _paragraphs, batched=True, desc="paragraphs")
     else:
         raw = _load_text_columns(dataset, dataset_config, {text_column: "text"})
     source = ", ".join(map(str, files)) if files is not None else f"dataset {dataset!r}"
@@ -78,6 +79,22 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
     if validation_source:
         splits["validation"] = _read_pairs(validation_source, validation_target)
     return _with_validation(DatasetDict(splits), validation_split, seed, ", ".join(map(str, source_files)), "line")
+
+
+def _paragraphs(batch: dict) -> dict:
+    """The texts `datasets` read by paragraph, split at every blank line, also one holding spaces or tabs, with no
+    blank line left at either end: `datasets` splits at "\n\n" only, so a line of spaces joined two paragraphs, a
+    third line break began a document with "\n", and blank lines alone became a document (`<s> \n </s>`)."""
+    paragraphs = []
+    for text in batch["text"]:
+        paragraph = []
+        for line in [*text.split("\n"), ""]:  # the blank line at the end closes the last paragraph
+            if line and not line.isspace():
+                paragraph.append(line)
+            elif paragraph:
+                paragraphs.append("\n".join(paragraph))
+                paragraph = []
+    return {"text": paragraphs}
 
 
 def _lines(files: list[str]) -> list[str]:

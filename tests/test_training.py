@@ -233,6 +233,16 @@ def test_text_files_are_read_by_paragraph_and_split(tmp_path):
     assert "\nline one\n" in data["train"][0]["text"]
 
 
+def test_paragraphs_are_split_at_any_blank_line_and_hold_no_blank_lines(tmp_path):
+    # `datasets` splits at "\n\n" only: a line of spaces joined two paragraphs, a third line break began the next
+    # document with "\n", and a run of blank lines became a document of its own (`<s> \n </s>`, or an MLM
+    # sequence with nothing to mask); the file's last paragraph kept its line break.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one\n\n\n\ntwo a\n  two b\n \t\nthree\n\n \n\n\n")
+    data = training.load_texts([str(corpus)], validation_files=[str(corpus)])
+    assert list(data["train"]["text"]) == list(data["validation"]["text"]) == ["one", "two a\n  two b", "three"]
+
+
 def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_out(tmp_path):
     # An empty CSV cell is None: tokenizing it failed with a bare TypeError, after the tokenizer's training.
     rows = ["hello world,1,hallo Welt", ",0,leer", "no target,1,"] + [f"line {i},1,Zeile {i}" for i in range(10)]
