@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from transformers import TrainerCallback
 
 from hf_scratch_transformer.scratch_linear import one_thread
-from tokenizer_training import check_text_file, load_data
+from tokenizer_training import TEXT_ENCODING, check_text_file, load_data
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
 
@@ -52,7 +52,7 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
         for path in [*files, *(validation_files or [])]:
             check_text_file(path)  # `datasets` reports an empty or binary file without naming it
         data_files = {"train": list(files)} | ({"validation": list(validation_files)} if validation_files else {})
-        raw = load_dataset("text", data_files=data_files, sample_by="paragraph").map(
+        raw = load_dataset("text", data_files=data_files, sample_by="paragraph", encoding=TEXT_ENCODING).map(
             _paragraphs, batched=True, desc="paragraphs")
     else:
         raw = _load_text_columns(dataset, dataset_config, {text_column: "text"})
@@ -102,7 +102,7 @@ def _lines(files: list[str]) -> list[str]:
     which a sentence can hold, and every later pair would be out of alignment."""
     lines = []
     for path in files:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding=TEXT_ENCODING) as handle:
             lines += [line.removesuffix("\n") for line in handle]
     return lines
 

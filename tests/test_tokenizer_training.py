@@ -173,6 +173,15 @@ def test_a_missing_local_data_file_is_named_not_looked_up_on_the_hub(name, tmp_p
         load_data(name)
 
 
+def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
+    # U+FEFF (a UTF-8 file saved by a Windows editor) began the first line: the Unigram alphabet took it in.
+    path = tmp_path / "bom.txt"
+    path.write_text("\n".join(LINES[:300]) + "\n", encoding="utf-8-sig")
+    assert load_data(path)["train"][0]["text"] == LINES[0]
+    tok = train_tokenizer("unigram", "decoder", files=[path], vocab_size=VOCAB)
+    assert not any("\ufeff" in token for token in tok.get_vocab())
+
+
 def test_special_token_ids_needs_a_family(trained):
     tok = trained("bpe", "decoder")
     foreign = type(tok)(tokenizer_object=tok.backend_tokenizer, bos_token="<s>")  # no `family` given

@@ -243,6 +243,16 @@ def test_paragraphs_are_split_at_any_blank_line_and_hold_no_blank_lines(tmp_path
     assert list(data["train"]["text"]) == list(data["validation"]["text"]) == ["one", "two a\n  two b", "three"]
 
 
+def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
+    # Windows editors save UTF-8 with a BOM: U+FEFF began the first document / sentence, where the model learnt it.
+    for name, text in [("doc.txt", "one\n\ntwo\n"), ("a.en", "one\ntwo\n"), ("a.de", "eins\nzwei\n")]:
+        (tmp_path / name).write_text(text, encoding="utf-8-sig")
+    doc, en, de = ([str(tmp_path / name)] for name in ("doc.txt", "a.en", "a.de"))
+    assert sorted(training.load_texts(doc, validation_files=doc)["validation"]["text"]) == ["one", "two"]
+    pairs = training.load_parallel(en, de, en, de)["validation"]
+    assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("two", "zwei")]
+
+
 def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_out(tmp_path):
     # An empty CSV cell is None: tokenizing it failed with a bare TypeError, after the tokenizer's training.
     rows = ["hello world,1,hallo Welt", ",0,leer", "no target,1,"] + [f"line {i},1,Zeile {i}" for i in range(10)]

@@ -18,9 +18,12 @@ from transformers import PreTrainedTokenizerFast
 
 from .trainers import FAMILIES, KINDS, train
 
-__all__ = ["FILE_BUILDERS", "check_text_file", "load_data", "padded_vocab_size", "special_token_ids", "train_tokenizer"]
+__all__ = ["FILE_BUILDERS", "TEXT_ENCODING", "check_text_file", "load_data", "padded_vocab_size", "special_token_ids",
+           "train_tokenizer"]
 # `datasets.load_dataset` takes Hub names and local folders; a single local file needs its format named: the builder.
 FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# UTF-8, less the byte-order mark that Windows editors write first: read as text, U+FEFF began the first example.
+TEXT_ENCODING = "utf-8-sig"
 
 
 def train_tokenizer(
@@ -92,7 +95,7 @@ def check_text_file(path: str | Path, block_size: int = 1 << 20) -> None:
     blocks of `block_size` characters, so a check costs one read of it and little memory."""
     has_text = False
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding=TEXT_ENCODING) as handle:
             while block := handle.read(block_size):
                 if "\0" in block:
                     raise ValueError(f"{path} is not a text file: it holds NUL bytes (binary data?).")
@@ -124,7 +127,8 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
         check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
     try:
         if path.is_file():
-            data = datasets.load_dataset(builder, data_files=str(path), split=split)
+            encoding = {"encoding": TEXT_ENCODING} if builder == "text" else {}  # csv and json skip a BOM
+            data = datasets.load_dataset(builder, data_files=str(path), split=split, **encoding)
         else:
             data = datasets.load_dataset(str(name), config, split=split)
     except datasets.exceptions.DatasetGenerationError as error:  # the parser's own error is its cause
@@ -150,7 +154,7 @@ def _file_lines(files: list[str | Path]) -> Iterator[str]:
 
     def lines():
         for path in files:
-            with open(path, encoding="utf-8") as handle:
+            with open(path, encoding=TEXT_ENCODING) as handle:
                 for line in handle:
                     yield line.rstrip("\n")  # as the `datasets` text loader: one example per line, no newline
 
