@@ -346,6 +346,32 @@ def test_a_separate_source_vocabulary_follows_the_runs_one_tokenizer(monkeypatch
     assert (config.vocab_size, config.encoder_vocab_size) == (320, encoder_vocab_size)
 
 
+@pytest.mark.parametrize("task, auto_class", [("causal-lm", "AutoModelForCausalLM"),
+                                              ("seq2seq", "AutoModelForSeq2SeqLM")])
+def test_a_tokenizer_made_elsewhere_gives_the_new_model_its_special_ids(monkeypatch, tmp_path, task, auto_class):
+    # One not made by `train_tokenizer` (GPT-2's, saved by the user) records no family: `special_token_ids` stopped
+    # the run with a traceback telling the user to set `tokenizer.init_kwargs['family']`. The task says the family.
+    from hf_scratch_transformer.cli import main
+
+    def built(config):
+        raise BuiltModel(config)
+
+    monkeypatch.setattr(getattr(transformers, auto_class), "from_config", built)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    write_run_corpus(tmp_path, ())
+    ours = byte_level_bpe(family="seq2seq" if task == "seq2seq" else "decoder")
+    foreign = type(ours)(tokenizer_object=ours.backend_tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    foreign.save_pretrained(tmp_path / "foreign")
+    data = (["--source-files", tmp_path / "train.src", "--target-files", tmp_path / "train.tgt"] if task == "seq2seq"
+            else ["--train-files", tmp_path / "corpus.txt"])
+    with pytest.raises(BuiltModel) as model:
+        main(["train", "--task", task, "--tokenizer", str(tmp_path / "foreign"), *map(str, data),
+              "--output-dir", str(tmp_path / "run")])
+    config = model.value.args[0]
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (0, 1, 2)
+    assert task == "causal-lm" or config.decoder_start_token_id == 1
+
+
 @pytest.mark.parametrize("options, message", [
     (["--set", "num_layers=1"], "ScratchDecoderConfig has no field num_layers (did you mean num_hidden_layers?)"),
     (["--set", "hidden_size=33"], "hidden_size"),

@@ -187,6 +187,8 @@ def test_special_token_ids_needs_a_family(trained):
     foreign = type(tok)(tokenizer_object=tok.backend_tokenizer, bos_token="<s>")  # no `family` given
     with pytest.raises(ValueError, match="family"):
         special_token_ids(foreign)
+    assert special_token_ids(foreign, "seq2seq") == dict(pad_token_id=None, bos_token_id=1, eos_token_id=None,
+                                                         decoder_start_token_id=1)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -69,15 +69,16 @@ def padded_vocab_size(tokenizer, multiple: int = 64) -> int:
     return multiple * math.ceil(len(tokenizer) / multiple)
 
 
-def special_token_ids(tokenizer) -> dict:
+def special_token_ids(tokenizer, family: str | None = None) -> dict:
     """The config fields for the tokenizer's special tokens: `pad_token_id`, `bos_token_id`, `eos_token_id` (None
     where the family has no such token, so a preset's ids are overridden), plus `decoder_start_token_id` (= bos)
-    for seq2seq. Pass them on as `get_preset(name, **special_token_ids(tok))`."""
-    family = tokenizer.init_kwargs.get("family")
+    for seq2seq. Pass them on as `get_preset(name, **special_token_ids(tok))`. The family is the one the tokenizer
+    records (`train_tokenizer` does), else `family`: that of the model it serves (GPT-2's tokenizer records none)."""
+    family = tokenizer.init_kwargs.get("family") or family
     if family not in FAMILIES:
         raise ValueError(
             f"The tokenizer's `family` is {family!r}, not one of {', '.join(FAMILIES)}: it was not made by "
-            "`train_tokenizer`. Set `tokenizer.init_kwargs['family']` to the model family it is meant for."
+            "`train_tokenizer`. Pass the model family it is meant for as `family`."
         )
     ids = {
         "pad_token_id": tokenizer.pad_token_id,

@@ -188,7 +188,7 @@ if args.model:
     model = training.load_to_train(AUTO_MODEL[task], args.model)
     preset = None
 else:
-    overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer)}
+    overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer, tokenizer_family)}
     overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
     if args.config:
         config = AutoConfig.from_pretrained(args.config, **overrides)
