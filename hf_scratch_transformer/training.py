@@ -156,12 +156,26 @@ def keep_the_inputs_the_model_reads(tokenizer, config) -> None:
         tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
 
 
+# The special token each task's data needs: packing ends every document with eos, the MLM collator puts [MASK] in,
+# the seq2seq collator pads sources with pad. A tokenizer made elsewhere may lack it.
+TASK_TOKENS = {"causal-lm": "eos_token", "masked-lm": "mask_token", "seq2seq": "pad_token"}
+
+
+def check_task_token(tokenizer, task: str) -> None:
+    """Raise ValueError unless `tokenizer` has the special token (`TASK_TOKENS`) that `task`'s data needs."""
+    role = TASK_TOKENS[task]
+    if getattr(tokenizer, role, None) is None:
+        raise ValueError(f"The tokenizer has no {role}, which {task} data needs: set one "
+                         f"(tokenizer.{role} = ..., then save_pretrained), or train one with `hf-scratch tokenizer`.")
+
+
 def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
     """Documents -> `<s> document </s>` token streams, concatenated and cut into blocks of `block_size` (sequence
     packing: every token trains). The tokenizer adds `<s>`; `</s>` ends each document here. The stream is cut as one,
     so blocks run on across documents and batches; only the last block may be short: it is padded on the right,
     with labels -100 there (no attention mask needed: a causal model never attends to later positions), so that even
     data shorter than one block gives a block rather than an empty split."""
+    check_task_token(tokenizer, "causal-lm")  # else None would end each document
 
     def tokenize(batch):
         return {"input_ids": [ids + [tokenizer.eos_token_id] for ids in tokenizer(batch["text"]).input_ids]}

@@ -372,6 +372,27 @@ def test_a_tokenizer_made_elsewhere_gives_the_new_model_its_special_ids(monkeypa
     assert task == "causal-lm" or config.decoder_start_token_id == 1
 
 
+@pytest.mark.parametrize("task, role", [("causal-lm", "eos_token"), ("masked-lm", "mask_token"),
+                                        ("seq2seq", "pad_token")])
+def test_a_tokenizer_without_the_special_token_the_task_needs_is_refused(capsys, monkeypatch, tmp_path, task, role):
+    # Packing put None into the blocks (a traceback at the first batch); the MLM and seq2seq collators refused it
+    # with a traceback after the tokenizing.
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    write_run_corpus(tmp_path, ())
+    ours = wordpiece() if task == "masked-lm" else byte_level_bpe()
+    tokens = {key: value for key, value in ours.special_tokens_map.items() if key != role}
+    type(ours)(tokenizer_object=ours.backend_tokenizer, **tokens).save_pretrained(tmp_path / "foreign")
+    data = (["--source-files", tmp_path / "train.src", "--target-files", tmp_path / "train.tgt"] if task == "seq2seq"
+            else ["--train-files", tmp_path / "corpus.txt"])
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--task", task, "--tokenizer", str(tmp_path / "foreign"), *map(str, data),
+              "--output-dir", str(tmp_path / "run")])
+    assert stopped.value.code == 2
+    assert f"has no {role}, which {task} data needs" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("options, message", [
     (["--set", "num_layers=1"], "ScratchDecoderConfig has no field num_layers (did you mean num_hidden_layers?)"),
     (["--set", "hidden_size=33"], "hidden_size"),

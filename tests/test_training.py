@@ -121,6 +121,13 @@ def test_packing_runs_on_across_batches_of_documents(bpe):
     assert packed_stream(packed) == [token for text in documents for token in [*bpe(text).input_ids, bpe.eos_token_id]]
 
 
+def test_packing_needs_an_eos_token(bpe):
+    # A tokenizer without one (made elsewhere) put None into the blocks, where the first batch failed to collate.
+    without_eos = type(bpe)(tokenizer_object=bpe.backend_tokenizer, bos_token="<s>")
+    with pytest.raises(ValueError, match="no eos_token, which causal-lm data needs"):
+        training.pack_for_causal_lm(Dataset.from_dict({"text": ["To be."]}), without_eos, block_size=8)
+
+
 def test_mlm_collator_masks_fifteen_percent_with_80_10_10():
     tokenizer = wordpiece()
     texts = Dataset.from_dict({"text": ["To be, or not to be: that is the question of the day"] * 400})

@@ -258,12 +258,17 @@ def refuse_another_tokenizer(parser: argparse.ArgumentParser, given: Path | None
 def refuse_another_family(parser: argparse.ArgumentParser, tokenizer, task: str, source: Path | None) -> None:
     """A tokenizer trained for another model family (by `train_tokenizer`, which records it) brings that family's
     special tokens and templates: a decoder's `<s> text`, without `</s>`, would teach a seq2seq model never to stop.
-    A tokenizer from `source` without a recorded family is not judged here."""
+    A tokenizer from `source` without a recorded family is judged by the special token the task's data needs
+    (`training.check_task_token`) alone."""
     family, needed = tokenizer.init_kwargs.get("family"), DEFAULTS[task][2]
     if family is not None and family != needed:
         parser.error(f"the tokenizer of {source} was trained for the {family} family, but --task {task} needs one for "
                      f"the {needed} family (its special tokens and templates): train one with `hf-scratch tokenizer "
                      f"--family {needed}`, or leave out --tokenizer to have the run train one.")
+    try:
+        training.check_task_token(tokenizer, task)
+    except ValueError as error:
+        parser.error(f"{source}: {error}")
 
 
 def check_model_fits(parser: argparse.ArgumentParser, model, tokenizer, max_length: int) -> None:
