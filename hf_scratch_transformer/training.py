@@ -110,7 +110,8 @@ def _lines(files: list[str]) -> list[str]:
 def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[str, str]) -> DatasetDict:
     """`load_data(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
     ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
-    with a bare TypeError, midway through tokenizing."""
+    with a bare TypeError, midway through tokenizing. Blank texts are no examples either: a folder of text files is
+    read line by line, and each blank line would be a document `<s> </s>`, or an MLM sequence with nothing to mask."""
     raw = load_data(dataset, dataset_config)
     if "train" not in raw:  # e.g. a folder holding test.csv only: a bare KeyError below
         raise ValueError(f"Dataset {dataset!r} has no 'train' split (it has {', '.join(raw)}); training needs one.")
@@ -121,7 +122,8 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
         if getattr(features[column], "dtype", None) not in ("string", "large_string"):
             raise ValueError(f"Dataset {dataset!r}: column {column!r} holds {features[column]}, not text.")
     raw = raw.rename_columns({name: ours for name, ours in columns.items() if name != ours})
-    return raw.filter(lambda *texts: None not in texts, input_columns=list(columns.values()), desc="missing texts")
+    return raw.filter(lambda *texts: all(text and not text.isspace() for text in texts),
+                      input_columns=list(columns.values()), desc="missing or blank texts")
 
 
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:

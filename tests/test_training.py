@@ -273,6 +273,20 @@ def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_ou
         training.load_texts(dataset=str(tmp_path), text_column="label")
 
 
+def test_a_datasets_blank_texts_are_no_examples(tmp_path):
+    # A folder of text files is read line by line: each blank line was a document, `<s> </s>` (or an MLM sequence with
+    # nothing to mask), as an empty JSON string was; an empty CSV cell (None) was already left out.
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts/a.txt").write_text("one\n\ntwo\n   \nthree\n")
+    texts = training.load_texts(dataset=str(tmp_path / "texts"))
+    assert sorted([*texts["train"]["text"], *texts["validation"]["text"]]) == ["one", "three", "two"]
+    rows = [{"text": "eins", "de": "one"}, {"text": "", "de": "none"}, {"text": "zwei", "de": " "},
+            {"text": "drei", "de": "three"}]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    pairs = training.load_parallel(dataset=str(tmp_path / "pairs.jsonl"), source_column="text", target_column="de")
+    assert sorted([*pairs["train"]["source"], *pairs["validation"]["source"]]) == ["drei", "eins"]
+
+
 def test_a_dataset_without_a_train_split_is_named(tmp_path):
     # A folder holding test.csv only: the loaders failed with a bare KeyError: 'train'.
     (tmp_path / "test.csv").write_text("text,de\n" + "".join(f"line {i},Zeile {i}\n" for i in range(4)))
