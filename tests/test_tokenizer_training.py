@@ -218,3 +218,21 @@ def test_cli_writes_a_folder_auto_tokenizer_loads(corpus_file, source, tmp_path)
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.model_max_length == 128 and tok(LINES[0]).input_ids[-1] == tok.eos_token_id
     assert special_token_ids(tok)["decoder_start_token_id"] == 1
+
+
+def test_cli_refuses_to_replace_a_tokenizer_unless_asked(corpus_file, trained, tmp_path, monkeypatch, capsys):
+    # `--output-dir` of a trained model's folder replaced its tokenizer without a word: other ids under its weights.
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    folder = tmp_path / "model"
+    trained("wordpiece", "encoder").save_pretrained(folder)
+    before = (folder / "tokenizer.json").read_bytes()
+    command = ["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(corpus_file), "--vocab-size",
+               str(VOCAB), "--output-dir", str(folder)]
+    with pytest.raises(SystemExit) as stopped:
+        main(command)
+    assert stopped.value.code == 2 and "holds a tokenizer (tokenizer.json" in capsys.readouterr().err
+    assert (folder / "tokenizer.json").read_bytes() == before
+    main([*command, "--overwrite-output-dir"])
+    assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "decoder"

@@ -39,7 +39,14 @@ parser.add_argument("--min-frequency", type=non_negative_int, default=2,
 parser.add_argument("--model-max-length", type=positive_int, default=None,
                     help="longest input for truncation (default: unset)")
 parser.add_argument("--output-dir", type=Path, required=True, help="folder to write the tokenizer to")
+parser.add_argument("--overwrite-output-dir", action="store_true",
+                    help="replace the tokenizer that --output-dir holds (that of a trained model, say)")
 args = parser.parse_args()
+# A model folder's tokenizer replaced without a word would put other ids under its weights.
+held = [name for name in ("tokenizer.json", "tokenizer_config.json") if (args.output_dir / name).is_file()]
+if held and not args.overwrite_output_dir:
+    parser.error(f"--output-dir {args.output_dir} holds a tokenizer ({', '.join(held)}): pass --overwrite-output-dir "
+                 "to replace it, or choose another --output-dir")
 # `save_pretrained` only logs that a file is in the way and writes nothing: refuse before training.
 blocking = next((folder for folder in (args.output_dir, *args.output_dir.parents) if folder.exists()), None)
 if blocking is not None and not blocking.is_dir():
