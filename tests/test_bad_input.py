@@ -336,6 +336,13 @@ def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, a
     assert not output.exists()
 
 
+@pytest.mark.parametrize("command", ["train", "tokenizer"])
+def test_errors_name_the_command_as_the_user_typed_it(hf_scratch, command):
+    # `hf-scratch tokenizer` said "usage: python -m tokenizer_training" and "python -m tokenizer_training: error".
+    stderr = hf_scratch(command, "--no-such-option")
+    assert stderr.startswith(f"usage: hf-scratch {command} ") and f"hf-scratch {command}: error:" in stderr
+
+
 def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
     assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 2
 

@@ -11,6 +11,7 @@ The folder loads with `AutoTokenizer.from_pretrained(output_dir)`.
 """
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -21,9 +22,9 @@ from tokenizer_training.trainers import FAMILIES, KINDS
 # -----------------------------------------------------------------------------------------------
 # Arguments
 
-parser = argparse.ArgumentParser(
-    prog="python -m tokenizer_training", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-)
+# `hf-scratch tokenizer` names itself in sys.argv[0]; run with -m, argparse would say "__main__.py".
+prog = sys.argv[0] if sys.argv[0].startswith("hf-scratch") else "python -m tokenizer_training"
+parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--kind", choices=KINDS, required=True, help="tokenizer model: byte-level BPE, WordPiece, Unigram")
 parser.add_argument("--family", choices=FAMILIES, required=True, help="model family: sets special tokens and templates")
 source = parser.add_mutually_exclusive_group(required=True)
