@@ -98,12 +98,13 @@ def _paragraphs(batch: dict) -> dict:
 
 
 def _lines(files: list[str]) -> list[str]:
-    """The files' lines, split at line breaks only: `str.splitlines` also splits at form feeds, \\x85, \\u2028 and more,
-    which a sentence can hold, and every later pair would be out of alignment."""
+    """The files' lines, split at line breaks only ("\\n", "\\r\\n"): `str.splitlines` also splits at form feeds,
+    \\x85, \\u2028 and more, and universal newlines at a lone "\\r", which a sentence can hold, and every later pair
+    would be out of alignment."""
     lines = []
     for path in files:
-        with open(path, encoding=TEXT_ENCODING) as handle:
-            lines += [line.removesuffix("\n") for line in handle]
+        with open(path, encoding=TEXT_ENCODING, newline="\n") as handle:  # no universal newlines
+            lines += [line.removesuffix("\n").removesuffix("\r") for line in handle]
     return lines
 
 

@@ -314,13 +314,14 @@ def test_parallel_files_must_align(tmp_path):
 
 def test_parallel_files_split_at_line_breaks_only(tmp_path):
     # `str.splitlines` also split at \u2028 and \x0c: 5 "lines" on each side, so nothing was refused, and every pair
-    # after "two" was silently out of alignment ("half" -> "drei").
+    # after "two" was silently out of alignment ("half" -> "drei"). Universal newlines split at a lone \r (a stray
+    # carriage return inside a sentence): one more line on that side, and pairs out of alignment up to a line missing.
     (tmp_path / "a.en").write_text("one\ntwo\u2028half\nthree\r\nfour\n", encoding="utf-8")
-    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\r\nvier\x0cfünf\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\r\nvier\x0cfünf\rsechs\n", encoding="utf-8")
     files = [str(tmp_path / "a.en")], [str(tmp_path / "a.de")]
     pairs = training.load_parallel(*files, *files)["validation"]
     assert list(zip(pairs["source"], pairs["target"], strict=True)) == [
-        ("one", "eins"), ("two\u2028half", "zwei"), ("three", "drei"), ("four", "vier\x0cfünf")]
+        ("one", "eins"), ("two\u2028half", "zwei"), ("three", "drei"), ("four", "vier\x0cfünf\rsechs")]
 
 
 def test_files_or_dataset_not_both():
