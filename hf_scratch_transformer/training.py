@@ -50,7 +50,7 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
                          "one is split off its training data.")
     if files is not None:
         for path in [*files, *(validation_files or [])]:
-            check_text_file(path)  # `datasets` reports an empty or binary file without naming it
+            check_text_file(path, plain=True)  # `datasets` reports an empty or binary file without naming it
         data_files = {"train": list(files)} | ({"validation": list(validation_files)} if validation_files else {})
         raw = load_dataset("text", data_files=data_files, sample_by="paragraph", encoding=TEXT_ENCODING).map(
             _paragraphs, batched=True, desc="paragraphs")
@@ -129,7 +129,7 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
 
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
     for path in [*source_files, *target_files]:
-        check_text_file(path)
+        check_text_file(path, plain=True)
     sources, targets = _lines(source_files), _lines(target_files)
     if len(sources) != len(targets):
         raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")

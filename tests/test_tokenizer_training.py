@@ -182,6 +182,14 @@ def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     assert not any("\ufeff" in token for token in tok.get_vocab())
 
 
+def test_a_data_file_of_a_datasets_format_is_not_read_as_plain_text(tmp_path):
+    # `--files data.jsonl` trained on the JSON syntax, line by line: `{"`, `text`, `":` became tokens, silently.
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(f'{{"text": "{line}"}}\n' for line in LINES[:300] if '"' not in line))
+    with pytest.raises(ValueError, match=r"data.jsonl is a JSON file, not plain text: .*as a dataset"):
+        train_tokenizer("bpe", "decoder", files=[path], vocab_size=VOCAB)
+
+
 def test_special_token_ids_needs_a_family(trained):
     tok = trained("bpe", "decoder")
     foreign = type(tok)(tokenizer_object=tok.backend_tokenizer, bos_token="<s>")  # no `family` given

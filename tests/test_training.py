@@ -250,6 +250,13 @@ def test_paragraphs_are_split_at_any_blank_line_and_hold_no_blank_lines(tmp_path
     assert list(data["train"]["text"]) == list(data["validation"]["text"]) == ["one", "two a\n  two b", "three"]
 
 
+def test_a_data_file_of_a_datasets_format_is_not_read_as_text_files(tmp_path):
+    # `--train-files data.csv` trained on the CSV lines, header and commas included, as paragraphs of text.
+    (tmp_path / "data.csv").write_text("text,label\n" + "".join(f"line {i},1\n\n" for i in range(20)))
+    with pytest.raises(ValueError, match=r"data.csv is a CSV file, not plain text: .*as a dataset"):
+        training.load_texts([str(tmp_path / "data.csv")])
+
+
 def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     # Windows editors save UTF-8 with a BOM: U+FEFF began the first document / sentence, where the model learnt it.
     for name, text in [("doc.txt", "one\n\ntwo\n"), ("a.en", "one\ntwo\n"), ("a.de", "eins\nzwei\n")]:

@@ -90,10 +90,16 @@ def special_token_ids(tokenizer, family: str | None = None) -> dict:
     return ids
 
 
-def check_text_file(path: str | Path, block_size: int = 1 << 20) -> None:
+def check_text_file(path: str | Path, block_size: int = 1 << 20, plain: bool = False) -> None:
     """Raise ValueError naming `path` unless it is UTF-8 text with something besides whitespace: trainers would
     otherwise fail midway with a bare UnicodeDecodeError, or quietly learn from nothing. The file is streamed in
-    blocks of `block_size` characters, so a check costs one read of it and little memory."""
+    blocks of `block_size` characters, so a check costs one read of it and little memory. With `plain` (a file read
+    as plain text), a file of a dataset format (`FILE_BUILDERS`: CSV, JSON, ...) is refused too: its syntax, header
+    and field separators would be trained on as text."""
+    builder = FILE_BUILDERS.get(Path(path).suffix, "text")
+    if plain and builder != "text":
+        raise ValueError(f"{path} is a {builder.upper()} file, not plain text: pass it as a dataset (--dataset, "
+                         "`load_data`), whose --text-column is read.")
     has_text = False
     try:
         with open(path, encoding=TEXT_ENCODING) as handle:
@@ -151,7 +157,7 @@ def _file_lines(files: list[str | Path]) -> Iterator[str]:
     if missing:  # checked up front: the generator below would only fail midway through training
         raise FileNotFoundError(f"Training text files not found: {', '.join(missing)}")
     for path in files:
-        check_text_file(path)
+        check_text_file(path, plain=True)
 
     def lines():
         for path in files:
