@@ -343,6 +343,29 @@ def test_errors_name_the_command_as_the_user_typed_it(hf_scratch, command):
     assert stderr.startswith(f"usage: hf-scratch {command} ") and f"hf-scratch {command}: error:" in stderr
 
 
+class ReadData(Exception):
+    pass
+
+
+def test_repeated_file_and_set_options_add_up(hf_scratch, monkeypatch, corpus, tmp_path):
+    # argparse keeps the last of a repeated option: `--train-files a --train-files b` trained on b alone, and
+    # `--set hidden_size=33 --set num_hidden_layers=1` built the model without the first override, silently.
+    from hf_scratch_transformer import training
+
+    def read(files, dataset, dataset_config, text_column, validation_files, **kwargs):
+        raise ReadData(files, validation_files)
+
+    monkeypatch.setattr(training, "load_texts", read)
+    other = tmp_path / "other.txt"
+    other.write_text("more text\n")
+    with pytest.raises(ReadData) as read_data:
+        hf_scratch("train", "--train-files", corpus, "--train-files", other, "--validation-files", corpus,
+                   "--validation-files", other, "--output-dir", tmp_path / "out")
+    assert read_data.value.args == ([str(corpus), str(other)], [str(corpus), str(other)])
+    assert "hidden_size" in hf_scratch("train", "--set", "hidden_size=33", "--set", "num_hidden_layers=1",
+                                       "--train-files", corpus, "--output-dir", tmp_path / "out")
+
+
 def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
     assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 2
 

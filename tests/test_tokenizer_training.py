@@ -244,3 +244,16 @@ def test_cli_refuses_to_replace_a_tokenizer_unless_asked(corpus_file, trained, t
     assert (folder / "tokenizer.json").read_bytes() == before
     main([*command, "--overwrite-output-dir"])
     assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "decoder"
+
+
+def test_cli_reads_every_file_of_a_repeated_files_option(tmp_path, monkeypatch):
+    # argparse kept the last `--files` only: the tokenizer learnt from b.txt alone.
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    (tmp_path / "a.txt").write_text("abab abab\n" * 50)
+    (tmp_path / "b.txt").write_text("xyxy xyxy\n" * 50)
+    main(["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(tmp_path / "a.txt"), "--files",
+          str(tmp_path / "b.txt"), "--vocab-size", "300", "--output-dir", str(tmp_path / "tokenizer")])
+    vocabulary = AutoTokenizer.from_pretrained(tmp_path / "tokenizer").get_vocab()
+    assert "abab" in vocabulary and "xyxy" in vocabulary

@@ -28,7 +28,8 @@ parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class
 parser.add_argument("--kind", choices=KINDS, required=True, help="tokenizer model: byte-level BPE, WordPiece, Unigram")
 parser.add_argument("--family", choices=FAMILIES, required=True, help="model family: sets special tokens and templates")
 source = parser.add_mutually_exclusive_group(required=True)
-source.add_argument("--files", nargs="+", type=Path, help="plain text files, one example per line")
+source.add_argument("--files", nargs="+", action="extend", type=Path,  # repeated, it adds files
+                    help="plain text files, one example per line")
 source.add_argument("--dataset", help="a `datasets` name on the Hub, or a local data file or folder (txt/csv/json)")
 parser.add_argument("--dataset-config", default=None, help="dataset configuration name (default: none)")
 parser.add_argument("--split", default="train", help="dataset split to train on (default: train)")

@@ -175,12 +175,14 @@ def fraction(text: str) -> float:
 def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The "data" and "model and tokenizer" argument groups."""
     data = parser.add_argument_group("data (default: the embedded Tiny Shakespeare)")
-    data.add_argument("--train-files", nargs="+", help="text files, one document per paragraph")
-    data.add_argument("--validation-files", nargs="+", help="default: 5%% of the training documents")
-    data.add_argument("--source-files", nargs="+", help="seq2seq: source side, one sentence per line")
-    data.add_argument("--target-files", nargs="+", help="seq2seq: target side, aligned with --source-files")
-    data.add_argument("--validation-source", nargs="+")
-    data.add_argument("--validation-target", nargs="+")
+    # "extend": a repeated option adds its files (argparse would keep the last one's alone, silently).
+    data.add_argument("--train-files", nargs="+", action="extend", help="text files, one document per paragraph")
+    data.add_argument("--validation-files", nargs="+", action="extend", help="default: 5%% of the training documents")
+    data.add_argument("--source-files", nargs="+", action="extend", help="seq2seq: source side, one sentence per line")
+    data.add_argument("--target-files", nargs="+", action="extend",
+                      help="seq2seq: target side, aligned with --source-files")
+    data.add_argument("--validation-source", nargs="+", action="extend")
+    data.add_argument("--validation-target", nargs="+", action="extend")
     data.add_argument("--dataset", help="a `datasets.load_dataset` name or path instead of files")
     data.add_argument("--dataset-config")
     data.add_argument("--dataset-name", help="the data's name on the model card (default: dataset or file name)")
@@ -194,7 +196,7 @@ def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     model_args.add_argument("--preset", help="default: gpt-mini / bert-prenorm / transformer-base by task")
     model_args.add_argument("--config", type=local_path("file or folder"),
                             help="a config.json to build the model from instead of a preset")
-    model_args.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", type=config_override,
+    model_args.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", type=config_override,
                             help="config overrides of a new model (VALUE as JSON, else a string)")
     model_args.add_argument("--tokenizer", type=local_path(), help="a saved tokenizer folder; default: train one")
     model_args.add_argument("--tokenizer-kind", choices=["bpe", "wordpiece", "unigram"], help="default by task")
