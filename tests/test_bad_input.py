@@ -343,6 +343,18 @@ def test_errors_name_the_command_as_the_user_typed_it(hf_scratch, command):
     assert stderr.startswith(f"usage: hf-scratch {command} ") and f"hf-scratch {command}: error:" in stderr
 
 
+@pytest.mark.parametrize("command", [["train"], ["train-accelerate", "--cpu"]])
+def test_a_vocab_size_below_the_tokenizers_alphabet_is_named(monkeypatch, capsys, corpus, tmp_path, command):
+    # Byte-level BPE holds 260 tokens at least: train_tokenizer's ValueError was a traceback after the data work.
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(SystemExit) as stopped:
+        main([*command, "--train-files", str(corpus), "--vocab-size", "100", "--output-dir", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    assert "`vocab_size` 100 is too small for a bpe tokenizer of this text" in capsys.readouterr().err
+
+
 class ReadData(Exception):
     pass
 

@@ -159,6 +159,14 @@ def test_a_unigram_vocabulary_smaller_than_the_alphabet_is_named(corpus_file):
         train_tokenizer("unigram", "decoder", files=[corpus_file], vocab_size=20)
 
 
+@pytest.mark.parametrize("kind, size", [("bpe", 260), ("wordpiece", None)])
+def test_a_vocabulary_smaller_than_the_alphabet_is_named_for_every_kind(corpus_file, kind, size):
+    # BPE and WordPiece keep their whole alphabet: --vocab-size 100 gave a byte-level BPE of 260 tokens, without a word.
+    with pytest.raises(ValueError, match=rf"`vocab_size` 20 is too small for a {kind} tokenizer of this text: "
+                                         rf"its alphabet and special tokens alone are {size or '[0-9]+'} tokens"):
+        train_tokenizer(kind, "decoder", files=[corpus_file], vocab_size=20)
+
+
 def test_missing_file_is_reported_before_training(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         train_tokenizer("bpe", "decoder", files=[tmp_path / "nope.txt"])

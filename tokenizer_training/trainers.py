@@ -95,6 +95,11 @@ def train(
             f"`vocab_size` {vocab_size} is too small for a Unigram tokenizer of this text: its vocabulary holds every "
             f"character the text uses besides the {len(specials)} special tokens; choose a larger one."
         ) from error
+    if tokenizer.get_vocab_size() > vocab_size:  # BPE and WordPiece keep their whole alphabet, over the size asked
+        raise ValueError(
+            f"`vocab_size` {vocab_size} is too small for a {kind} tokenizer of this text: its alphabet and special "
+            f"tokens alone are {tokenizer.get_vocab_size()} tokens; choose a larger one."
+        )
 
     single, pair = _TEMPLATES[family]
     tokenizer.post_processor = processors.TemplateProcessing(

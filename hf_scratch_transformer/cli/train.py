@@ -178,8 +178,11 @@ elif given:
 elif resumed is not None:
     fail(parser, f"{resumed} holds no tokenizer: pass the one the run was trained with as --tokenizer.")
 else:
-    tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
-                                vocab_size=args.vocab_size, model_max_length=args.max_length)
+    try:
+        tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
+                                    vocab_size=args.vocab_size, model_max_length=args.max_length)
+    except ValueError as error:  # a --vocab-size below the alphabet of the text
+        fail(parser, str(error))
     print(f"tokenizer: trained {args.tokenizer_kind or default_kind}, {len(tokenizer)} tokens")
 refuse_another_family(parser, tokenizer, task, resumed if saved else given)
 

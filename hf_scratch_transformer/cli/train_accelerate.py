@@ -214,9 +214,12 @@ else:
         if given or not accelerator.is_main_process:
             tokenizer = AutoTokenizer.from_pretrained(given or tokenizer_dir)
         else:
-            tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family,
-                                        dataset=tokenizer_texts, vocab_size=args.vocab_size,
-                                        model_max_length=args.max_length)
+            try:
+                tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family,
+                                            dataset=tokenizer_texts, vocab_size=args.vocab_size,
+                                            model_max_length=args.max_length)
+            except ValueError as error:  # a --vocab-size below the alphabet of the text
+                fail(parser, str(error))
             tokenizer.save_pretrained(tokenizer_dir)
 refuse_another_family(parser, tokenizer, task, tokenizer_source or given)
 checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
