@@ -93,6 +93,18 @@ def test_post_processing_per_family(trained, kind, family):
         assert pair.token_type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_space_before_a_mask_token_is_no_token_of_its_own(trained, kind, tmp_path):
+    # "a [MASK]" gave `Ġ` (or `▁`) before [MASK] in the BPE and Unigram encoders: a token the MLM never trained on
+    # there (masking replaces `Ġword` whole), in fill-mask inputs; RoBERTa's <mask> takes the space in (lstrip).
+    tok = trained(kind, "encoder")
+    tok.save_pretrained(tmp_path)
+    for loaded in (tok, AutoTokenizer.from_pretrained(tmp_path)):
+        tokens = loaded.convert_ids_to_tokens(loaded("The cat [MASK] here.").input_ids)
+        assert tokens[tokens.index("[MASK]") - 1] not in ("Ġ", "▁")
+        assert loaded("The cat [MASK]").input_ids[:-2] == loaded("The cat").input_ids[:-1]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_byte_level_bpe_round_trips_any_text(trained, family):
     tok = trained("bpe", family)

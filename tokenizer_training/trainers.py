@@ -15,13 +15,14 @@ and for a pair of texts):
     seq2seq    <pad>=0 <s>=1 </s>=2 <unk>=3   `$A </s>`, pair `$A </s> $B </s>` (as T5); right padding.
     encoder    [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4   `[CLS] $A [SEP]`, pair `[CLS] $A [SEP] $B [SEP]` (as BERT).
 
+Where spaces are tokens (BPE, Unigram), the encoder's [MASK] takes in the space before it, as RoBERTa's <mask> does.
 The decoder template does not append `</s>`: a prompt must stay open for generation. Causal-LM training appends
 `</s>` to each document itself when it packs documents into blocks.
 """
 
 from collections.abc import Iterator
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 KINDS = ("bpe", "wordpiece", "unigram")
@@ -101,6 +102,10 @@ def train(
             f"tokens alone are {tokenizer.get_vocab_size()} tokens; choose a larger one."
         )
 
+    if "mask_token" in roles and kind != "wordpiece":
+        # As RoBERTa's <mask>: the space before it belongs to it, else "a [MASK]" holds a lone `Ġ` / `▁` token that
+        # training never puts there (masking replaces `Ġword` whole). WordPiece drops spaces anyway, as BERT's does.
+        tokenizer.add_special_tokens([AddedToken(roles["mask_token"], lstrip=True, special=True, normalized=False)])
     single, pair = _TEMPLATES[family]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=single, pair=pair, special_tokens=[(token, tokenizer.token_to_id(token)) for token in specials]
