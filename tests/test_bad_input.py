@@ -413,6 +413,19 @@ def test_the_main_job_names_bad_data_or_output_before_any_work(hf_scratch, bad_t
     assert f"--output-dir {output} is a file, not a folder" in stderr
 
 
+def test_a_folder_given_as_a_text_file_is_named(hf_scratch, tmp_path):
+    # The training commands failed with an IsADirectoryError traceback; the tokenizer called it "not found".
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello\n")
+    message = f"{folder} is a folder, not a text file: pass its files, or the folder as --dataset"
+    assert message in hf_scratch("train", "--train-files", folder, "--output-dir", tmp_path / "out")
+    assert message in hf_scratch("train", "--task", "seq2seq", "--source-files", folder, "--target-files", folder,
+                                 "--output-dir", tmp_path / "out")
+    with pytest.raises(ValueError, match=message):
+        train_tokenizer("bpe", "decoder", files=[folder], vocab_size=300)
+
+
 @pytest.mark.parametrize(
     "arguments,message",
     [

@@ -96,6 +96,8 @@ def check_text_file(path: str | Path, block_size: int = 1 << 20, plain: bool = F
     blocks of `block_size` characters, so a check costs one read of it and little memory. With `plain` (a file read
     as plain text), a file of a dataset format (`FILE_BUILDERS`: CSV, JSON, ...) is refused too: its syntax, header
     and field separators would be trained on as text."""
+    if Path(path).is_dir():  # else an IsADirectoryError traceback
+        raise ValueError(f"{path} is a folder, not a text file: pass its files, or the folder as --dataset.")
     builder = FILE_BUILDERS.get(Path(path).suffix, "text")
     if plain and builder != "text":
         raise ValueError(f"{path} is a {builder.upper()} file, not plain text: pass it as a dataset (--dataset, "
@@ -153,7 +155,7 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
 def _file_lines(files: list[str | Path]) -> Iterator[str]:
     if not files:
         raise ValueError("`files` is empty; give at least one text file.")
-    missing = [str(path) for path in files if not Path(path).is_file()]
+    missing = [str(path) for path in files if not Path(path).exists()]
     if missing:  # checked up front: the generator below would only fail midway through training
         raise FileNotFoundError(f"Training text files not found: {', '.join(missing)}")
     for path in files:
