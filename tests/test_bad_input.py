@@ -261,6 +261,7 @@ def hf_scratch(monkeypatch, capsys):
     """`hf_scratch(*arguments)`: run `hf-scratch ARGUMENTS` here, expecting a refusal; returns its stderr."""
     import accelerate
     import transformers
+    import transformers.trainer  # first imported under the tripwires, it would keep one as its Accelerator
 
     import tokenizer_training
     from hf_scratch_transformer.cli import main
