@@ -257,6 +257,18 @@ def test_a_data_file_of_a_datasets_format_is_not_read_as_text_files(tmp_path):
         training.load_texts([str(tmp_path / "data.csv")])
 
 
+@settings(max_examples=50, deadline=None)
+@given(paragraphs=st.lists(st.lists(st.text(st.characters(exclude_characters="\n"), min_size=1).filter(
+           lambda line: not line.isspace()), min_size=1, max_size=3), min_size=1, max_size=6),
+       blanks=st.lists(st.lists(st.text(" \t", max_size=3), min_size=1, max_size=3), min_size=7, max_size=7))
+def test_paragraphs_are_the_runs_of_non_blank_lines(paragraphs, blanks):
+    """Any paragraphs, separated by any blank lines (empty or spaces and tabs), come back as they were written."""
+    separators = ["\n" + "".join(blank + "\n" for blank in run) for run in blanks]
+    leading = "".join(blank + "\n" for blank in blanks[-1])  # blank lines before the first paragraph too
+    text = leading + "".join("\n".join(lines) + separators[i] for i, lines in enumerate(paragraphs))
+    assert training._paragraphs({"text": [text]})["text"] == ["\n".join(lines) for lines in paragraphs]
+
+
 def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     # Windows editors save UTF-8 with a BOM: U+FEFF began the first document / sentence, where the model learnt it.
     for name, text in [("doc.txt", "one\n\ntwo\n"), ("a.en", "one\ntwo\n"), ("a.de", "eins\nzwei\n")]:
