@@ -71,6 +71,9 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
     if bool(validation_source) != bool(validation_target):
         raise ValueError("Give validation files for both sides, source and target, or for neither.")
     if dataset is not None:
+        if source_column == target_column:  # renamed once, it would leave no "source" column to tokenize
+            raise ValueError(f"{source_column!r} is both the source and the target column: name the pairs' two "
+                             "columns.")
         raw = _load_text_columns(dataset, dataset_config, {source_column: "source", target_column: "target"})
         return _with_validation(raw, validation_split, seed, f"dataset {dataset!r}", "pair")
     if not source_files or not target_files:

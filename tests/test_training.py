@@ -306,6 +306,13 @@ def test_a_datasets_blank_texts_are_no_examples(tmp_path):
     assert sorted([*pairs["train"]["source"], *pairs["validation"]["source"]]) == ["drei", "eins"]
 
 
+def test_one_column_for_both_sides_of_the_pairs_is_named(tmp_path):
+    # --source-column text --target-column text renamed the column once: no "source", a KeyError when tokenizing.
+    (tmp_path / "data.csv").write_text("text\n" + "".join(f"line {i}\n" for i in range(4)))
+    with pytest.raises(ValueError, match="'text' is both the source and the target column: name"):
+        training.load_parallel(dataset=str(tmp_path / "data.csv"), source_column="text", target_column="text")
+
+
 def test_a_dataset_without_a_train_split_is_named(tmp_path):
     # A folder holding test.csv only: the loaders failed with a bare KeyError: 'train'.
     (tmp_path / "test.csv").write_text("text,de\n" + "".join(f"line {i},Zeile {i}\n" for i in range(4)))
