@@ -306,6 +306,10 @@ def corpus(tmp_path):
         (["train", "--resume", "--overwrite-output-dir"], "--resume continues the earlier run and --overwrite"),
         (["train", "--model", "no/such/model"], "argument --model: folder no/such/model does not exist"),
         (["train", "--tokenizer", "./no-tokenizer"], "argument --tokenizer: folder ./no-tokenizer does not exist"),
+        # --model continues a saved model with its own tokenizer: these were left out without a word.
+        (["train", "--model", "somewhere", "--tokenizer", "other"], "--tokenizer: for a new model; --model continues"),
+        (["train", "--model", "somewhere", "--preset", "gpt2-small", "--tokenizer-kind", "unigram"],
+         "--preset, --tokenizer-kind: for a new model; --model continues"),
         (["train-accelerate", "--keep-checkpoints", "0"], "argument --keep-checkpoints: must be >= 1, got 0"),
         (["train-accelerate", "--gradient-accumulation-steps", "0"], "argument --gradient-accumulation-steps: must"),
         # Optimisation options out of range trained silently wrong (a negative smoothing or clipping norm, listed

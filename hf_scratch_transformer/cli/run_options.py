@@ -238,6 +238,11 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     overrides = dict(args.set)
     if overrides and args.model:
         parser.error("--set configures a new model (a preset or --config); --model continues a saved one as it is")
+    # Else left out without a word: --model brings its config and its tokenizer.
+    new_model_options = ("preset", "config", "tokenizer", "tokenizer_kind")
+    if args.model and (ignored := [f"--{name.replace('_', '-')}" for name in new_model_options if getattr(args, name)]):
+        parser.error(f"{', '.join(ignored)}: for a new model; --model continues a saved one, with its own config and "
+                     "tokenizer")
     if not (args.model or args.config):
         try:
             get_preset(args.preset or DEFAULTS[args.task][0], **overrides)
