@@ -103,11 +103,15 @@ def _paragraphs(batch: dict) -> dict:
 def _lines(files: list[str]) -> list[str]:
     """The files' lines, split at line breaks only ("\\n", "\\r\\n"): `str.splitlines` also splits at form feeds,
     \\x85, \\u2028 and more, and universal newlines at a lone "\\r", which a sentence can hold, and every later pair
-    would be out of alignment."""
+    would be out of alignment. Blank lines ending a file are no sentences (an editor's extra line break at the end of
+    one side made the files "differ in length")."""
     lines = []
     for path in files:
         with open(path, encoding=TEXT_ENCODING, newline="\n") as handle:  # no universal newlines
-            lines += [line.removesuffix("\n").removesuffix("\r") for line in handle]
+            file_lines = [line.removesuffix("\n").removesuffix("\r") for line in handle]
+        while file_lines and (not file_lines[-1] or file_lines[-1].isspace()):
+            file_lines.pop()
+        lines += file_lines
     return lines
 
 

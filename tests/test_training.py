@@ -338,6 +338,15 @@ def test_parallel_files_must_align(tmp_path):
         training.load_parallel([str(tmp_path / "a.en")], [str(tmp_path / "a.de")])
 
 
+def test_blank_lines_ending_a_parallel_file_are_no_sentences(tmp_path):
+    # An editor's extra line break at the end of one file: "differ in length: 2 source vs 3 target lines".
+    (tmp_path / "a.en").write_text("one\ntwo\n")
+    (tmp_path / "a.de").write_text("eins\nzwei\n\n \n")
+    files = [str(tmp_path / "a.en")], [str(tmp_path / "a.de")]
+    pairs = training.load_parallel(*files, *files)["validation"]
+    assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("two", "zwei")]
+
+
 def test_parallel_files_split_at_line_breaks_only(tmp_path):
     # `str.splitlines` also split at \u2028 and \x0c: 5 "lines" on each side, so nothing was refused, and every pair
     # after "two" was silently out of alignment ("half" -> "drei"). Universal newlines split at a lone \r (a stray
