@@ -514,6 +514,9 @@ BAD_FINETUNE_DATA = {
     "no_text.csv": ("text-classification", "text,label\na dog,animal\n,other\na man,other\n",
                     "the text column 'text' holds no text in row 2"),
     "empty.json": ("text-classification", "", "holds no text"),
+    # an upper-case suffix (Windows tools) was an "unsupported format '.CSV'"
+    "MISSING.CSV": ("text-classification", "text,label\na dog,animal\na man,other\nsome text,\nmore,\n",
+                    "the label column 'label' has no value in rows 3, 4"),
 }
 
 

@@ -210,6 +210,16 @@ def test_a_data_file_of_a_datasets_format_is_not_read_as_plain_text(tmp_path):
         train_tokenizer("bpe", "decoder", files=[path], vocab_size=VOCAB)
 
 
+def test_a_data_files_suffix_is_read_in_any_case(tmp_path):
+    # DATA.CSV (as Windows tools name files) was refused as an "unknown file type '.CSV'", and DATA.JSONL given as
+    # text was trained on as plain lines.
+    (tmp_path / "DATA.CSV").write_text("text\n" + "".join(f"{line}\n" for line in LINES[:20] if "," not in line))
+    assert load_data(tmp_path / "DATA.CSV")["train"].column_names == ["text"]
+    (tmp_path / "DATA.JSONL").write_text('{"text": "a line"}\n')
+    with pytest.raises(ValueError, match="is a JSON file, not plain text"):
+        train_tokenizer("bpe", "decoder", files=[tmp_path / "DATA.JSONL"], vocab_size=VOCAB)
+
+
 def test_special_token_ids_needs_a_family(trained):
     tok = trained("bpe", "decoder")
     foreign = type(tok)(tokenizer_object=tok.backend_tokenizer, bos_token="<s>")  # no `family` given

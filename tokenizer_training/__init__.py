@@ -98,7 +98,7 @@ def check_text_file(path: str | Path, block_size: int = 1 << 20, plain: bool = F
     and field separators would be trained on as text."""
     if Path(path).is_dir():  # else an IsADirectoryError traceback
         raise ValueError(f"{path} is a folder, not a text file: pass its files, or the folder as --dataset.")
-    builder = FILE_BUILDERS.get(Path(path).suffix, "text")
+    builder = FILE_BUILDERS.get(Path(path).suffix.lower(), "text")
     if plain and builder != "text":
         raise ValueError(f"{path} is a {builder.upper()} file, not plain text: pass it as a dataset (--dataset, "
                          "`load_data`), whose --text-column is read.")
@@ -124,7 +124,7 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
     import datasets  # slow to import, and only callers with a dataset need it
 
     path = Path(name)
-    builder = FILE_BUILDERS.get(path.suffix)
+    builder = FILE_BUILDERS.get(path.suffix.lower())  # DATA.CSV too, as Windows tools name files
     # A mistyped local path would be looked up on the Hub: a ConnectionError offline, "doesn't exist on the Hub"
     # online. A data file's suffix, or a start that only a path has, makes a name local.
     if not path.exists() and (builder or str(name).startswith((".", "/", "~", os.sep))):

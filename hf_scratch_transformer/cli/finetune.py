@@ -107,10 +107,10 @@ def load_data_file(option: str, path: str):
     file = Path(path)
     if not file.is_file():
         parser.error(f"{option} {path}: no such file")
-    if file.suffix not in FORMATS:
+    if file.suffix.lower() not in FORMATS:  # DATA.CSV too, as Windows tools name files
         parser.error(f"{option} {path}: unsupported format {file.suffix or '(no extension)'!r}; use CSV (.csv) or "
                      "JSON lines (.json, .jsonl)")
-    if args.task == "token-classification" and file.suffix == ".csv":
+    if args.task == "token-classification" and file.suffix.lower() == ".csv":
         parser.error(f"{option} {path}: token classification needs a list of words and a list of labels per row, "
                      "which CSV cannot hold: use JSON lines (.json, .jsonl)")
     try:
