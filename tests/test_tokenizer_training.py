@@ -227,6 +227,10 @@ def test_special_token_ids_needs_a_family(trained):
         special_token_ids(foreign)
     assert special_token_ids(foreign, "seq2seq") == dict(pad_token_id=None, bos_token_id=1, eos_token_id=None,
                                                          decoder_start_token_id=1)
+    # One without <s> (T5's, Marian's) starts the decoder at pad, as theirs do: None stopped training at its first
+    # batch ("`config.decoder_start_token_id` must be set").
+    t5_like = type(tok)(tokenizer_object=tok.backend_tokenizer, eos_token="</s>", pad_token="<pad>")
+    assert special_token_ids(t5_like, "seq2seq")["decoder_start_token_id"] == t5_like.pad_token_id == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)

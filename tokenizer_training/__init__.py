@@ -71,8 +71,8 @@ def padded_vocab_size(tokenizer, multiple: int = 64) -> int:
 
 def special_token_ids(tokenizer, family: str | None = None) -> dict:
     """The config fields for the tokenizer's special tokens: `pad_token_id`, `bos_token_id`, `eos_token_id` (None
-    where the family has no such token, so a preset's ids are overridden), plus `decoder_start_token_id` (= bos)
-    for seq2seq. Pass them on as `get_preset(name, **special_token_ids(tok))`. The family is the one the tokenizer
+    where the family has no such token, so a preset's ids are overridden), plus `decoder_start_token_id` (bos, else
+    pad) for seq2seq. Pass them on as `get_preset(name, **special_token_ids(tok))`. The family is the one the tokenizer
     records (`train_tokenizer` does), else `family`: that of the model it serves (GPT-2's tokenizer records none)."""
     family = tokenizer.init_kwargs.get("family") or family
     if family not in FAMILIES:
@@ -86,7 +86,9 @@ def special_token_ids(tokenizer, family: str | None = None) -> dict:
         "eos_token_id": tokenizer.eos_token_id,
     }
     if family == "seq2seq":
-        ids["decoder_start_token_id"] = tokenizer.bos_token_id
+        # A tokenizer without <s> (T5's, Marian's) starts the decoder at pad, as those models do.
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
+        ids["decoder_start_token_id"] = start
     return ids
 
 
