@@ -105,6 +105,19 @@ def test_the_space_before_a_mask_token_is_no_token_of_its_own(trained, kind, tmp
         assert loaded("The cat [MASK]").input_ids[:-2] == loaded("The cat").input_ids[:-1]
 
 
+def test_byte_level_bpe_encoder_offsets_leave_out_the_space_a_token_carries(trained, tmp_path):
+    # `Ġworld` spanned " world": token-classification entities began at the space before their word; RoBERTa's
+    # byte-level BPE trims offsets to the word.
+    tok = trained("bpe", "encoder")
+    tok.save_pretrained(tmp_path)
+    for loaded in (tok, AutoTokenizer.from_pretrained(tmp_path)):
+        encoded = loaded("Hello world", "and more", return_offsets_mapping=True)
+        texts = ["Hello world", "and more"]
+        spans = [texts[kind][start:end] for (start, end), kind in zip(encoded.offset_mapping, encoded.token_type_ids,
+                                                                      strict=True) if end > start]
+        assert "".join(spans) == "Helloworldandmore" and not any(span.startswith(" ") for span in spans)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_byte_level_bpe_round_trips_any_text(trained, family):
     tok = trained("bpe", family)

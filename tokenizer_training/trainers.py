@@ -15,7 +15,8 @@ and for a pair of texts):
     seq2seq    <pad>=0 <s>=1 </s>=2 <unk>=3   `$A </s>`, pair `$A </s> $B </s>` (as T5); right padding.
     encoder    [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4   `[CLS] $A [SEP]`, pair `[CLS] $A [SEP] $B [SEP]` (as BERT).
 
-Where spaces are tokens (BPE, Unigram), the encoder's [MASK] takes in the space before it, as RoBERTa's <mask> does.
+Where spaces are tokens (BPE, Unigram), the encoder's [MASK] takes in the space before it, as RoBERTa's <mask> does,
+and the BPE encoder's offsets leave out the space a token carries, as RoBERTa's do.
 The decoder template does not append `</s>`: a prompt must stay open for generation. Causal-LM training appends
 `</s>` to each document itself when it packs documents into blocks.
 """
@@ -107,9 +108,14 @@ def train(
         # training never puts there (masking replaces `Ġword` whole). WordPiece drops spaces anyway, as BERT's does.
         tokenizer.add_special_tokens([AddedToken(roles["mask_token"], lstrip=True, special=True, normalized=False)])
     single, pair = _TEMPLATES[family]
-    tokenizer.post_processor = processors.TemplateProcessing(
+    template = processors.TemplateProcessing(
         single=single, pair=pair, special_tokens=[(token, tokenizer.token_to_id(token)) for token in specials]
     )
+    if kind == "bpe" and family == "encoder":
+        # As RoBERTa's: a token's offsets leave out the space it carries (`Ġworld` spans "world"), so that the
+        # token-classification pipeline's entities start at their word. (GPT-2's, for the decoder, keep it.)
+        template = processors.Sequence([processors.ByteLevel(add_prefix_space=False, trim_offsets=True), template])
+    tokenizer.post_processor = template
     optional = {} if model_max_length is None else {"model_max_length": model_max_length}
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
