@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt"
 
 OURS = [
-    "--preset", "gpt-mini", "--tokenizer-kind", "bpe", "--vocab-size", "64",
+    "--preset", "gpt-mini", "--tokenizer-kind", "bpe", "--vocab-size", "260",  # the bytes and 4 specials: no merges
     "--set", "num_hidden_layers=4", "num_attention_heads=4", "hidden_size=128", "intermediate_size=512",
     'hidden_act="gelu"', "dropout=0", "max_position_embeddings=64", "use_bias=false",
     "--max-length", "64", "--batch-size", "12", "--max-steps", "2000", "--learning-rate", "1e-3",
