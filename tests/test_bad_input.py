@@ -544,3 +544,57 @@ def test_finetune_checks_the_labels_of_the_validation_file(hf_scratch, tmp_path,
                         tmp_path / "train.csv", "--validation-file", tmp_path / "dev.csv", "--output-dir",
                         tmp_path / "out")
     assert f"--validation-file {tmp_path / 'dev.csv'}: {message}" in stderr
+
+
+class ReachedTraining(Exception):
+    pass
+
+
+@pytest.fixture
+def short_positions_model(tmp_path):
+    """A tiny encoder folder with 16 learned positions, and a CSV of texts longer than that."""
+    from tiny_tokenizers import wordpiece
+
+    from hf_scratch_transformer import ScratchEncoderForMaskedLM
+
+    tokenizer = wordpiece()
+    ScratchEncoderForMaskedLM(tiny_config("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                          max_position_embeddings=16)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    rows = [f"{' '.join(['the dog runs to the big house'] * 4)},{'yes' if i % 2 else 'no'}" for i in range(10)]
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows))
+    return tmp_path
+
+
+def test_finetune_fits_its_texts_in_the_models_positions(monkeypatch, capsys, short_positions_model):
+    """The default --max-length 128 on a model with fewer learned positions failed at the first training step with
+    a traceback; it now takes the model's positions, and a longer --max-length given is refused before the data work
+    (as `train --model` refuses it)."""
+    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
+    from hf_scratch_transformer.cli import main
+
+    folder = short_positions_model
+    lengths = []
+
+    def train(self, *args, **kwargs):
+        lengths.extend(len(ids) for ids in self.train_dataset["input_ids"])
+        raise ReachedTraining
+
+    monkeypatch.setattr(CrashSafeTrainer, "train", train)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    command = ["finetune", "--model", folder / "model", "--task", "text-classification", "--train-file",
+               folder / "train.csv"]
+    with pytest.raises(ReachedTraining):
+        main([str(argument) for argument in [*command, "--output-dir", folder / "out"]])
+    assert max(lengths) == 16
+
+    def tripwire(*args, **kwargs):
+        raise ReachedModelWork("the data was tokenized for a --max-length the model cannot read")
+
+    monkeypatch.setattr(training, "truncated_map", tripwire)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main([str(argument) for argument in [*command, "--max-length", "32", "--output-dir", folder / "refused"]])
+    assert stopped.value.code == 2
+    assert "--max-length 32 is longer than the model's 16 learned positions" in capsys.readouterr().err
+    assert not (folder / "refused").exists()

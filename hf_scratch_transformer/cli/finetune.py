@@ -36,7 +36,9 @@ from hf_scratch_transformer import hub, training
 from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer, folder_aside, replace_folder
 from hf_scratch_transformer.cli.run_options import (
     RunParser,
+    absolute_positions,
     add_run_safety_arguments,
+    check_model_fits,
     claim_output_dir,
     dataset_name,
     is_rank_zero,
@@ -82,7 +84,8 @@ parser.add_argument("--dataset-config")
 parser.add_argument("--text-column", default="text", help="text-classification input (default text)")
 parser.add_argument("--tokens-column", default="tokens", help="token-classification input words (default tokens)")
 parser.add_argument("--label-column", default="label", help="label, or list of labels per word (default label)")
-parser.add_argument("--max-length", type=sequence_length, default=128, help="tokens per text, >= 3 (default 128)")
+parser.add_argument("--max-length", type=sequence_length,
+                    help="tokens per text, >= 3 (default 128, or the model's absolute positions if fewer)")
 parser.add_argument("--epochs", type=positive_float, default=3.0)
 parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides --epochs when > 0 (default -1)")
 parser.add_argument("--batch-size", type=positive_int, default=16)
@@ -264,6 +267,9 @@ model = training.load_to_train(
     pad_token_id=tokenizer.pad_token_id, ignore_mismatched_sizes=True,  # a classifier of other classes: a new head
 )
 training.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
+if args.max_length is None:  # as run_glue takes the model's maximum where it is below the default
+    args.max_length = min(128, absolute_positions(model.config) or 128)
+check_model_fits(parser, model, tokenizer, args.max_length)  # else a traceback at the first step, past 64 positions
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
 
 

@@ -278,14 +278,20 @@ def refuse_another_family(parser: argparse.ArgumentParser, tokenizer, task: str,
         parser.error(f"{source}: {error}")
 
 
+def absolute_positions(config) -> int | None:
+    """The most tokens a model with absolute positions (learned or sinusoidal) reads; None for relative ones."""
+    if getattr(config, "position_embedding_type", None) in ("learned", "sinusoidal"):
+        return config.max_position_embeddings
+    return None
+
+
 def check_model_fits(parser: argparse.ArgumentParser, model, tokenizer, max_length: int) -> None:
     """Before any data work: the model has a row for every token id, and absolute positions (learned or sinusoidal)
     for --max-length tokens; else the first training step would fail, after tokenizing."""
     config = model.config
     if config.vocab_size < len(tokenizer):
         fail(parser, f"The tokenizer has {len(tokenizer)} tokens but the model only {config.vocab_size}.")
-    absolute = getattr(config, "position_embedding_type", None) in ("learned", "sinusoidal")
-    if absolute and max_length > config.max_position_embeddings:
+    if max_length > (absolute_positions(config) or max_length):
         fail(parser, f"--max-length {max_length} is longer than the model's {config.max_position_embeddings} "
                      f"{config.position_embedding_type} positions (max_position_embeddings): pass --max-length "
                      f"{config.max_position_embeddings} or less.")
