@@ -428,3 +428,42 @@ def test_a_quantized_model_folder_is_refused_before_any_work(script, options, tm
                         cwd=tmp_path, returncode=2)
     assert "--model" in output and "holds quantized weights (torchao" in output and "Traceback" not in output
     assert "full-precision folder" in output and not (tmp_path / "run").exists()
+
+
+class ReachedTraining(Exception):
+    pass
+
+
+@pytest.mark.parametrize("tokenizer_kind", ["bpe", "wordpiece"])
+def test_finetune_tokenizes_words_as_the_pipeline_tokenizes_their_text(monkeypatch, tmp_path, tokenizer_kind):
+    """Token classification reads a list of words; the saved folder's pipeline reads the text. A byte-level BPE
+    tokenizer took each word alone without the space before it ('dog', not 'Ġdog'), so the model was trained on
+    other tokens than it is given in use (run_ner loads such tokenizers with add_prefix_space for this)."""
+    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
+    from hf_scratch_transformer.cli import main
+
+    tokenizer = byte_level_bpe(family="encoder") if tokenizer_kind == "bpe" else wordpiece()
+    torch.manual_seed(0)
+    hf_scratch_transformer.ScratchEncoderForMaskedLM(tiny_config(
+        "encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    sentences = _words(20, 4)
+    rows = [{"tokens": s.split(), "tags": ["ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
+            for s in sentences]
+    (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
+    (tmp_path / "dev.json").write_text(json.dumps(rows[0]))
+    trained = {}
+
+    def train(self, *args, **kwargs):
+        trained.update(self.train_dataset[:])
+        raise ReachedTraining
+
+    monkeypatch.setattr(CrashSafeTrainer, "train", train)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(ReachedTraining):
+        main(["finetune", "--model", str(tmp_path / "model"), "--task", "token-classification", "--train-file",
+              str(tmp_path / "train.json"), "--validation-file", str(tmp_path / "dev.json"), "--label-column", "tags",
+              "--output-dir", str(tmp_path / "out")])
+    assert trained["input_ids"] == tokenizer(sentences).input_ids
+    # the first piece of each word labelled, the rest (and the special tokens) -100
+    assert [sum(label != -100 for label in labels) for labels in trained["labels"]] == [5] * len(sentences)

@@ -278,7 +278,11 @@ def encode(batch):
         encoded = tokenizer(batch[input_column], truncation=True, max_length=args.max_length)
         encoded["labels"] = [label_id(value) for value in batch[args.label_column]]
         return encoded
-    encoded = tokenizer(batch[input_column], is_split_into_words=True, truncation=True, max_length=args.max_length)
+    # Each word after the first with the space before it in the text, which the pipeline reads: a byte-level BPE
+    # tokenizer takes a word alone without it ('dog' where the text gives 'Ġdog'), so the model would learn other
+    # tokens than it is given in use (run_ner loads such tokenizers with add_prefix_space); others drop the space.
+    words = [[word if i == 0 else f" {word}" for i, word in enumerate(row)] for row in batch[input_column]]
+    encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=args.max_length)
     encoded["labels"] = []
     for row, word_labels in enumerate(batch[args.label_column]):
         previous, aligned = None, []
