@@ -434,14 +434,30 @@ class ReachedTraining(Exception):
     pass
 
 
+def finetune_until_training(monkeypatch, *arguments) -> dict:
+    """Runs `hf-scratch finetune ARGUMENTS` in this process up to its first training step; returns the columns of
+    the training data it would train on."""
+    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
+    from hf_scratch_transformer.cli import main
+
+    trained = {}
+
+    def train(self, *args, **kwargs):
+        trained.update(self.train_dataset[:])
+        raise ReachedTraining
+
+    monkeypatch.setattr(CrashSafeTrainer, "train", train)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(ReachedTraining):
+        main(["finetune", *map(str, arguments)])
+    return trained
+
+
 @pytest.mark.parametrize("tokenizer_kind", ["bpe", "wordpiece"])
 def test_finetune_tokenizes_words_as_the_pipeline_tokenizes_their_text(monkeypatch, tmp_path, tokenizer_kind):
     """Token classification reads a list of words; the saved folder's pipeline reads the text. A byte-level BPE
     tokenizer took each word alone without the space before it ('dog', not 'Ġdog'), so the model was trained on
     other tokens than it is given in use (run_ner loads such tokenizers with add_prefix_space for this)."""
-    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
-    from hf_scratch_transformer.cli import main
-
     tokenizer = byte_level_bpe(family="encoder") if tokenizer_kind == "bpe" else wordpiece()
     torch.manual_seed(0)
     hf_scratch_transformer.ScratchEncoderForMaskedLM(tiny_config(
@@ -452,18 +468,23 @@ def test_finetune_tokenizes_words_as_the_pipeline_tokenizes_their_text(monkeypat
             for s in sentences]
     (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
     (tmp_path / "dev.json").write_text(json.dumps(rows[0]))
-    trained = {}
-
-    def train(self, *args, **kwargs):
-        trained.update(self.train_dataset[:])
-        raise ReachedTraining
-
-    monkeypatch.setattr(CrashSafeTrainer, "train", train)
-    monkeypatch.setattr("sys.argv", ["hf-scratch"])
-    with pytest.raises(ReachedTraining):
-        main(["finetune", "--model", str(tmp_path / "model"), "--task", "token-classification", "--train-file",
-              str(tmp_path / "train.json"), "--validation-file", str(tmp_path / "dev.json"), "--label-column", "tags",
-              "--output-dir", str(tmp_path / "out")])
+    trained = finetune_until_training(
+        monkeypatch, "--model", tmp_path / "model", "--task", "token-classification", "--train-file",
+        tmp_path / "train.json", "--validation-file", tmp_path / "dev.json", "--label-column", "tags",
+        "--output-dir", tmp_path / "out")
     assert trained["input_ids"] == tokenizer(sentences).input_ids
     # the first piece of each word labelled, the rest (and the special tokens) -100
     assert [sum(label != -100 for label in labels) for labels in trained["labels"]] == [5] * len(sentences)
+
+
+def test_finetune_leaves_a_datasets_test_split_alone(monkeypatch, tmp_path):
+    """A dataset folder's test split, unlabelled as test sets often are, is not used; its empty labels (or labels
+    the training data lacks, as -1) stopped the run: "the 'test' split: the label column 'label' has no value"."""
+    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(20, 3)]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/train.csv").write_text("text,label\n" + "\n".join(rows))
+    (tmp_path / "data/test.csv").write_text("text,label\na dog runs,\nthe man sees,\n")
+    trained = finetune_until_training(monkeypatch, "--model", _tiny_folder(tmp_path / "mlm"), "--task",
+                                      "text-classification", "--dataset", tmp_path / "data",
+                                      "--output-dir", tmp_path / "out")
+    assert len(trained["labels"]) == 18  # the training file, less the validation share (10%)

@@ -197,6 +197,8 @@ else:
         parser.error(f"--dataset {error}")
     if "train" not in raw:
         parser.error(f"--dataset {args.dataset}: no 'train' split (it has {', '.join(raw)})")
+    # The splits this command uses: a test split, often unlabelled, would be refused for labels it never needs
+    raw = DatasetDict({split: raw[split] for split in ("train", "validation") if split in raw})
 sources = {"train": args.train_file, "validation": args.validation_file}
 where = {split: f"--{split}-file {sources[split]}" if sources.get(split) else f"the {split!r} split" for split in raw}
 input_column = args.text_column if args.task == "text-classification" else args.tokens_column
