@@ -598,3 +598,17 @@ def test_finetune_fits_its_texts_in_the_models_positions(monkeypatch, capsys, sh
     assert stopped.value.code == 2
     assert "--max-length 32 is longer than the model's 16 learned positions" in capsys.readouterr().err
     assert not (folder / "refused").exists()
+
+
+def test_finetune_names_unlabelled_rows_of_a_class_label_column(hf_scratch, tmp_path):
+    """A `datasets` ClassLabel column marks a row without a label with id -1, which was passed on to the loss:
+    "IndexError: Target -1 is out of bounds" at the first training step. Refused, naming the rows, as an empty label
+    of a CSV file is."""
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    features = Features({"text": Value("string"), "label": ClassLabel(names=["animal", "other"])})
+    Dataset.from_dict({"text": ["a dog", "a man", "a horse", "a street"], "label": [0, 1, -1, 1]},
+                      features=features).to_parquet(tmp_path / "data/train.parquet")
+    stderr = hf_scratch("finetune", "--model", tmp_path, "--task", "text-classification", "--dataset",
+                        tmp_path / "data", "--output-dir", tmp_path / "out")
+    assert "the 'train' split: the label column 'label' has no value (id -1) in row 3" in stderr

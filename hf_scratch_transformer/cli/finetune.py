@@ -222,6 +222,12 @@ if not class_names:
                          f"({where['train']}), whose labels are {names}")
     if len(names) < 2:
         parser.error(f"{where['train']}: every row has the label {names[0]!r}; classification needs two or more")
+else:  # ClassLabel ids: -1 marks a row without a label (a test set's), which the loss cannot take
+    for name in raw:
+        ids = [row if isinstance(row, list) else [row] for row in raw[name][args.label_column]]  # per word, or one
+        if unlabelled := [i for i, row in enumerate(ids) if min(row, default=0) < 0]:
+            parser.error(f"{where[name]}: the label column {args.label_column!r} has no value (id -1) in "
+                         f"{rows(unlabelled)}")
 names = class_names or names
 if "validation" not in raw:
     if raw["train"].num_rows < 2:
@@ -240,8 +246,8 @@ label2id = {name: i for i, name in enumerate(names)}
 
 
 def label_id(value) -> int:
-    if class_names:  # a ClassLabel id, in the dataset's order of names (-1: unlabelled, left as it is)
-        return label2id[class_names[value]] if value >= 0 else value
+    if class_names:  # a ClassLabel id, in the dataset's order of names
+        return label2id[class_names[value]]
     return label2id[label_key(value)]
 
 
