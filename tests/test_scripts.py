@@ -488,3 +488,14 @@ def test_finetune_leaves_a_datasets_test_split_alone(monkeypatch, tmp_path):
                                       "text-classification", "--dataset", tmp_path / "data",
                                       "--output-dir", tmp_path / "out")
     assert len(trained["labels"]) == 18  # the training file, less the validation share (10%)
+
+
+def test_finetune_reads_a_label_column_named_labels(monkeypatch, tmp_path):
+    """A CSV column named as a model input ("labels") kept its type (large_string) through `datasets.map`: the
+    class ids became the strings '0', '1', and training stopped with "too many dimensions 'str'" in the collator."""
+    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(20, 3)]
+    (tmp_path / "train.csv").write_text("text,labels\n" + "\n".join(rows))
+    trained = finetune_until_training(monkeypatch, "--model", _tiny_folder(tmp_path / "mlm"), "--task",
+                                      "text-classification", "--train-file", tmp_path / "train.csv",
+                                      "--label-column", "labels", "--output-dir", tmp_path / "out")
+    assert set(trained["labels"]) == {0, 1}

@@ -283,16 +283,16 @@ print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M param
 
 def encode(batch):
     if args.task == "text-classification":
-        encoded = tokenizer(batch[input_column], truncation=True, max_length=args.max_length)
-        encoded["labels"] = [label_id(value) for value in batch[args.label_column]]
+        encoded = tokenizer(batch["inputs"], truncation=True, max_length=args.max_length)
+        encoded["labels"] = [label_id(value) for value in batch["targets"]]
         return encoded
     # Each word after the first with the space before it in the text, which the pipeline reads: a byte-level BPE
     # tokenizer takes a word alone without it ('dog' where the text gives 'Ġdog'), so the model would learn other
     # tokens than it is given in use (run_ner loads such tokenizers with add_prefix_space); others drop the space.
-    words = [[word if i == 0 else f" {word}" for i, word in enumerate(row)] for row in batch[input_column]]
+    words = [[word if i == 0 else f" {word}" for i, word in enumerate(row)] for row in batch["inputs"]]
     encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=args.max_length)
     encoded["labels"] = []
-    for row, word_labels in enumerate(batch[args.label_column]):
+    for row, word_labels in enumerate(batch["targets"]):
         previous, aligned = None, []
         for word in encoded.word_ids(row):  # label the first piece of each word; -100 for the rest
             aligned.append(-100 if word is None or word == previous else label_id(word_labels[word]))
@@ -301,7 +301,11 @@ def encode(batch):
     return encoded
 
 
-datasets = {split: training.truncated_map(raw[split], encode, tokenizer) for split in raw}
+# The two columns read, under names that no output takes: `datasets.map` gives an output named as an input column
+# (a CSV's "labels") that column's type, and class ids became the strings '0', '1'
+used = {input_column: "inputs", args.label_column: "targets"}
+datasets = {split: training.truncated_map(raw[split].select_columns(list(used)).rename_columns(used), encode, tokenizer)
+            for split in raw}
 collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classification"
             else DataCollatorForTokenClassification(tokenizer))
 
