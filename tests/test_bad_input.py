@@ -514,6 +514,11 @@ BAD_FINETUNE_DATA = {
     "no_text.csv": ("text-classification", "text,label\na dog,animal\n,other\na man,other\n",
                     "the text column 'text' holds no text in row 2"),
     "empty.json": ("text-classification", "", "holds no text"),
+    # several classes per text: the hint sent a multi-label user to token classification, which needs word lists
+    "multilabel.json": ("text-classification",
+                        '{"text": "a dog", "label": ["animal", "pet"]}\n{"text": "a man", "label": ["person"]}\n',
+                        "(lists: text classification reads one class per text, multi-label classification is not "
+                        "offered; a label per word is --task token-classification) in rows 1, 2"),
     # an upper-case suffix (Windows tools) was an "unsupported format '.CSV'"
     "MISSING.CSV": ("text-classification", "text,label\na dog,animal\na man,other\nsome text,\nmore,\n",
                     "the label column 'label' has no value in rows 3, 4"),

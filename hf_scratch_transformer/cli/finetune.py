@@ -176,7 +176,8 @@ def check_labels(where: str, data) -> set[str]:
         parser.error(f"{where}: fractional labels in {args.label_column!r} (scores for regression?) in "
                      f"{rows(sorted(set(fractional)))}: classification needs class names or integer ids")
     if malformed:
-        hint = " (lists: use --task token-classification)" if args.task == "text-classification" else ""
+        hint = (" (lists: text classification reads one class per text, multi-label classification is not offered; "
+                "a label per word is --task token-classification)" if args.task == "text-classification" else "")
         parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids{hint} "
                      f"in {rows(sorted(set(malformed)))}")
     return {label_key(value) for row in values for value in row}
