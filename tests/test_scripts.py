@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -499,3 +500,19 @@ def test_finetune_reads_a_label_column_named_labels(monkeypatch, tmp_path):
                                       "text-classification", "--train-file", tmp_path / "train.csv",
                                       "--label-column", "labels", "--output-dir", tmp_path / "out")
     assert set(trained["labels"]) == {0, 1}
+
+
+def test_finetune_removes_the_converted_copy_of_a_native_model(monkeypatch, tmp_path):
+    """A native BERT is converted into a temporary folder, which stayed: each run from bert-base left 440 MB in /tmp."""
+    tokenizer = wordpiece()
+    native = BertForMaskedLM(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                        intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
+    native.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(20, 3)]
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows))
+    (tmp_path / "temp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    trained = finetune_until_training(monkeypatch, "--model", tmp_path / "bert", "--task", "text-classification",
+                                      "--train-file", tmp_path / "train.csv", "--output-dir", tmp_path / "out")
+    assert trained["input_ids"] and list((tmp_path / "temp").iterdir()) == []

@@ -253,9 +253,10 @@ def label_id(value) -> int:
     return label2id[label_key(value)]
 
 
-source = args.model
+source, converted = args.model, None
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
-    source = Path(tempfile.mkdtemp()) / "converted"
+    converted = tempfile.TemporaryDirectory()  # removed once loaded: a copy of the base model's size, each run
+    source = Path(converted.name)
     from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model)).save_pretrained(source)
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
         print(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
@@ -276,6 +277,8 @@ model = training.load_to_train(
     problem_type="single_label_classification",  # what this command trains, whatever the base did (regression, say)
     pad_token_id=tokenizer.pad_token_id, ignore_mismatched_sizes=True,  # a classifier of other classes: a new head
 )
+if converted:
+    converted.cleanup()
 training.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
 if args.max_length is None:  # as run_glue takes the model's maximum where it is below the default
     args.max_length = min(128, absolute_positions(model.config) or 128)
