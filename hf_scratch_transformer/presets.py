@@ -7,7 +7,7 @@ import copy
 import dataclasses
 import difflib
 
-from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
+from .configuration_scratch import ROPE_KEYS, ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
 
 FAMILY_CONFIGS = {
     "seq2seq": ScratchSeq2SeqConfig,
@@ -171,16 +171,25 @@ def get_preset(name: str, **overrides):
         raise ValueError(f"Unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}.")
     values = copy.deepcopy(PRESETS[name])
     config_class = FAMILY_CONFIGS[values.pop("family")]
-    _check_fields(config_class, overrides)
     values.update(overrides)
+    _check_fields(config_class, overrides, values)
     return config_class(**values)
 
 
-def _check_fields(config_class, overrides: dict) -> None:
+def _check_fields(config_class, overrides: dict, values: dict) -> None:
     """transformers' configs keep any unknown keyword as an attribute, so a misspelt field (`num_layers`) would be
-    saved in config.json and change nothing: name it instead. `attn_implementation` is the one keyword every config
-    takes that is neither a field nor an attribute."""
+    saved in config.json and change nothing: name it instead. Keywords the configs take that are not fields:
+    `attn_implementation`, the RoPE settings (`rope_theta` and the like, folded into `rope_parameters`) and the
+    `attribute_map` aliases (a seq2seq `num_hidden_layers`). RoPE settings of a config without RoPE positions would
+    be dropped by the config: named too."""
     known = {field.name for field in dataclasses.fields(config_class)} | {"attn_implementation"}
+    known |= {*ROPE_KEYS, *config_class.attribute_map}
+    position_type = values.get("position_embedding_type", config_class.position_embedding_type)
+    if position_type != "rope" and (ignored := [key for key in overrides if key in ROPE_KEYS]):
+        raise ValueError(
+            f"{', '.join(ignored)}: RoPE settings, for `position_embedding_type='rope'` (this config has "
+            f"{position_type!r})."
+        )
     unknown = [key for key in overrides if key not in known and not hasattr(config_class, key)]
     if unknown:
         hints = [f"{key} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(key, known, n=1)) else key

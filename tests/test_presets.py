@@ -130,3 +130,19 @@ def test_a_misspelt_field_is_named_with_the_field_it_resembles():
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="gpt2-small"):
         get_preset("gpt5")
+
+
+def test_overrides_take_the_keywords_the_configs_take():
+    # SPEC section 3: `rope_theta` is RoPE's shorthand and `rope_parameters` its native form; a seq2seq
+    # `num_hidden_layers` is the decoder's depth. All three were refused as "no field".
+    assert get_preset("llama-style", rope_theta=500000.0).rope_parameters["rope_theta"] == 500000.0
+    linear = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert get_preset("llama-style", rope_parameters=linear).rope_parameters["rope_type"] == "linear"
+    assert get_preset("transformer-base", num_hidden_layers=2).decoder_layers == 2
+
+
+def test_rope_settings_for_a_preset_without_rope_are_named():
+    # The config drops them (configs saved with other position types carry defaults): given here they would do nothing.
+    with pytest.raises(ValueError, match="rope_theta.*position_embedding_type='rope'"):
+        get_preset("gpt-mini", rope_theta=500000.0)
+    assert get_preset("gpt-mini", position_embedding_type="rope", rope_theta=5e5).rope_parameters["rope_theta"] == 5e5
