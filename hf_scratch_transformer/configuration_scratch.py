@@ -52,6 +52,19 @@ def _check_bool(name: str, value) -> None:
         raise ValueError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
 
 
+def _with_rope_shorthands(config_dict: dict, overrides: dict) -> dict:
+    """The saved values with the overrides. The constructor takes `rope_parameters` over the shorthands `rope_theta`
+    and `rope_scaling`, so saved parameters would win over a shorthand given now: the saved ones are split into the
+    shorthands instead, under the given ones."""
+    shorthands = {key: overrides.pop(key) for key in ("rope_theta", "rope_scaling") if key in overrides}
+    saved = config_dict.get("rope_parameters")
+    if shorthands and "rope_parameters" not in overrides and isinstance(saved, dict):
+        scaling = {key: value for key, value in saved.items() if key != "rope_theta"}
+        shorthands = {"rope_theta": saved.get("rope_theta"), "rope_scaling": scaling, **shorthands}
+        config_dict = {key: value for key, value in config_dict.items() if key != "rope_parameters"}
+    return {**config_dict, **shorthands, **overrides}
+
+
 class ScratchConfigBase(PreTrainedConfig):
     """Knobs shared by every Scratch family. Not registered on its own: use one of the three subclasses."""
 
@@ -169,9 +182,9 @@ class ScratchConfigBase(PreTrainedConfig):
         `norm_type` loaded without a word, and `head_dim` failed with "property has no setter". Our knobs go to the
         constructor instead, with the saved values; the rest (`num_labels`, `dtype`, ...) as transformers does."""
         knobs = {field.name for field in dataclasses.fields(cls)} - BASE_FIELDS
-        knobs |= {"is_encoder_decoder", "head_dim", "sliding_window", "rope_parameters", *cls.attribute_map}
+        knobs |= {"is_encoder_decoder", "head_dim", "sliding_window", *ROPE_KEYS, *cls.attribute_map}
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in knobs}
-        return super().from_dict({**config_dict, **overrides}, **kwargs)
+        return super().from_dict(_with_rope_shorthands(config_dict, overrides), **kwargs)
 
     def _validate_family(self, kwargs: dict) -> None:
         """The family's own checks; `kwargs` are the constructor's arguments that are not fields."""

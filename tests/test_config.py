@@ -207,6 +207,23 @@ def test_from_pretrained_overrides_that_work_are_applied(tmp_path):
     assert model.config.dropout == 0.2 and model.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize(
+    "saved, overrides, expected",
+    [
+        ({"rope_theta": 10000.0}, dict(rope_theta=500.0), {"rope_type": "default", "rope_theta": 500.0}),
+        (dict(rope_parameters={"rope_type": "linear", "factor": 2.0}), dict(rope_theta=500.0),
+         {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}),
+        ({"rope_theta": 500.0}, dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),
+         {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}),
+    ],
+)
+def test_from_pretrained_takes_the_rope_shorthands_over_saved_rope_parameters(saved, overrides, expected, tmp_path):
+    # SPEC section 3: `rope_theta` is accepted as a shorthand. Given to `from_pretrained` it was dropped: the saved
+    # `rope_parameters` won in the constructor, and the model kept its old frequencies without a word.
+    tiny_config("decoder", position_embedding_type="rope", **saved).save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path, **overrides).rope_parameters == expected
+
+
 def _activation_dropout_rates(model) -> set:
     return {module.activation_dropout.p for module in model.modules() if hasattr(module, "down_proj")}
 
