@@ -172,12 +172,13 @@ def get_preset(name: str, **overrides):
     values = copy.deepcopy(PRESETS[name])
     config_class = FAMILY_CONFIGS[values.pop("family")]
     values.update(overrides)
-    _check_fields(config_class, overrides, values)
+    check_fields(config_class, overrides, values)
     return config_class(**values)
 
 
-def _check_fields(config_class, overrides: dict, values: dict) -> None:
-    """transformers' configs keep any unknown keyword as an attribute, so a misspelt field (`num_layers`) would be
+def check_fields(config_class, overrides: dict, values: dict) -> None:
+    """`overrides` of a `config_class` built from `values` (which include them): transformers' configs keep any
+    unknown keyword as an attribute, so a misspelt field (`num_layers`) would be
     saved in config.json and change nothing: name it instead. Keywords the configs take that are not fields:
     `attn_implementation`, the RoPE settings (`rope_theta` and the like, folded into `rope_parameters`) and the
     `attribute_map` aliases (a seq2seq `num_hidden_layers`). RoPE settings of a config without RoPE positions would
@@ -197,4 +198,4 @@ def _check_fields(config_class, overrides: dict, values: dict) -> None:
         raise ValueError(f"{config_class.__name__} has no field {', '.join(hints)}.")
 
 
-__all__ = ["PRESETS", "FAMILY_CONFIGS", "get_preset"]
+__all__ = ["PRESETS", "FAMILY_CONFIGS", "check_fields", "get_preset"]

@@ -620,3 +620,15 @@ def test_finetune_names_unlabelled_rows_of_a_class_label_column(hf_scratch, tmp_
     stderr = hf_scratch("finetune", "--model", tmp_path, "--task", "text-classification", "--dataset",
                         tmp_path / "data", "--output-dir", tmp_path / "out")
     assert "the 'train' split: the label column 'label' has no value (id -1) in row 3" in stderr
+
+
+def test_set_with_a_config_file_is_checked_as_with_a_preset(hf_scratch, corpus, tmp_path):
+    # With --config, a misspelt --set field was dropped by `AutoConfig.from_pretrained` without a word, and an
+    # impossible value failed with a traceback after the tokenizer and data work (`run_options.config_overrides`,
+    # which train-accelerate shares, once its Accelerator is up).
+    tiny_config("decoder").save_pretrained(tmp_path / "config")
+    run = ["train", "--config", tmp_path / "config", "--train-files", corpus, "--output-dir", tmp_path / "out"]
+    assert "ScratchDecoderConfig has no field num_layers (did you mean num_hidden_layers?)" in hf_scratch(
+        *run, "--set", "num_layers=1")
+    assert "`hidden_size` (33) must be divisible" in hf_scratch(*run, "--set", "hidden_size=33")
+    assert "rope_theta: RoPE settings" in hf_scratch(*run, "--set", "rope_theta=500.0")

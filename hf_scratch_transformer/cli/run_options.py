@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 
 from hf_scratch_transformer import checkpointing, training
 from hf_scratch_transformer.cli import is_rank_zero
-from hf_scratch_transformer.presets import get_preset
+from hf_scratch_transformer.presets import FAMILY_CONFIGS, check_fields, get_preset
 
 # Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
 DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
@@ -243,12 +243,30 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     if args.model and (ignored := [f"--{name.replace('_', '-')}" for name in new_model_options if getattr(args, name)]):
         parser.error(f"{', '.join(ignored)}: for a new model; --model continues a saved one, with its own config and "
                      "tokenizer")
-    if not (args.model or args.config):
+    if not args.model:
         try:
-            get_preset(args.preset or DEFAULTS[args.task][0], **overrides)
+            if args.config:
+                check_config_file_overrides(args.config, overrides)
+            else:
+                get_preset(args.preset or DEFAULTS[args.task][0], **overrides)
         except ValueError as error:
             parser.error(str(error))
     return overrides
+
+
+def check_config_file_overrides(config: Path, overrides: dict) -> None:
+    """The --set overrides of a --config file, checked as those of a preset: `from_pretrained` drops a field the
+    config does not have without a word. A config that is not ours, or not a local JSON file, is left to it."""
+    file = config / "config.json" if config.is_dir() else config
+    try:
+        saved = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    model_type = saved.get("model_type") if isinstance(saved, dict) else None
+    config_class = next((family for family in FAMILY_CONFIGS.values() if family.model_type == model_type), None)
+    if config_class is not None and overrides:
+        check_fields(config_class, overrides, {**saved, **overrides})
+        config_class.from_dict(saved, **overrides)  # the values, as `from_pretrained` will check them
 
 
 def refuse_another_tokenizer(parser: argparse.ArgumentParser, given: Path | None, tokenizer, checkpoint: Path,
