@@ -632,3 +632,14 @@ def test_set_with_a_config_file_is_checked_as_with_a_preset(hf_scratch, corpus, 
         *run, "--set", "num_layers=1")
     assert "`hidden_size` (33) must be divisible" in hf_scratch(*run, "--set", "hidden_size=33")
     assert "rope_theta: RoPE settings" in hf_scratch(*run, "--set", "rope_theta=500.0")
+
+
+def test_a_preset_or_config_of_another_family_than_the_task_is_refused(hf_scratch, corpus, tmp_path):
+    # `--task masked-lm --preset gpt-mini` trained a tokenizer, then failed in `AutoModelForMaskedLM.from_config`
+    # with a traceback listing fifty native config classes.
+    run = ["train", "--train-files", corpus, "--output-dir", tmp_path / "out"]
+    assert ("--preset gpt-mini is a decoder preset, but --task masked-lm trains the encoder family: use one of "
+            "bert-base, bert-prenorm") in hf_scratch(*run, "--task", "masked-lm", "--preset", "gpt-mini")
+    tiny_config("decoder").save_pretrained(tmp_path / "config")
+    assert "is a decoder config (scratch_decoder), but --task seq2seq trains the seq2seq family" in hf_scratch(
+        *run, "--task", "seq2seq", "--config", tmp_path / "config")

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 
 from hf_scratch_transformer import checkpointing, training
 from hf_scratch_transformer.cli import is_rank_zero
-from hf_scratch_transformer.presets import FAMILY_CONFIGS, check_fields, get_preset
+from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields, get_preset
 
 # Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
 DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
@@ -243,30 +243,44 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     if args.model and (ignored := [f"--{name.replace('_', '-')}" for name in new_model_options if getattr(args, name)]):
         parser.error(f"{', '.join(ignored)}: for a new model; --model continues a saved one, with its own config and "
                      "tokenizer")
-    if not args.model:
-        try:
-            if args.config:
-                check_config_file_overrides(args.config, overrides)
-            else:
-                get_preset(args.preset or DEFAULTS[args.task][0], **overrides)
-        except ValueError as error:
-            parser.error(str(error))
+    if args.model:
+        return overrides
+    family = DEFAULTS[args.task][2]
+    try:
+        if args.config:
+            config_family = check_config_file_overrides(args.config, overrides)
+            if config_family not in (None, family):
+                model_type = FAMILY_CONFIGS[config_family].model_type
+                parser.error(f"--config {args.config} is a {config_family} config ({model_type}), but --task "
+                             f"{args.task} trains the {family} family.")
+        else:
+            preset = args.preset or DEFAULTS[args.task][0]
+            get_preset(preset, **overrides)
+            if PRESETS[preset]["family"] != family:
+                presets = ", ".join(name for name, values in PRESETS.items() if values["family"] == family)
+                parser.error(f"--preset {preset} is a {PRESETS[preset]['family']} preset, but --task {args.task} "
+                             f"trains the {family} family: use one of {presets}.")
+    except ValueError as error:
+        parser.error(str(error))
     return overrides
 
 
-def check_config_file_overrides(config: Path, overrides: dict) -> None:
-    """The --set overrides of a --config file, checked as those of a preset: `from_pretrained` drops a field the
-    config does not have without a word. A config that is not ours, or not a local JSON file, is left to it."""
+def check_config_file_overrides(config: Path, overrides: dict) -> str | None:
+    """The family of a --config file ("decoder", ...), with its --set overrides checked as those of a preset:
+    `from_pretrained` drops a field the config does not have without a word. None for a config that is not ours, or
+    not a local JSON file: left to `from_pretrained`."""
     file = config / "config.json" if config.is_dir() else config
     try:
         saved = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return
+        return None
     model_type = saved.get("model_type") if isinstance(saved, dict) else None
-    config_class = next((family for family in FAMILY_CONFIGS.values() if family.model_type == model_type), None)
-    if config_class is not None and overrides:
+    family = next((name for name, family in FAMILY_CONFIGS.items() if family.model_type == model_type), None)
+    if family is not None and overrides:
+        config_class = FAMILY_CONFIGS[family]
         check_fields(config_class, overrides, {**saved, **overrides})
         config_class.from_dict(saved, **overrides)  # the values, as `from_pretrained` will check them
+    return family
 
 
 def refuse_another_tokenizer(parser: argparse.ArgumentParser, given: Path | None, tokenizer, checkpoint: Path,
