@@ -347,6 +347,24 @@ def test_a_separate_source_vocabulary_follows_the_runs_one_tokenizer(monkeypatch
     assert (config.vocab_size, config.encoder_vocab_size) == (320, encoder_vocab_size)
 
 
+@pytest.mark.parametrize("options, vocab_size", [([], 320), (["--set", "vocab_size=512"], 512)], ids=["padded", "set"])
+def test_a_vocabulary_size_set_for_the_new_model_is_kept(monkeypatch, tmp_path, options, vocab_size):
+    # `--set vocab_size=512` (room for tokens added later) was replaced by the tokenizer's padded size, silently;
+    # `--set encoder_vocab_size` was kept. A size below the tokenizer's is refused by `check_model_fits`.
+    from hf_scratch_transformer.cli import main
+
+    def built(config):
+        raise BuiltModel(config)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", built)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    write_run_corpus(tmp_path)
+    with pytest.raises(BuiltModel) as model:
+        main(["train", "--tokenizer", str(tmp_path / "decoder"), "--train-files", str(tmp_path / "corpus.txt"),
+              "--output-dir", str(tmp_path / "run"), *options])
+    assert model.value.args[0].vocab_size == vocab_size
+
+
 @pytest.mark.parametrize("task, auto_class", [("causal-lm", "AutoModelForCausalLM"),
                                               ("seq2seq", "AutoModelForSeq2SeqLM")])
 def test_a_tokenizer_made_elsewhere_gives_the_new_model_its_special_ids(monkeypatch, tmp_path, task, auto_class):

@@ -191,7 +191,8 @@ if args.model:
     model = training.load_to_train(AUTO_MODEL[task], args.model)
     preset = None
 else:
-    overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer, tokenizer_family)}
+    overrides |= special_token_ids(tokenizer, tokenizer_family)
+    overrides.setdefault("vocab_size", padded_vocab_size(tokenizer))  # a --set size is kept (check_model_fits)
     overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
     if args.config:
         config = AutoConfig.from_pretrained(args.config, **overrides)

@@ -230,7 +230,8 @@ set_seed(args.seed)  # the same initial weights in every process
 if args.model:
     model, preset = training.load_to_train(AUTO_MODEL[task], args.model), None
 else:
-    overrides |= {"vocab_size": padded_vocab_size(tokenizer), **special_token_ids(tokenizer, tokenizer_family)}
+    overrides |= special_token_ids(tokenizer, tokenizer_family)
+    overrides.setdefault("vocab_size", padded_vocab_size(tokenizer))  # a --set size is kept (check_model_fits)
     overrides.setdefault("max_position_embeddings", max(args.max_length, 64))
     preset = None if args.config else args.preset or default_preset
     config = AutoConfig.from_pretrained(args.config, **overrides) if args.config else get_preset(preset, **overrides)
