@@ -178,8 +178,8 @@ def get_preset(name: str, **overrides):
 
 def check_fields(config_class, overrides: dict, values: dict) -> None:
     """`overrides` of a `config_class` built from `values` (which include them): transformers' configs keep any
-    unknown keyword as an attribute, so a misspelt field (`num_layers`) would be
-    saved in config.json and change nothing: name it instead. Keywords the configs take that are not fields:
+    unknown keyword as an attribute, so a misspelt field (`num_layers`) would be saved in config.json and change
+    nothing: name it instead. Keywords the configs take that are not fields:
     `attn_implementation`, the RoPE settings (`rope_theta` and the like, folded into `rope_parameters`) and the
     `attribute_map` aliases (a seq2seq `num_hidden_layers`). RoPE settings of a config without RoPE positions would
     be dropped by the config: named too."""
