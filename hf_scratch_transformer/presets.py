@@ -75,6 +75,7 @@ PRESETS: dict[str, dict] = {
         dropout=0.1,
         attention_dropout=0.1,
         embedding_dropout=0.1,
+        activation_dropout=0.0,  # resid/attn/embd_pdrop; none inside the MLP
         tie_word_embeddings=True,
         bos_token_id=50256,
         eos_token_id=50256,
@@ -137,6 +138,7 @@ PRESETS: dict[str, dict] = {
         dropout=0.1,
         attention_dropout=0.1,
         embedding_dropout=0.1,
+        activation_dropout=0.0,  # hidden/attention_probs_dropout_prob; none inside the MLP
         tie_word_embeddings=True,
         pad_token_id=0,
     ),

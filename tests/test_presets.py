@@ -146,3 +146,20 @@ def test_rope_settings_for_a_preset_without_rope_are_named():
     with pytest.raises(ValueError, match="rope_theta.*position_embedding_type='rope'"):
         get_preset("gpt-mini", rope_theta=500000.0)
     assert get_preset("gpt-mini", position_embedding_type="rope", rope_theta=5e5).rope_parameters["rope_theta"] == 5e5
+
+
+@pytest.mark.parametrize(
+    "name, native",
+    [("gpt2-small", lambda: GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=24, n_head=2))),
+     ("bert-base", lambda: BertForMaskedLM(BertConfig(num_hidden_layers=1, hidden_size=24, num_attention_heads=2,
+                                                      intermediate_size=48)))],
+)
+def test_gpt2_and_bert_presets_drop_out_where_the_native_models_do(name, native):
+    # GPT-2 and BERT have no dropout inside the MLP; the presets applied `dropout` there too (activation_dropout
+    # None), so training from them was regularised differently from the native models they reproduce.
+    from hf_scratch_transformer.conversion import from_hf
+
+    rates = ("dropout", "attention_dropout", "embedding_dropout", "activation_dropout_rate")
+    converted = from_hf(native()).config
+    preset = get_preset(name)
+    assert {rate: getattr(preset, rate) for rate in rates} == {rate: getattr(converted, rate) for rate in rates}
