@@ -317,8 +317,16 @@ def corpus(tmp_path):
         (["train", "--label-smoothing", "-0.1"], "argument --label-smoothing: must be >= 0 and < 1, got -0.1"),
         (["train", "--label-smoothing", "1.5"], "argument --label-smoothing: must be >= 0 and < 1, got 1.5"),
         (["train-accelerate", "--label-smoothing", "1"], "argument --label-smoothing: must be >= 0 and < 1, got 1"),
-        (["train", "--learning-rate", "-1"], "argument --learning-rate: must be >= 0, got -1"),
-        (["train-accelerate", "--learning-rate", "nan"], "argument --learning-rate: must be >= 0, got nan"),
+        (["train", "--learning-rate", "-1"], "argument --learning-rate: must be > 0, got -1"),
+        (["train-accelerate", "--learning-rate", "nan"], "argument --learning-rate: must be > 0, got nan"),
+        # A learning rate of 0 trained every step without changing a weight, and wrote the model as trained.
+        (["train", "--learning-rate", "0"], "argument --learning-rate: must be > 0, got 0"),
+        (["train-accelerate", "--learning-rate", "0"], "argument --learning-rate: must be > 0, got 0"),
+        (["finetune", "--task", "text-classification", "--learning-rate", "0"],
+         "argument --learning-rate: must be > 0, got 0"),
+        # finetune read any number: a negative one was AdamW's traceback after the model and the data.
+        (["finetune", "--task", "text-classification", "--learning-rate", "-1"],
+         "argument --learning-rate: must be > 0, got -1"),
         (["train-accelerate", "--max-grad-norm", "-1"], "argument --max-grad-norm: must be >= 0, got -1"),
         (["train", "--adam-beta2", "1.5"], "argument --adam-beta2: must be >= 0 and < 1, got 1.5"),
         (["train", "--adam-epsilon", "-0.1"], "argument --adam-epsilon: must be >= 0, got -0.1"),

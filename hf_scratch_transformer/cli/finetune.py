@@ -44,7 +44,6 @@ from hf_scratch_transformer.cli.run_options import (
     is_rank_zero,
     local_path,
     model_folder_written,
-    non_negative_float,
     on_the_hub,
     positive_float,
     positive_int,
@@ -90,7 +89,7 @@ parser.add_argument("--max-length", type=sequence_length,
 parser.add_argument("--epochs", type=positive_float, default=3.0)
 parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides --epochs when > 0 (default -1)")
 parser.add_argument("--batch-size", type=positive_int, default=16)
-parser.add_argument("--learning-rate", type=non_negative_float, default=5e-5, help="default 5e-5")
+parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="default 5e-5")
 parser.add_argument("--seed", type=int, default=42)
 parser.add_argument("--model-name", help="the card's title and repo id (default: scratch-<task>-<data>)")
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")

@@ -104,7 +104,7 @@ optim.add_argument("--recipe", choices=sorted(RECIPES), help="the seeds' recipe;
 optim.add_argument("--max-steps", type=positive_int, default=600, help="default 600")
 optim.add_argument("--batch-size", type=positive_int, default=16, help="sequences per device step (default 16)")
 optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1)
-optim.add_argument("--learning-rate", type=non_negative_float, default=1e-3, help="default 1e-3")
+optim.add_argument("--learning-rate", type=positive_float, default=1e-3, help="default 1e-3")
 optim.add_argument("--lr-scheduler", help="transformers scheduler name (default cosine; `inverse_sqrt` = Noam)")
 optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
 optim.add_argument("--adam-beta2", type=fraction, help="default 0.99")

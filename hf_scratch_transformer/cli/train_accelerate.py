@@ -67,6 +67,7 @@ from hf_scratch_transformer.cli.run_options import (
     model_folder_written,
     non_negative_float,
     non_negative_int,
+    positive_float,
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
@@ -89,7 +90,7 @@ optim.add_argument("--batch-size", type=positive_int, default=16,
                    help="sequences per process and micro-step (default 16)")
 optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
                    help="micro-steps per step (default 1)")
-optim.add_argument("--learning-rate", type=non_negative_float, default=1e-3, help="default 1e-3")
+optim.add_argument("--learning-rate", type=positive_float, default=1e-3, help="default 1e-3")
 optim.add_argument("--lr-scheduler", default="cosine", help="transformers' get_scheduler name (default cosine)")
 optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
 optim.add_argument("--adam-betas", type=fraction, nargs=2, default=[0.9, 0.99], help="default 0.9 0.99")
