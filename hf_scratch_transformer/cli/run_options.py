@@ -174,7 +174,7 @@ def fraction(text: str) -> float:
 
 def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The "data" and "model and tokenizer" argument groups."""
-    data = parser.add_argument_group("data (default: the embedded Tiny Shakespeare)")
+    data = parser.add_argument_group("data (default: the embedded Tiny Shakespeare; seq2seq has none)")
     # "extend": a repeated option adds its files (argparse would keep the last one's alone, silently).
     data.add_argument("--train-files", nargs="+", action="extend", help="text files, one document per paragraph")
     data.add_argument("--validation-files", nargs="+", action="extend", help="default: 5%% of the training documents")
