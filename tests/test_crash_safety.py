@@ -341,6 +341,19 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     run_options.claim_output_dir(parser, tmp_path / "writable" / "run", resume=False, overwrite=False)
 
 
+def test_an_empty_checkpoints_folder_is_no_earlier_run(tmp_path, capsys):
+    """A run stopped (Ctrl-C, a kill) before its first checkpoint leaves an empty `checkpoints/`: the same command
+    again was refused as "holds an earlier run (checkpoints)", over a folder holding nothing to keep."""
+    parser = run_options.RunParser(prog="train")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "tokenizer").mkdir()
+    run_options.claim_output_dir(parser, tmp_path, resume=False, overwrite=False)
+    (tmp_path / "checkpoints" / "checkpoint-2.tmp").mkdir()  # a checkpoint being written is part of a run
+    with pytest.raises(SystemExit):
+        run_options.claim_output_dir(parser, tmp_path, resume=False, overwrite=False)
+    assert f"{tmp_path} holds an earlier run (checkpoints)" in capsys.readouterr().err
+
+
 def test_ctrl_c_stops_with_one_line_and_the_run_resumes_exactly(workspace, uninterrupted):
     entry, full = uninterrupted
     output = workspace / f"{entry}-ctrl-c"

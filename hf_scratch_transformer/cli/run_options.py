@@ -460,7 +460,9 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     if not os.access(existing, os.W_OK | os.X_OK):
         parser.error(f"--output-dir {output_dir} cannot be written: {existing} is read-only (for this user, or "
                      "on a read-only file system). Choose another --output-dir.")
-    earlier = [name for name in RUN_FILES if (output_dir / name).exists()]
+    # An empty folder is what a run stopped before its first checkpoint leaves: nothing to continue or keep.
+    earlier = [name for name in RUN_FILES if (path := output_dir / name).exists()
+               and not (path.is_dir() and next(path.iterdir(), None) is None)]
     branch = resume_from is not None and not continues_run(resume_from, output_dir)
     if resume and overwrite and not branch:
         parser.error("--resume continues the earlier run and --overwrite-output-dir replaces it: pass one of them")
