@@ -268,8 +268,9 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
                            id2label={0: "other", 1: "animal"}, label2id={"other": 0, "animal": 1})
     rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
     (tmp_path / "train.csv").write_text("\n".join(rows))
+    # A step too small to change the logits at fp32 tolerance (a rate of 0 is refused): swapped classes would.
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "train.csv",
-               "--max-steps", 1, "--learning-rate", 0, "--output-dir", tmp_path / "same", cwd=tmp_path)
+               "--max-steps", 1, "--learning-rate", 1e-9, "--output-dir", tmp_path / "same", cwd=tmp_path)
     before = AutoModelForSequenceClassification.from_pretrained(base).eval()
     after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "same/model").eval()
     assert after.config.id2label == before.config.id2label
@@ -281,7 +282,7 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
                       features=Features({"text": Value("string"), "label": ClassLabel(names=["animal", "other"])})
                       ).to_parquet(tmp_path / "dataset/train.parquet")
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--dataset", tmp_path / "dataset",
-               "--max-steps", 1, "--learning-rate", 0, "--output-dir", tmp_path / "dataset-run", cwd=tmp_path)
+               "--max-steps", 1, "--learning-rate", 1e-9, "--output-dir", tmp_path / "dataset-run", cwd=tmp_path)
     after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "dataset-run/model").eval()
     assert after.config.id2label == before.config.id2label
     torch.testing.assert_close(after(**inputs).logits, before(**inputs).logits)
