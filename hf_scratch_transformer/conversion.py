@@ -618,7 +618,7 @@ def _check_marian_positions(source: _StateDict) -> None:
         positions = source.take(key)
         # A half-precision Marian (`from_pretrained(dtype=torch.bfloat16)`) holds the table rounded to its dtype.
         atol = max(1e-5, torch.finfo(positions.dtype).eps)
-        if not torch.allclose(positions.float(), sinusoidal_table(*positions.shape, layout="split"), atol=atol):
+        if not torch.allclose(positions.float().cpu(), sinusoidal_table(*positions.shape, layout="split"), atol=atol):
             raise ValueError(f"{key} is not the sinusoid table Scratch computes.")
 
 
