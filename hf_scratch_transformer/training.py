@@ -279,15 +279,22 @@ def smoothed_loss_function(task: str, epsilon: float) -> Callable:
 BF16_MIN_SPEED = 0.5  # bf16 products below half of fp32's rate: bf16 autocast makes training slower, not faster
 
 
-def matmul_gflops(dtype: torch.dtype, size: int = 256, product: Callable = torch.mm, runs: int = 3) -> float:
-    """GFLOP/s of `product` on two square `size` matrices of `dtype` on the CPU: the best of `runs` after a
+def matmul_gflops(dtype: torch.dtype, size: int = 256, product: Callable = torch.mm, runs: int = 3,
+                  device: torch.device | str = "cpu") -> float:
+    """GFLOP/s of `product` on two square `size` matrices of `dtype` on `device`: the best of `runs` after a
     warm-up. Raises what the kernel raises where it does not exist for `dtype`."""
-    a, b = torch.ones(size, size, dtype=dtype), torch.ones(size, size, dtype=dtype)
+    # Random, not constant, matrices: a GPU multiplies constant ones faster. A generator of its own leaves the
+    # caller's random stream (a training run's) as it was.
+    generator = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator, device=device).to(dtype) for _ in range(2))
+    synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
     product(a, b)
     seconds = math.inf
     for _ in range(runs):
+        synchronize()
         start = time.perf_counter()
         product(a, b)
+        synchronize()
         seconds = min(seconds, time.perf_counter() - start)
     return 2 * size**3 / seconds / 1e9
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS
 
@@ -66,7 +67,13 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
         assert attention == "-"
     else:
         assert attention.split()[0] in ("eager", "sdpa"), attention
-    lines = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    assert table_rows(result.stdout) == expected
+
+
+def table_rows(stdout: str) -> dict[str, set]:
+    """The measurements of the printed table per family, each row checked: finite positive numbers, the ratio of
+    them, a range of paired ratios for the timed rows, no row twice."""
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == ["family", "measurement", "unit", "better", "native", "ours", "ours/native", "paired"]
     found: dict[str, set] = {family: set() for family in EXPECTED}
@@ -81,16 +88,49 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
         assert ratio == pytest.approx(ours / native, rel=0.05, abs=2e-3), line  # printed values are rounded
         assert measurement not in found[family], f"duplicate row: {line}"
         found[family].add(measurement)
-    assert found == expected
+    return found
+
+
+def run_benchmark(*options: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), *options], cwd=cwd,
+                          env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quick_benchmark_on_the_gpu_prints_a_complete_table():
+    """--device cuda: both sides on the GPU, every row but the int8 one (CPU decoding), bf16 rows where the GPU has
+    bf16; the header names the GPU instead of CPU kernel choices."""
+    result = run_benchmark("--quick", "--family", "all", "--device", "cuda", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"GPU {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" in result.stdout
+    assert "fp32 kernel chosen" not in result.stdout and "no int8 decode rows" in result.stdout
+    bf16 = torch.cuda.is_bf16_supported()
+    expected = {family: {m for m in rows if "int8" not in m and (bf16 or "bf16" not in m)}
+                for family, rows in EXPECTED.items()}
+    assert table_rows(result.stdout) == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_device_cuda_without_a_gpu_is_refused_before_measuring(tmp_path):
+    result = run_benchmark("--device", "cuda", "--write", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and "--device cuda needs a CUDA GPU" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_module):
+    cpu = {"cpu": "Intel(R) Xeon(R) Processor @ 2.10GHz", "cpu_capability": "AVX512", "gpu": None}
+    assert benchmark_module.machine_class(cpu) == "intel-xeon-avx512"
+    assert benchmark_module.machine_class(cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2"}) == "amd-epyc-avx2"
+    assert benchmark_module.machine_class(cpu | {"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
 
 
 @pytest.mark.parametrize("options", [["--quick"], ["--family", "gpt2"]], ids=["quick", "one-family"])
 def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_path):
     """docs/benchmarks keeps one full run per machine class: `--write` with a smoke test or one family would replace
     it (in the folder it runs in), so it stops before measuring anything."""
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), *options, "--write"],
-                            cwd=tmp_path, env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = run_benchmark(*options, "--write", cwd=tmp_path)
     assert result.returncode == 2 and "--write records a full run of every family" in result.stderr
     assert not any(tmp_path.iterdir())
 

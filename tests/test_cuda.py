@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, CompileConfig
 
 from hf_scratch_transformer import checkpointing
-from hf_scratch_transformer.conversion import to_hf
+from hf_scratch_transformer.conversion import from_hf, to_hf
 
 DEVICE = "cuda"
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -106,6 +106,23 @@ def test_the_same_logits_as_the_native_model_on_the_gpu(name, precision):
         ours_logits, native_logits = ours(**inputs).logits, native(**inputs).logits
     tolerance = LOGITS_TOLERANCE[precision]
     torch.testing.assert_close(ours_logits[real].float(), native_logits[real].float(), atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_converting_a_model_on_the_gpu_keeps_it_there(name):
+    """`from_hf` of a native model on the GPU (as `hf-scratch benchmark --device cuda` builds them) and `to_hf` of
+    ours there: the converted models stay on the GPU, with the same logits (Marian's sinusoid check once compared
+    the GPU's table with one made on the CPU and failed)."""
+    family, knobs = PAIRS[name]
+    native = to_hf(perturbed(tiny_lm(family, **knobs))).to(DEVICE)
+    ours = from_hf(native)
+    back = to_hf(ours)
+    assert {tensor.device.type for model in (ours, back) for tensor in model.state_dict().values()} == {"cuda"}
+    inputs, real = padded_inputs(family)
+    with torch.no_grad():
+        logits = [model(**inputs).logits[real] for model in (native, ours, back)]
+    torch.testing.assert_close(logits[1], logits[0], atol=LOGITS_TOLERANCE["fp32"], rtol=0)
+    torch.testing.assert_close(logits[2], logits[0], atol=LOGITS_TOLERANCE["fp32"], rtol=0)
 
 
 @pytest.mark.parametrize("precision", DTYPES)

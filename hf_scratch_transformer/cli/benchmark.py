@@ -3,6 +3,7 @@
     hf-scratch benchmark --quick                        # smoke test, tiny sizes, prints the table
     hf-scratch benchmark --family gpt2 --repeats 3      # one family at the default size
     hf-scratch benchmark --family all --write           # the real run: docs/benchmarks/<machine class>.md + .json
+    hf-scratch benchmark --device cuda --write          # both sides on the GPU: docs/benchmarks/<GPU>.md + .json
 
 The native model (GPT2LMHeadModel, BertForMaskedLM, MarianMTModel; LlamaForCausalLM for the int8 rows) is built at
 the chosen size from a fixed seed and ours is `conversion.from_hf(native)`: the same architecture and weights. Marian
@@ -42,6 +43,12 @@ a ratio whose range straddles 1 is not a measured difference.
   test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps
   and for prefill and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
+- --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
+  torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
+  memory above what is allocated before the workload (`torch.cuda.max_memory_allocated`, in the same fresh
+  subprocesses); the matmul rates are torch.mm's (cuBLAS, fp32 without TF32, PyTorch's default) on 8192 matrices
+  unless --mm-size is given; there is no CPU kernel choice and no int8 row (torchao's CPU decoding is what that row
+  measures).
 """
 
 import argparse
@@ -88,6 +95,7 @@ SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly w
     "quick": dict(layers=2, hidden=64, heads=4, ffn=256, vocab=512, seq=32, batch=2, prompt=8, new_tokens=8,
                   warmup=1, repeats=2, mm_size=256),
 }
+CUDA_MM_SIZE = 8192  # a GPU's peak needs far larger products than a CPU's
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
 
 # ----------------------------------------------------------------------------------------------- arguments
@@ -99,20 +107,31 @@ parser.add_argument("--write", action="store_true",
 for name, value in SIZES["full"].items():
     parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"default {value}")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where both sides run (default cpu); cuda: the GPU, timings synchronized")
 parser.add_argument("--memory-worker", nargs=2, metavar=("FAMILY", "SIDE"), help=argparse.SUPPRESS)
 parser.add_argument("--no-bf16", action="store_true", help=argparse.SUPPRESS)  # set for the memory workers
 args = parser.parse_args()
 if args.write and (args.quick or args.family != "all"):  # a smoke test or one family would replace a full record
     parser.error("--write records a full run of every family (docs/benchmarks keeps one per machine class): "
                  "leave out --quick and --family")
+if args.device == "cuda" and not torch.cuda.is_available():
+    parser.error("--device cuda needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False)")
+if args.device == "cuda" and args.mm_size is None and not args.quick:
+    args.mm_size = CUDA_MM_SIZE
 for name, value in SIZES["quick" if args.quick else "full"].items():
     if getattr(args, name) is None:
         setattr(args, name, value)
+DEVICE = torch.device(args.device)
 
 
 # ----------------------------------------------------------------------------------------------- models, inputs
 def build_native(family: str):
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the weights are drawn on the CPU, so both devices get the same model
+    return _native_on_cpu(family).to(DEVICE)
+
+
+def _native_on_cpu(family: str):
     a = args
     if family == "gpt2":
         return GPT2LMHeadModel(GPT2Config(n_layer=a.layers, n_embd=a.hidden, n_head=a.heads, n_inner=a.ffn,
@@ -167,7 +186,7 @@ def make_inputs(family: str, batch: int, length: int, labels: bool) -> dict:
         masked = torch.rand(ids.shape, generator=generator) < 0.15
         inputs["input_ids"] = ids.masked_fill(masked, 3)
         inputs["labels"] = ids.masked_fill(~masked, -100)
-    return inputs
+    return {name: tensor.to(DEVICE) for name, tensor in inputs.items()}
 
 
 def tokens_per_example(family: str) -> int:
@@ -181,7 +200,7 @@ def training_dtypes() -> tuple[str, ...]:
 
 
 def train_step(model, optimizer, inputs: dict, bf16: bool) -> None:
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16):
         loss = model(**inputs).loss
     loss.backward()
     optimizer.step()
@@ -205,6 +224,8 @@ def forward_backward(model, inputs: dict) -> None:
 def load_int8(models: dict) -> dict | str:
     """Each side saved and loaded back with TorchAoConfig(Int8WeightOnlyConfig()), as a user quantizes a folder; or,
     where torchao is not importable, older than transformers needs or fails to quantize, why not."""
+    if DEVICE.type != "cpu":
+        return "the int8 rows measure torchao's CPU decoding"
     try:
         from torchao.quantization import Int8WeightOnlyConfig
 
@@ -232,8 +253,15 @@ def _status() -> dict:
 
 
 def peak_above_baseline(workload) -> float:
-    """MiB of resident memory `workload()` needs above what is resident before it."""
+    """MiB of resident memory (on a GPU: allocated CUDA memory) `workload()` needs above what is there before it."""
     gc.collect()
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        workload()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     before = _status()["VmRSS"]
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
@@ -270,7 +298,7 @@ def memory_worker(family: str, side: str) -> None:
 
 def measure_memory(family: str) -> dict:
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
-    sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]]
+    sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]] + [f"--device={args.device}"]
     out = {}
     for side in SIDES:
         command = [sys.executable, "-m", __spec__.name, "--memory-worker", family, side, f"--seed={args.seed}", *sizes,
@@ -283,6 +311,12 @@ def measure_memory(family: str) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- timing
+def synchronize() -> None:
+    """Wait for the GPU's queued work (a CUDA call returns before its kernels finish); nothing to wait for on CPU."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def interleaved(run, warmup: int, repeats: int) -> dict:
     """Median seconds of `run(side)` per side: warm-up, then native/ours in alternating order."""
     for _ in range(warmup):
@@ -291,8 +325,10 @@ def interleaved(run, warmup: int, repeats: int) -> dict:
     samples = {side: [] for side in SIDES}
     for repeat in range(repeats):
         for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
+            synchronize()
             start = time.perf_counter()
             run(side)
+            synchronize()
             samples[side].append(time.perf_counter() - start)
     return {side: statistics.median(times) for side, times in samples.items()} | {"samples": samples}
 
@@ -301,7 +337,7 @@ def matmul_flops(product, dtype: torch.dtype) -> float:
     """FLOP/s of `product` on two square matrices; 0 where the kernel does not exist for `dtype` on this CPU (oneDNN
     has no bf16 inner product without AVX-512 bf16 or AMX)."""
     try:
-        return 1e9 * training.matmul_gflops(dtype, args.mm_size, product, runs=8)  # the peak: the best of 8
+        return 1e9 * training.matmul_gflops(dtype, args.mm_size, product, runs=8, device=DEVICE)  # the best of 8
     except RuntimeError:
         return 0.0
 
@@ -309,11 +345,13 @@ def matmul_flops(product, dtype: torch.dtype) -> float:
 def machine_matmul_flops() -> dict:
     """FLOP/s of torch.mm and of the same product through oneDNN (what ScratchLinear uses for fp32 on CPU);
     the machine's rate per dtype is the faster of the two."""
-    onednn = partial(onednn_linear, bias=None)  # a @ b.T: the same FLOPs as a @ b
+    products = {"torch.mm": torch.mm}
+    if DEVICE.type == "cpu":
+        products["oneDNN"] = partial(onednn_linear, bias=None)  # a @ b.T: the same FLOPs as a @ b
     measured = {f"{name} {kind}": matmul_flops(product, dtype)
                 for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
-                for kind, product in (("torch.mm", torch.mm), ("oneDNN", onednn))}
-    return measured | {name: max(measured[f"{name} torch.mm"], measured[f"{name} oneDNN"]) for name in ("fp32", "bf16")}
+                for kind, product in products.items()}
+    return measured | {name: max(measured[f"{name} {kind}"] for kind in products) for name in ("fp32", "bf16")}
 
 
 def train_flops(model, inputs: dict) -> int:
@@ -406,23 +444,33 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
 def machine(peaks: dict) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(),
-                bf16_native=peaks["bf16"] >= training.BF16_MIN_SPEED * peaks["fp32"], cores=os.cpu_count(),
+    # A GPU says whether it has bf16 (Ampere and newer); its rates at --quick's tiny products are launch overhead.
+    bf16_native = (torch.cuda.is_bf16_supported() if DEVICE.type == "cuda"
+                   else peaks["bf16"] >= training.BF16_MIN_SPEED * peaks["fp32"])
+    return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(), bf16_native=bf16_native,
+                cores=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), torch=torch.__version__,
                 transformers=transformers.__version__, python=platform.python_version(),
+                gpu=torch.cuda.get_device_name() if DEVICE.type == "cuda" else None, cuda=torch.version.cuda,
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
 
 
-def machine_class(cpu: str, capability: str) -> str:
+def machine_class(machine: dict) -> str:
     """Where a run's figures hold, as a file name: vendor and line of the CPU and its capability, for example
-    "intel-xeon-avx512" or "amd-epyc-avx2" (the kernels that win differ between them: docs/performance.md)."""
-    words = re.sub(r"\(R\)|\(TM\)|\bCPU\b|\bProcessor\b|@.*", " ", cpu).split()
-    return "-".join(words[:2] + [capability]).lower()
+    "intel-xeon-avx512" or "amd-epyc-avx2" (the kernels that win differ between them: docs/performance.md); on a
+    GPU its name, for example "nvidia-h100-80gb-hbm3"."""
+    if machine["gpu"]:
+        return "-".join(re.sub(r"[^\w.]+", " ", machine["gpu"]).split()).lower()
+    words = re.sub(r"\(R\)|\(TM\)|\bCPU\b|\bProcessor\b|@.*", " ", machine["cpu"]).split()
+    return "-".join(words[:2] + [machine["cpu_capability"]]).lower()
 
 
 def kernel_choices(bf16_native: bool) -> dict:
     """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`,
     `scratch_attention_kernel.bf16_training_kernel`, the latter only where bf16 is native: it times bf16 kernels)."""
+    if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
+        return {"setting": "-", "fp32 decoding": "F.linear", "fp32 prefill and training": "F.linear",
+                "CPU cross-entropy": "-", "bf16 training attention": "-"}
     attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
             "fp32 decoding": fp32_kernel(False), "fp32 prefill and training": fp32_kernel(True),
@@ -436,19 +484,25 @@ def _number(value: float) -> str:
 
 def markdown(report: dict) -> str:
     m, s, peaks, k = report["machine"], report["settings"], report["matmul_gflops"], report["kernels"]
+    bf16 = (f"bf16 {'native' if m['bf16_native'] else 'not native'} (bf16 products at "
+            f"{peaks['bf16'] / peaks['fp32']:.2f}x the fp32 rate)")
+    if m["gpu"]:
+        kernels = (f"GPU {m['gpu']}, CUDA {m['cuda']}: both sides run PyTorch's CUDA kernels (cuBLAS products, fp32 "
+                   f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
+    else:
+        kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernel chosen ({k['setting']}): decoding "
+                   f"steps {k['fp32 decoding']}, prefill and training {k['fp32 prefill and training']}; CPU "
+                   f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
+                   f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel).")
     lines = [
         "# Benchmarks: Scratch families vs native `transformers`", "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
-        f"transformers {m['transformers']}, Python {m['python']}; {m['date']}; "
+        f"Machine: {m['gpu'] + ' with ' if m['gpu'] else ''}{m['cpu']}, {m['cores']} cores, torch {m['torch']} "
+        f"({m['torch_threads']} threads), transformers {m['transformers']}, Python {m['python']}; {m['date']}; "
         f"load average at start {m['load_average'][0]:.2f}.",
         f"Measured matmul ({s['mm_size']}x{s['mm_size']}), GFLOP/s: "
         + ", ".join(f"{name} {value:.1f}" for name, value in peaks.items() if " " in name)
-        + "; MFU is against the faster of the two per dtype.",
-        f"CPU capability {m['cpu_capability']}; bf16 {'native' if m['bf16_native'] else 'not native'} (bf16 "
-        f"products at {peaks['bf16'] / peaks['fp32']:.2f}x the fp32 rate). fp32 kernel chosen ({k['setting']}): "
-        f"decoding steps {k['fp32 decoding']}, prefill and training {k['fp32 prefill and training']}; CPU "
-        f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
-        f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel).",
+        + "; MFU is against the faster per dtype.",
+        kernels,
         f"Sizes: {s['layers']} layers (Marian {max(1, s['layers'] // 2)} + {max(1, s['layers'] // 2)}), width "
         f"{s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; "
         f"decode: prompt {s['prompt']}, {s['new_tokens']} new tokens; {s['warmup']} warm-up, "
@@ -473,8 +527,8 @@ def main() -> None:
     this_machine = machine(peaks)
     if not this_machine["bf16_native"]:
         args.no_bf16 = True
-        print(f"bf16 is not native on this CPU (bf16 products at {peaks['bf16'] / peaks['fp32']:.3f}x the fp32 rate): "
-              "no bf16 training rows.")
+        print(f"bf16 is not native on this {args.device.upper()} (bf16 products at "
+              f"{peaks['bf16'] / peaks['fp32']:.3f}x the fp32 rate): no bf16 training rows.")
     report = dict(machine=this_machine, settings={k: getattr(args, k) for k in SIZES["full"]},
                   matmul_gflops={k: v / 1e9 for k, v in peaks.items()},
                   kernels=kernel_choices(this_machine["bf16_native"]), results=[], details={})
@@ -484,7 +538,7 @@ def main() -> None:
     text = markdown(report)
     print(text)
     if args.write:  # one file per machine class: a run on one class never replaces another's figures
-        path = Path("docs", "benchmarks", machine_class(report["machine"]["cpu"], report["machine"]["cpu_capability"]))
+        path = Path("docs", "benchmarks", machine_class(report["machine"]))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.with_suffix(".md").write_text(text)
         path.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
