@@ -2,9 +2,10 @@
 
 On CPU, PyTorch computes fp32 `F.linear` with its default BLAS (MKL in the x86 wheels); oneDNN computes the same
 products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN ran at twice MKL's rate, on an AVX2
-AMD EPYC and on an AVX-512 Intel Xeon it is slower (`docs/performance.md`). So `fp32_kernel` times both on a small
-layer at the first fp32 product of the process, separately for few rows (decoding steps) and many rows (prefill,
-training), and keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto).
+AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products
+on one thread where oneDNN used both (`docs/performance.md`). So `fp32_kernel` times both on a small layer at the
+first fp32 product of the process, separately for few rows (decoding steps) and many rows (prefill, training), and
+keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice; anything traced by
 `torch.compile` (inductor picks its own kernels) is plain `F.linear`. oneDNN's results are the same products in fp32
 (IEEE, no reduced-precision accumulation), summed in a different order: they agree with `F.linear` to fp32
@@ -122,14 +123,19 @@ def one_thread():
 
 
 def time_kernels(many_rows: bool, repeats: int = 3) -> tuple[float, float]:
-    """Best seconds (native, oneDNN) of a 384 -> 1536 layer on one core, the two kernels interleaved after a
-    warm-up round: forward and both gradients over 64 rows (many_rows), or 5 one-row forwards. 10-30 ms. A
-    generator of its own leaves the global random state alone (seeded runs stay reproducible), whatever the
-    caller's modes."""
+    """Best seconds (native, oneDNN) of a 384 -> 1536 layer, the two kernels interleaved after a warm-up round:
+    forward and both gradients over 64 rows on one core (many_rows), or 5 one-row forwards on the process's
+    threads. 10-30 ms. A generator of its own leaves the global random state alone (seeded runs stay reproducible),
+    whatever the caller's modes."""
     generator = torch.Generator().manual_seed(0)
     rows = 64 if many_rows else 1
     best = {"native": math.inf, "onednn": math.inf}
-    with one_thread(), torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+    # Both libraries split a product of many rows over the threads, so their code for a core decides, timed on one
+    # core (where the load of the moment matters less). A one-row product some BLAS builds leave on one thread
+    # (MKL on an AVX-512 AMD EPYC: 1.5x slower than oneDNN on two threads, 1.08x on one), so decoding steps are timed
+    # with the threads they run on; the best of the rounds, so that a busy moment is not what decides.
+    threads = one_thread() if many_rows else contextlib.nullcontext()
+    with threads, torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
         inputs = torch.randn(rows, 384, generator=generator, device="cpu", requires_grad=many_rows)
         weight = torch.randn(1536, 384, generator=generator, device="cpu", requires_grad=many_rows)
         grad_output = torch.randn(rows, 1536, generator=generator, device="cpu")

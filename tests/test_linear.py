@@ -188,6 +188,27 @@ def test_auto_times_each_kind_once_and_keeps_the_choice(kernels, onednn_calls, m
     assert (fp32_kernel(False), fp32_kernel(True)) == ("native", "onednn")
 
 
+@pytest.mark.parametrize("many_rows", [True, False], ids=["training rows", "decoding rows"])
+def test_decoding_products_are_timed_on_the_process_threads(monkeypatch, many_rows):
+    """Many-row products are timed on one core (both libraries split them over the threads, so their code for a core
+    decides); one-row products, which MKL on an AVX-512 AMD EPYC left on one thread where oneDNN split them (1.5x
+    apart on two threads, 1.08x on one), with the threads decoding runs on."""
+    seen, product = [], F.linear
+
+    def linear(*args):
+        seen.append(torch.get_num_threads())
+        return product(*args)
+
+    monkeypatch.setattr(scratch_linear.F, "linear", linear)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        scratch_linear.time_kernels(many_rows, repeats=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen and set(seen) == {1 if many_rows else 2}
+
+
 def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkeypatch):
     monkeypatch.setattr(scratch_linear, "time_kernels", lambda many_rows: pytest.fail("timed a forced choice"))
     for choice in ("native", "onednn"):
