@@ -30,11 +30,11 @@ from accelerate.utils import DistributedType
 from accelerate.utils.constants import FSDP_MODEL_NAME
 from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
+from transformers import PreTrainedConfig, Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import TrainOutput
-from transformers.utils import SAFE_WEIGHTS_NAME
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
 MANIFEST = "COMPLETE.json"
 LOSS_WINDOW = "loss_window.json"  # Trainer checkpoints: the loss summed since the last log (CrashSafeCheckpoints)
@@ -441,6 +441,7 @@ class CrashSafeCheckpoints:
         # Trainer loads weights non-strictly (a tied head is not saved): a checkpoint of another model would fail
         # with a traceback about sizes, or, of the same sizes with other tensors, leave them at their initialisation.
         _check_same_tensors(resume_from_checkpoint, self.model if model is None else model)
+        _check_same_labels(resume_from_checkpoint, self.model if model is None else model)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
@@ -505,6 +506,23 @@ def _check_same_tensors(checkpoint: str, model) -> None:
             f"Checkpoint {checkpoint} holds another model than this run builds ({len(differing)} tensors differ: "
             f"{'; '.join(differing[:3])}{' ...' if len(differing) > 3 else ''}). Resume with the run's own task, "
             "preset and settings, or start a new run in another output folder."
+        )
+
+
+def _check_same_labels(checkpoint: str, model) -> None:
+    """A classifier's checkpoint must have been trained for the labels of `model`, in the same order of ids; else
+    `CheckpointError` naming both. Its head has one row per class: loaded under other names (or the same names in
+    another order), of the same number, it would predict the class each row was trained for under another name."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, PreTrainedConfig) or not (Path(checkpoint) / CONFIG_NAME).is_file():
+        return
+    saved = [label for _, label in sorted(type(config).from_pretrained(checkpoint).id2label.items())]
+    labels = [label for _, label in sorted(config.id2label.items())]
+    if saved != labels:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} was trained for the labels {saved} (by id); this run's are {labels}, which its "
+            "classification head would predict under the wrong names. Resume with the run's own data, or start a "
+            "new run in another output folder."
         )
 
 

@@ -293,6 +293,29 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "three/model").config.num_labels == 3
 
 
+def test_finetune_resumes_only_with_the_labels_of_its_checkpoint(tmp_path):
+    """Resumed on other classes of the same number (or the same ones in another order), the checkpoint's head was
+    loaded under the new names in silence: each of its rows predicted the class it was trained for under another
+    name. Refused, naming both."""
+    base = _tiny_folder(tmp_path / "mlm")
+    texts = _words(40, 3)
+    (tmp_path / "train.csv").write_text("\n".join(["text,label"] + [
+        f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in texts]))
+    finetune = ["--model", base, "--task", "text-classification", "--output-dir", tmp_path / "cls"]
+    run_script("finetune.py", *finetune, "--train-file", tmp_path / "train.csv", "--max-steps", 1, cwd=tmp_path)
+    (tmp_path / "renamed.csv").write_text("\n".join(["text,label"] + [
+        f"{s},{'beast' if 'dog' in s or 'horse' in s else 'thing'}" for s in texts]))
+    Dataset.from_dict({"text": texts, "label": [0 if "dog" in s or "horse" in s else 1 for s in texts]},
+                      features=Features({"text": Value("string"), "label": ClassLabel(names=["other", "animal"])})
+                      ).to_parquet(tmp_path / "reordered/train.parquet")
+    for data, labels in ((["--train-file", tmp_path / "renamed.csv"], "['beast', 'thing']"),
+                         (["--dataset", tmp_path / "reordered"], "['other', 'animal']")):
+        output = run_script("finetune.py", *finetune, *data, "--max-steps", 2, "--resume", cwd=tmp_path, returncode=2)
+        assert f"was trained for the labels ['animal', 'other'] (by id); this run's are {labels}" in output, output
+        assert "Traceback" not in output
+    assert json.loads((tmp_path / "cls/model/config.json").read_text())["id2label"] == {"0": "animal", "1": "other"}
+
+
 def test_finetune_trains_classes_from_a_regression_model(tmp_path):
     """The base's `problem_type` stayed: a regression model fine-tuned for classes took the mean squared error of
     (batch, classes) logits against (batch,) class ids (a size error, or broadcast in silence at two classes)."""
