@@ -30,6 +30,7 @@ from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields
 DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
 AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
 RUN_FILES = ("checkpoints", "tokenizer", "model", "loss_curve.jsonl")  # what a run writes into its output folder
+TOKENIZER_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")  # `special_token_ids`
 LOCK_FILE = ".hf-scratch.lock"  # held by the main process of the run writing the folder (claim_output_dir)
 _held_locks = []  # open for the life of the process: closing a file releases its lock
 _made_for_the_lock = []  # output folders this process made to lock them
@@ -262,6 +263,11 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
                              f"trains the {family} family: use one of {presets}.")
     except ValueError as error:
         parser.error(str(error))
+    # The training commands set these from the tokenizer (`special_token_ids`), over any --set: refused, not replaced.
+    if given := [key for key in overrides if key in TOKENIZER_IDS]:
+        parser.error(f"--set {', '.join(given)}: a new model's special token ids are its tokenizer's (pad, bos and eos "
+                     "tokens; a seq2seq decoder starts at bos, else pad): leave them out, or give a --tokenizer whose "
+                     "special tokens have the ids you want")
     return overrides
 
 
