@@ -5,6 +5,7 @@ types, config field types, training text files and weights files."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -412,6 +413,22 @@ def test_ctrl_c_while_a_command_starts_stops_with_one_line(monkeypatch, capsys, 
         main([name, "--help"])
     assert stopped.value.code == 130
     assert capsys.readouterr().err.strip() == "stopped by Ctrl-C"
+
+
+def test_ctrl_c_while_the_installed_command_imports_the_package_stops_with_one_line():
+    """The installed `hf-scratch` (pyproject.toml's entry point) imported the package, torch and transformers,
+    seconds in all, before its `main` could answer a Ctrl-C: one then ended in a KeyboardInterrupt traceback."""
+    module, function = re.search(r'^hf-scratch = "([\w.]+):(\w+)"', (ROOT / "pyproject.toml").read_text(),
+                                 re.MULTILINE).groups()
+    # -X importtime writes a line as each module is imported: the signal is sent while torch is being imported.
+    command = [sys.executable, "-X", "importtime", "-c", f"from {module} import {function}; {function}()",
+               "train", "--help"]
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as child:
+        next(line for line in child.stderr if "torch" in line)
+        child.send_signal(signal.SIGINT)
+        lines = [line for line in child.stderr.read().splitlines() if not line.startswith("import time:")]
+        assert child.wait(timeout=60) == 130 and "Traceback" not in "\n".join(lines), lines[-30:]
+    assert lines[-1] == "stopped by Ctrl-C"
 
 
 @pytest.mark.parametrize("name", ["missing.txt", "empty.txt", "binary.txt"])

@@ -1,5 +1,6 @@
-"""`hf-scratch`: the installed command. Each subcommand is a flat script module of this folder (or
-`tokenizer_training`), run as `__main__` with the remaining arguments, so that
+"""`hf-scratch`: the installed command (entered through `hf_scratch_command.main`, which answers a Ctrl-C while this
+package imports). Each subcommand is a flat script module of this folder (or `tokenizer_training`), run as
+`__main__` with the remaining arguments, so that
 
     hf-scratch train --max-steps 100        ==  python -m hf_scratch_transformer.cli.train --max-steps 100
     accelerate launch -m hf_scratch_transformer.cli.train_accelerate ...     (several processes)
@@ -7,10 +8,11 @@
 and `scripts/*.py` in a checkout are thin wrappers over the same modules. No model file imports this package.
 """
 
-import os
 import runpy
 import sys
 from importlib.metadata import version
+
+from hf_scratch_command import stopped_by_ctrl_c
 
 # subcommand -> (module run as __main__, one line of help)
 COMMANDS = {
@@ -23,11 +25,6 @@ COMMANDS = {
     "serve": ("hf_scratch_transformer.cli.serve", "serve a saved folder with `transformers serve` (OpenAI API)"),
     "benchmark": ("hf_scratch_transformer.cli.benchmark", "measure speed and memory side by side with native models"),
 }
-
-
-def is_rank_zero() -> bool:
-    """Not one of the other processes of a launched run (a stray RANK alone does not make a command one)."""
-    return int(os.environ.get("RANK", 0)) == 0 or int(os.environ.get("WORLD_SIZE", 1)) == 1
 
 
 def usage() -> str:
@@ -54,6 +51,4 @@ def main(argv: list[str] | None = None) -> None:
         runpy.run_module(COMMANDS[name][0], run_name="__main__")
     except KeyboardInterrupt:  # Ctrl-C before a command's own handler (`run_options.stop_cleanly_on_ctrl_c`), or
         # in a command without one: its imports alone take seconds. One line and 130, as that handler gives.
-        if is_rank_zero():
-            print("\nstopped by Ctrl-C", file=sys.stderr)
-        sys.exit(130)
+        stopped_by_ctrl_c()

@@ -22,8 +22,8 @@ from accelerate.utils import gather_object
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
+from hf_scratch_command import is_rank_zero
 from hf_scratch_transformer import checkpointing, training
-from hf_scratch_transformer.cli import is_rank_zero
 from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields, get_preset
 
 # Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
