@@ -254,9 +254,10 @@ def latest_checkpoint(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
     return None
 
 
-def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
+def verify_checkpoint(path: str | Path) -> dict:
     """The manifest of the checkpoint at `path`, after checking that the folder exists, is complete, and that every
-    file it lists is there with its recorded size (and SHA-256). Raises `CheckpointError` naming the problem."""
+    file it lists is there with its recorded size and SHA-256 (read once per process while the files stay as they
+    were: `_VERIFIED`). Raises `CheckpointError` naming the problem."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"No checkpoint at {path}: the folder does not exist.")
@@ -273,7 +274,7 @@ def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
         raise CheckpointError(f"Checkpoint {path} is corrupt: its {MANIFEST} cannot be read ({error}).") from error
     if _NUMBERED_NAME.fullmatch(path.name) and _step(path) != step:
         raise CheckpointError(f"Checkpoint {path} is not what its name says: its {MANIFEST} records step {step}.")
-    for name, (size, checksum) in expected.items():
+    for name, (size, _) in expected.items():
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"Checkpoint {path} (step {step}) is corrupt: the file {name} is missing.")
@@ -282,11 +283,26 @@ def verify_checkpoint(path: str | Path, verify_checksums: bool = True) -> dict:
                 f"Checkpoint {path} (step {step}) is corrupt: the file {name} has {file.stat().st_size} bytes, "
                 f"{size} were written (truncated or overwritten)."
             )
-        if verify_checksums and _sha256(file) != checksum:
+    stamps = _file_stamps(path, [MANIFEST, *expected])
+    if _VERIFIED.get(path.resolve()) == stamps:
+        return manifest
+    for name, (_, checksum) in expected.items():
+        if _sha256(path / name) != checksum:
             raise CheckpointError(
                 f"Checkpoint {path} (step {step}) is corrupt: the file {name} does not match its SHA-256 checksum."
             )
+    _VERIFIED[path.resolve()] = stamps
     return manifest
+
+
+# Checkpoints whose checksums this process has verified, with each file's size and modification time then: a
+# resumed run finds the latest checkpoint that verifies, then loads it, and reading every file twice took minutes on
+# a large model. A file written since (another modification time or size) is read again.
+_VERIFIED: dict[Path, tuple] = {}
+
+
+def _file_stamps(path: Path, names) -> tuple:
+    return tuple((name, (stat := (path / name).stat()).st_size, stat.st_mtime_ns) for name in sorted(names))
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -314,11 +330,11 @@ def check_sharding(path: str | Path, fsdp: bool, state_dict_type=None) -> None:
         )
 
 
-def load_checkpoint(accelerator, path: str | Path, verify_checksums: bool = True, model=None) -> dict:
+def load_checkpoint(accelerator, path: str | Path, model=None) -> dict:
     """Check the checkpoint at `path` against its manifest (and its weights against `model`, the prepared model,
     when given), then `accelerator.load_state` it; returns the manifest. Raises `CheckpointError` when this
     process's random state was not restored."""
-    manifest = verify_checkpoint(path, verify_checksums)
+    manifest = verify_checkpoint(path)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     check_sharding(path, fsdp, accelerator.state.fsdp_plugin.state_dict_type if fsdp else None)
     if model is not None:  # else Accelerate's loader fails on another model with a traceback of size mismatches

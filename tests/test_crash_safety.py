@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -426,3 +427,39 @@ def test_the_best_checkpoint_survives_pruning_and_resumes_under_its_final_name(t
     assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in weights.items())
     assert json.loads((best / "trainer_state.json").read_text())["best_model_checkpoint"] == str(best)
     checkpointing.verify_checkpoint(best)
+
+
+@pytest.mark.parametrize("resume", ["latest", "named"])
+def test_resuming_reads_each_checkpoint_file_for_its_checksum_once(tmp_path, monkeypatch, resume):
+    """A resumed Trainer run verifies its checkpoint's SHA-256 checksums before anything reads it; the search for the
+    latest one verified it and then `train` did so again, reading every file twice (minutes on a large model)."""
+    torch.manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 99, (8, 12))]
+
+    def trainer(max_steps: int):
+        arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=4,
+                                      save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
+        return checkpointing.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data)
+
+    trainer(2).train()
+    checkpoint = tmp_path / "checkpoint-2"
+    hashed = []
+    sha256 = checkpointing._sha256
+    monkeypatch.setattr(checkpointing, "_sha256", lambda file: hashed.append(Path(file)) or sha256(file))
+    trainer(3).train(resume_from_checkpoint=True if resume == "latest" else str(checkpoint))
+    files = json.loads((checkpoint / checkpointing.MANIFEST).read_text())["files"]
+    assert sorted(str(file.relative_to(checkpoint)) for file in hashed if checkpoint in file.parents) == sorted(files)
+
+
+def test_a_file_changed_after_its_checkpoint_verified_is_read_again(tmp_path):
+    """Verified checksums are remembered for the files as they were (size, modification time): a file overwritten
+    since, of the same size, is read again and the corruption named."""
+    checkpoint = tmp_path / "step-1"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"1" * 64)
+    checkpointing.write_manifest(checkpoint, 1)
+    checkpointing.verify_checkpoint(checkpoint)
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    (checkpoint / "model.safetensors").write_bytes(b"2" * 64)
+    with pytest.raises(checkpointing.CheckpointError, match="model.safetensors does not match its SHA-256"):
+        checkpointing.verify_checkpoint(checkpoint)

@@ -152,7 +152,7 @@ try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
         resume, manifest = args.resume_from, checkpointing.verify_checkpoint(args.resume_from)
     else:
         resume = checkpointing.latest_checkpoint(checkpoints, report=accelerator.print) if args.resume else None
-        manifest = checkpointing.verify_checkpoint(resume, verify_checksums=False) if resume else None  # verified
+        manifest = checkpointing.verify_checkpoint(resume) if resume else None  # files not read again
 except checkpointing.CheckpointError as error:
     fail(parser, str(error))
 if args.resume and not resume:
@@ -285,7 +285,7 @@ if resume:
     problem = None  # each process loads its own random state
     try:
         # model (the same tensors), optimizer, schedule, RNG
-        checkpointing.load_checkpoint(accelerator, resume, verify_checksums=False, model=model)
+        checkpointing.load_checkpoint(accelerator, resume, model=model)
     except checkpointing.CheckpointError as error:
         problem = str(error)
     fail_together(parser, accelerator, problem)
