@@ -665,3 +665,33 @@ def test_a_preset_or_config_of_another_family_than_the_task_is_refused(hf_scratc
     tiny_config("decoder").save_pretrained(tmp_path / "config")
     assert "is a decoder config (scratch_decoder), but --task seq2seq trains the seq2seq family" in hf_scratch(
         *run, "--task", "seq2seq", "--config", tmp_path / "config")
+
+
+class BuiltModel(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", [["train"], ["train-accelerate", "--cpu"]])
+def test_config_file_fields_the_run_replaces_are_named(monkeypatch, capsys, corpus, tmp_path, command):
+    # A --config file's special token ids and sizes were replaced by the run's tokenizer's (and --max-length's)
+    # without a word: the model trained was not the one the file described.
+    from hf_scratch_transformer.cli import main
+
+    def built(tokenizer, config):
+        raise BuiltModel(config)
+
+    monkeypatch.setattr(training, "keep_the_inputs_the_model_reads", built)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    tiny_config("decoder", pad_token_id=7, max_position_embeddings=512).save_pretrained(tmp_path / "config")
+    run = [*command, "--config", str(tmp_path / "config"), "--train-files", str(corpus), "--max-length", "32",
+           "--vocab-size", "300"]
+    with pytest.raises(BuiltModel) as model:
+        main([*run, "--output-dir", str(tmp_path / "out")])
+    config = model.value.args[0]
+    assert (f"--config {tmp_path / 'config'}: the new model takes from this run's tokenizer and --max-length "
+            f"pad_token_id 7 -> {config.pad_token_id}, vocab_size 99 -> {config.vocab_size}, "
+            "max_position_embeddings 512 -> 64") in capsys.readouterr().out
+    with pytest.raises(BuiltModel) as model:
+        main([*run, "--set", "max_position_embeddings=512", "--output-dir", str(tmp_path / "kept")])  # asked for
+    assert model.value.args[0].max_position_embeddings == 512
+    assert "max_position_embeddings 512" not in capsys.readouterr().out

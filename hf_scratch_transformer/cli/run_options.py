@@ -271,16 +271,22 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     return overrides
 
 
-def check_config_file_overrides(config: Path, overrides: dict) -> str | None:
-    """The family of a --config file ("decoder", ...), with its --set overrides checked as those of a preset:
-    `from_pretrained` drops a field the config does not have without a word. None for a config that is not ours, or
-    not a local JSON file: left to `from_pretrained`."""
+def read_config_file(config: Path) -> dict | None:
+    """The fields of a --config file or folder; None when it is not a local JSON file (left to `from_pretrained`)."""
     file = config / "config.json" if config.is_dir() else config
     try:
         saved = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    model_type = saved.get("model_type") if isinstance(saved, dict) else None
+    return saved if isinstance(saved, dict) else None
+
+
+def check_config_file_overrides(config: Path, overrides: dict) -> str | None:
+    """The family of a --config file ("decoder", ...), with its --set overrides checked as those of a preset:
+    `from_pretrained` drops a field the config does not have without a word. None for a config that is not ours, or
+    not a local JSON file: left to `from_pretrained`."""
+    saved = read_config_file(config)
+    model_type = saved.get("model_type") if saved else None
     family = next((name for name, family in FAMILY_CONFIGS.items() if family.model_type == model_type), None)
     if family is not None and overrides:
         config_class = FAMILY_CONFIGS[family]
@@ -333,6 +339,24 @@ def check_model_fits(parser: argparse.ArgumentParser, model, tokenizer, max_leng
         fail(parser, f"--max-length {max_length} is longer than the model's {config.max_position_embeddings} "
                      f"{config.position_embedding_type} positions (max_position_embeddings): pass --max-length "
                      f"{config.max_position_embeddings} or less.")
+
+
+# The fields a training command sets on a new model from its tokenizer and --max-length (`special_token_ids`,
+# `padded_vocab_size`, `follow_the_tokenizer`), over a --config file's values.
+RUN_FIELDS = (*TOKENIZER_IDS, "vocab_size", "encoder_vocab_size", "max_position_embeddings")
+
+
+def config_file_fields_replaced(config_file: Path, config, given: dict) -> str | None:
+    """A line naming each field of a --config file that the new model (`config`) took from the run instead (its
+    tokenizer's special ids and size, --max-length's positions), with both values; None when none changed. Fields
+    --set gave (`given`) were asked for."""
+    saved = read_config_file(config_file) or {}
+    changed = [f"{key} {saved[key]} -> {getattr(config, key)}" for key in RUN_FIELDS
+               if key in saved and key not in given and saved[key] != getattr(config, key, saved[key])]
+    if not changed:
+        return None
+    return (f"--config {config_file}: the new model takes from this run's tokenizer and --max-length "
+            f"{', '.join(changed)} (--set vocab_size=... / max_position_embeddings=... keeps a size)")
 
 
 def follow_the_tokenizer(config, overrides: dict) -> None:

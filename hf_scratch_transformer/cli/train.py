@@ -51,6 +51,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
     check_model_fits,
     claim_output_dir,
+    config_file_fields_replaced,
     config_overrides,
     fail,
     follow_the_tokenizer,
@@ -201,6 +202,8 @@ else:
         preset = args.preset or default_preset
         config = get_preset(preset, **overrides)
     follow_the_tokenizer(config, dict(args.set))
+    if args.config and (replaced := config_file_fields_replaced(args.config, config, dict(args.set))):
+        print(replaced)
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
 training.keep_the_inputs_the_model_reads(tokenizer, model.config)

@@ -56,6 +56,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_run_safety_arguments,
     check_model_fits,
     claim_output_dir,
+    config_file_fields_replaced,
     config_overrides,
     continues_run,
     fail,
@@ -237,6 +238,8 @@ else:
     preset = None if args.config else args.preset or default_preset
     config = AutoConfig.from_pretrained(args.config, **overrides) if args.config else get_preset(preset, **overrides)
     follow_the_tokenizer(config, dict(args.set))
+    if args.config and (replaced := config_file_fields_replaced(args.config, config, dict(args.set))):
+        accelerator.print(replaced)
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
 training.keep_the_inputs_the_model_reads(tokenizer, model.config)
