@@ -68,7 +68,7 @@ def _with_rope_shorthands(config_dict: dict, overrides: dict) -> dict:
 class ScratchConfigBase(PreTrainedConfig):
     """Knobs shared by every Scratch family. Not registered on its own: use one of the three subclasses."""
 
-    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["cache", "past_key_values"]  # the names before/from 5.24
     # Auto class -> "module.Class" of every class of the family. The package registers them from this table, and
     # `save_pretrained` writes it as `auto_map` so that each head loads with `trust_remote_code=True`.
     family_auto_map: ClassVar[dict[str, str]] = {}

@@ -27,7 +27,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_scratch import ScratchConfigBase
-from .scratch_attention import ScratchAttention
+from .scratch_attention import MODEL_UPDATES_PAGED_CACHE, ScratchAttention, cache_output, is_paged, resolve_cache
 from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
 from .scratch_loss import lm_loss, sequence_classification_loss
 from .scratch_masks import build_cross_attention_mask, build_self_attention_mask
@@ -118,7 +118,7 @@ class ScratchPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["ScratchBlock"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
@@ -296,8 +296,20 @@ class ScratchTransformer(ScratchPreTrainedModel):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """The cache comes as `cache` (transformers >= 5.24, `generate()` and continuous batching) or as
+        `past_key_values` (the earlier name); the output holds it under the running version's field name."""
+        past_key_values = resolve_cache(cache, past_key_values)
+        paged = is_paged(past_key_values)
+        if paged:
+            # Continuous batching (`use_cache=False`): before 5.24 the attention function updates the paged cache, so
+            # it travels in the kwargs as `cache`; from 5.24 our attention layer updates it, as native ones do.
+            if not MODEL_UPDATES_PAGED_CACHE:
+                kwargs["cache"] = past_key_values
+                past_key_values = None
+            use_cache = False
         ids_name, embeds_name = self.input_names
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"Pass exactly one of `{ids_name}` or `{embeds_name}`.")
@@ -311,7 +323,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
             use_cache = False
         if use_cache and past_key_values is None:
             past_key_values = self._new_cache()
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = past_key_values.get_seq_length() if past_key_values is not None and not paged else 0
         given_positions = position_ids
         if position_ids is None:
             position_ids = torch.arange(inputs.shape[1], device=inputs.device).unsqueeze(0) + past_length  # (1, T)
@@ -322,7 +334,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
             # Only given positions can restart (packed sequences): `masking_utils` looks for restarts at every
             # unmasked forward without a cache (about 40 us), ours count up from the cache length.
             self.config, hidden_states, attention_mask, past_key_values, given_positions, self.is_causal, self.alibi,
-            paged=kwargs.get("cache") is not None,  # continuous batching passes its `PagedAttentionCache` as `cache`
+            paged=paged,
         )
         if self.has_cross_attention:
             encoder_attention_mask = build_cross_attention_mask(
@@ -345,8 +357,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=self.final_norm(hidden_states),
-            past_key_values=past_key_values if use_cache else None,
+            last_hidden_state=self.final_norm(hidden_states), **cache_output(past_key_values if use_cache else None)
         )
 
 

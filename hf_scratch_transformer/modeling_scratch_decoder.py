@@ -15,6 +15,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchDecoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+from .scratch_attention import CACHE_FIELD, cache_output, resolve_cache
 from .scratch_linear import ScratchLinear
 
 
@@ -53,10 +54,12 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         """`labels` (B, T) are the input ids themselves (-100 = ignore): the shift happens inside the loss.
         `logits_to_keep` > 0 computes logits for the last that many positions only (generation needs one).
+        The cache comes as `cache` (transformers >= 5.24) or `past_key_values`.
         With `labels` no cache is made unless `use_cache=True` asks for one."""
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         if labels is not None and use_cache is None:
@@ -67,7 +70,7 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=resolve_cache(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
@@ -81,7 +84,7 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_output(getattr(outputs, CACHE_FIELD)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
@@ -107,6 +110,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutputWithPast:
         if labels is not None and use_cache is None:
@@ -115,7 +119,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=resolve_cache(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
@@ -133,7 +137,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
+            **cache_output(getattr(outputs, CACHE_FIELD)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

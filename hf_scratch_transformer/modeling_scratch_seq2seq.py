@@ -27,6 +27,7 @@ from .modeling_scratch_common import (
 # Imported so that `save_pretrained` copies the pipeline file beside the model (it ships the files a model file
 # imports relatively); saved configs declare it in `custom_pipelines`.
 from .pipeline_scratch_text2text import ScratchText2TextPipeline  # noqa: F401
+from .scratch_attention import CACHE_FIELD, cache_output, resolve_cache
 from .scratch_linear import ScratchLinear
 from .scratch_loss import check_label_ids
 
@@ -127,6 +128,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         use_cache: bool | None = None,
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """`token_type_ids` (a tokenizer's) and `position_ids` are the source's and go to the encoder only: the
@@ -155,14 +157,14 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=resolve_cache(cache, past_key_values),
             use_cache=use_cache,
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_output(getattr(decoder_outputs, CACHE_FIELD)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -204,6 +206,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """`labels` (B, T) are the target ids (-100 = ignore); without `decoder_input_ids` they are shifted right
@@ -226,7 +229,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=resolve_cache(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,
@@ -244,7 +247,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_output(getattr(outputs, CACHE_FIELD)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

@@ -20,12 +20,42 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .scratch_attention_kernel import causal_mask, takes_eager_math
 from .scratch_dropout import dropout as scratch_dropout
 from .scratch_linear import ScratchLinear
 from .scratch_positions import apply_rotary
+
+
+# transformers 5.24 renamed `past_key_values` to `cache`: in model forwards (the old name a deprecated alias), in the
+# output classes (`outputs.cache`; `outputs.past_key_values` a deprecated property) and in `masking_utils`. `generate()`
+# passes `cache=`, as continuous batching always did. With it a paged cache is updated by the model's attention layer
+# (`cache.update(key, value, layer_idx, kwargs=kwargs)`), no longer by the attention function. The family accepts both
+# names on every version and returns the cache under the running version's output field name.
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+MODEL_UPDATES_PAGED_CACHE = CACHE_FIELD == "cache"
+
+
+def resolve_cache(cache, past_key_values):
+    """The cache passed as `cache` (transformers >= 5.24's name) or as `past_key_values` (the earlier one)."""
+    if past_key_values is None:
+        return cache
+    if cache is not None and cache is not past_key_values:
+        raise ValueError("Pass the cache as `cache` or as `past_key_values`, not both.")
+    return past_key_values
+
+
+def is_paged(cache) -> bool:
+    """Continuous batching's cache, which packs every request into one row (its masks come prepared)."""
+    return isinstance(cache, PagedAttentionCache)
+
+
+def cache_output(cache) -> dict:
+    """The keyword a `ModelOutput` of this transformers version takes the cache by."""
+    return {CACHE_FIELD: cache}
 
 
 def repeat_kv(hidden_states: torch.Tensor, groups: int) -> torch.Tensor:
@@ -153,6 +183,13 @@ class ScratchAttention(nn.Module):
             key, value = cache.update(key, value, self.layer_idx)  # now (B, K, past + T, D)
         return query, key, value
 
+    def _paged_attention_states(self, hidden_states, position_embeddings, cache, kwargs):
+        """Continuous batching on transformers >= 5.24: the paged cache takes the new keys and values before GQA
+        repeats them and returns each request's cached ones; it rewrites the attention kwargs in place."""
+        query, key, value = self._self_attention_states(hidden_states, position_embeddings, None)
+        key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
+        return query, key, value
+
     def _cross_attention_states(self, hidden_states, encoder_hidden_states, past_key_values):
         query = self._split_heads(self.q_proj(hidden_states))
         cache = past_key_values.cross_attention_cache if past_key_values is not None else None
@@ -178,6 +215,8 @@ class ScratchAttention(nn.Module):
         """hidden_states (B, T, hidden) -> (B, T, hidden), and the weights (B, H, T, S) under eager."""
         if self.is_cross_attention:
             query, key, value = self._cross_attention_states(hidden_states, encoder_hidden_states, past_key_values)
+        elif is_paged(past_key_values):
+            query, key, value = self._paged_attention_states(hidden_states, position_embeddings, past_key_values, kwargs)
         else:
             query, key, value = self._self_attention_states(hidden_states, position_embeddings, past_key_values)
 

@@ -113,14 +113,8 @@ def build_self_attention_mask(
     skip_allowed = alibi is None  # ALiBi needs a materialised mask to add its bias to.
     if is_causal:
         builder = create_sliding_window_causal_mask if sliding_window else create_causal_mask
-        mask = builder(
-            config=config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            position_ids=position_ids,
-            allow_is_causal_skip=skip_allowed,
-        )
+        # The cache goes by position: transformers 5.24 renamed the parameter `cache` (the old name warns).
+        mask = builder(config, inputs_embeds, attention_mask, past_key_values, position_ids, allow_is_causal_skip=skip_allowed)
     else:
         mask = create_bidirectional_mask(
             config=config,
