@@ -301,7 +301,7 @@ class ScratchTransformer(ScratchPreTrainedModel):
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """The cache comes as `cache` (transformers >= 5.24, `generate()` and continuous batching) or as
         `past_key_values` (the earlier name); the output holds it under the running version's field name."""
-        past_key_values = resolve_cache(cache, past_key_values)
+        past_key_values = resolve_cache(cache, past_key_values, self)
         paged = is_paged(past_key_values)
         if paged:
             # Continuous batching (`use_cache=False`): before 5.24 the attention function updates the paged cache, so

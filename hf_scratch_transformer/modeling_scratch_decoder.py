@@ -70,7 +70,7 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=resolve_cache(cache, past_key_values),
+            cache=resolve_cache(cache, past_key_values, self),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
@@ -119,7 +119,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=resolve_cache(cache, past_key_values),
+            cache=resolve_cache(cache, past_key_values, self),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)

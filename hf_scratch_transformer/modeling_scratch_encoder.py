@@ -15,6 +15,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+from .scratch_attention import resolve_cache
 from .scratch_dropout import dropout
 from .scratch_layers import ScratchMLMTransform
 from .scratch_linear import ScratchLinear
@@ -62,11 +63,13 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MaskedLMOutput:
-        """`labels` (B, T): the original id at masked positions, -100 elsewhere. `past_key_values`: keys and values
-        every layer attends to before the input's (prefix tuning), as BERT takes them; named here because PEFT
-        passes them to the heads whose signature has them, and to the trunk alone otherwise."""
+        """`labels` (B, T): the original id at masked positions, -100 elsewhere. `past_key_values` (`cache` from
+        transformers 5.24): keys and values every layer attends to before the input's (prefix tuning), as BERT takes
+        them; named here because PEFT passes them to the heads whose signature has them, and to the trunk alone
+        otherwise."""
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self.model(
             input_ids=input_ids,
@@ -74,7 +77,7 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            cache=resolve_cache(cache, past_key_values, self),
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
@@ -137,11 +140,12 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> SequenceClassifierOutput:
         outputs = self._encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values=past_key_values,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            cache=resolve_cache(cache, past_key_values, self), **kwargs,
         )
         pooled = dropout(outputs.last_hidden_state[:, 0], self.classifier_dropout.p, self.training)
         logits = self.classifier(pooled)  # (B, num_labels)
@@ -166,12 +170,13 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> TokenClassifierOutput:
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self._encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, past_key_values=past_key_values,
-            **kwargs,
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            cache=resolve_cache(cache, past_key_values, self), **kwargs,
         )
         logits = self.classifier(dropout(outputs.last_hidden_state, self.classifier_dropout.p, self.training))
         loss = None

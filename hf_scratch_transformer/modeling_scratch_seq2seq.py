@@ -157,7 +157,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            cache=resolve_cache(cache, past_key_values),
+            cache=resolve_cache(cache, past_key_values, self),
             use_cache=use_cache,
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
@@ -229,7 +229,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=resolve_cache(cache, past_key_values),
+            cache=resolve_cache(cache, past_key_values, self),
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,

@@ -12,9 +12,11 @@ prepared (see `scratch_masks.py`): `None`, boolean (True = attend) or additive f
 
 Continuous batching (`generate_batch`, `transformers serve --continuous-batching`) packs every request into one row
 (B = 1) and passes `cache=PagedAttentionCache`, which must receive the new keys and values before GQA repeats them and
-returns each request's cached ones: our two functions then hand over to transformers' own (`sdpa`, `paged|eager`).
+returns each request's cached ones. Before transformers 5.24 the attention function does that: our two functions then
+hand over to transformers' own (`sdpa`, `paged|eager`); from 5.24 `ScratchAttention` does it, as native layers do.
 """
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -29,7 +31,6 @@ from .scratch_dropout import dropout as scratch_dropout
 from .scratch_linear import ScratchLinear
 from .scratch_positions import apply_rotary
 
-
 # transformers 5.24 renamed `past_key_values` to `cache`: in model forwards (the old name a deprecated alias), in the
 # output classes (`outputs.cache`; `outputs.past_key_values` a deprecated property) and in `masking_utils`. `generate()`
 # passes `cache=`, as continuous batching always did. With it a paged cache is updated by the model's attention layer
@@ -39,12 +40,20 @@ CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__
 MODEL_UPDATES_PAGED_CACHE = CACHE_FIELD == "cache"
 
 
-def resolve_cache(cache, past_key_values):
-    """The cache passed as `cache` (transformers >= 5.24's name) or as `past_key_values` (the earlier one)."""
+def resolve_cache(cache, past_key_values, owner: nn.Module):
+    """The cache passed as `cache` (transformers >= 5.24's name) or as `past_key_values` (the earlier one). From 5.24
+    the old name warns, as native forwards do (upstream's `test_bc_cache_name_forward` asks for the warning)."""
     if past_key_values is None:
         return cache
     if cache is not None and cache is not past_key_values:
         raise ValueError("Pass the cache as `cache` or as `past_key_values`, not both.")
+    if MODEL_UPDATES_PAGED_CACHE and not torch.compiler.is_compiling():
+        warnings.warn(
+            f"`past_key_values` is deprecated and will be removed in version 5.40.0 for "
+            f"`{type(owner).__name__}.forward`. Use `cache` instead.",
+            FutureWarning,
+            stacklevel=3,
+        )
     return past_key_values
 
 
@@ -216,7 +225,9 @@ class ScratchAttention(nn.Module):
         if self.is_cross_attention:
             query, key, value = self._cross_attention_states(hidden_states, encoder_hidden_states, past_key_values)
         elif is_paged(past_key_values):
-            query, key, value = self._paged_attention_states(hidden_states, position_embeddings, past_key_values, kwargs)
+            query, key, value = self._paged_attention_states(
+                hidden_states, position_embeddings, past_key_values, kwargs
+            )
         else:
             query, key, value = self._self_attention_states(hidden_states, position_embeddings, past_key_values)
 

@@ -114,7 +114,9 @@ def build_self_attention_mask(
     if is_causal:
         builder = create_sliding_window_causal_mask if sliding_window else create_causal_mask
         # The cache goes by position: transformers 5.24 renamed the parameter `cache` (the old name warns).
-        mask = builder(config, inputs_embeds, attention_mask, past_key_values, position_ids, allow_is_causal_skip=skip_allowed)
+        mask = builder(
+            config, inputs_embeds, attention_mask, past_key_values, position_ids, allow_is_causal_skip=skip_allowed
+        )
     else:
         mask = create_bidirectional_mask(
             config=config,
