@@ -1,9 +1,12 @@
 """The three families as a transformers user meets them: losses, outputs, saving, tying, checkpointing, errors."""
 
 import inspect
+import warnings
 
 import pytest
 import torch
+import transformers
+from packaging import version
 from safetensors.torch import load_file
 from tiny_models import EOS, FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
 from transformers import (
@@ -15,6 +18,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     DynamicCache,
+    EncoderDecoderCache,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput, Seq2SeqLMOutput
 from transformers.utils import generic
@@ -157,6 +161,56 @@ def test_heads_name_past_key_values_and_attend_to_a_prefix(model_class):
         plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         prefixed = model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=ids.dtype), past_key_values=prefix)
     assert prefixed.logits.shape == plain.shape and not torch.allclose(prefixed.logits, plain, atol=1e-4)
+
+
+# transformers 5.24 renamed the forwards' `past_key_values` to `cache` (the old name deprecated until 5.40).
+CACHE_RENAMED = version.parse(transformers.__version__) >= version.parse("5.24")
+
+
+def _forward_with_the_cache_named(family: str, model, name: str):
+    """(the last forward's output, the cache given) after passing the cache as `name`: a prefill and a decoding
+    step for the decoder and the seq2seq decoder, a prefix of keys and values for the encoder (prefix tuning)."""
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    config = model.config
+    if family == "encoder":
+        cache = DynamicCache()
+        for layer in range(config.num_hidden_layers):
+            cache.update(*torch.randn(2, 2, 4, 3, 8, generator=torch.Generator().manual_seed(layer)), layer)
+        return model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=ids.dtype), **{name: cache}), cache
+    if family == "decoder":
+        cache = DynamicCache(config=config)
+        model(input_ids=ids[:, :4], use_cache=True, **{name: cache})
+        return model(input_ids=ids[:, 4:], use_cache=True, **{name: cache}), cache
+    cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    model(input_ids=ids, decoder_input_ids=ids[:, :4], use_cache=True, **{name: cache})
+    return model(input_ids=ids, decoder_input_ids=ids[:, 4:], use_cache=True, **{name: cache}), cache
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_cache_goes_by_either_name(family):
+    """Every head takes the cache as `cache` (5.24's name, which `generate()` passes) and as `past_key_values`, with
+    the same logits, and returns it under the running version's output field. The old name warns from 5.24 only, as
+    native forwards do."""
+    model = tiny_lm(family)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        new, new_cache = _forward_with_the_cache_named(family, model, "cache")
+        renamed_warnings = len(caught)
+        old, old_cache = _forward_with_the_cache_named(family, model, "past_key_values")
+    deprecations = [str(w.message) for w in caught[renamed_warnings:] if issubclass(w.category, FutureWarning)]
+    assert renamed_warnings == 0, [str(w.message) for w in caught]
+    assert bool(deprecations) == CACHE_RENAMED, deprecations
+    assert all("`past_key_values` is deprecated" in message and "Use `cache`" in message for message in deprecations)
+    torch.testing.assert_close(new.logits, old.logits)
+    if family != "encoder":  # a bidirectional stack makes no cache
+        field = "cache" if CACHE_RENAMED else "past_key_values"
+        assert getattr(new, field) is new_cache and getattr(old, field) is old_cache
+        assert new_cache.get_seq_length() == 6
+    inputs = {"input_ids": torch.tensor([[5, 6]])}
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = torch.tensor([[5]])
+    with pytest.raises(ValueError, match="not both"):
+        model(**inputs, cache=DynamicCache(), past_key_values=DynamicCache())
 
 
 def test_decoder_classifier_reads_the_last_real_token_of_left_and_right_padded_rows():
