@@ -40,10 +40,12 @@ def installed(tmp_path_factory) -> tuple[Path, dict]:
     # The test environment's packages (torch, transformers, ...) after the wheel's own: the editable install of
     # this checkout there is a finder that a plain path entry does not load, so the package comes from the wheel.
     (site / "test_environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    run([sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--no-deps", "--no-index", "-q",
-         wheel], cwd=work)
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+    # Without a PYTHONPATH too: one naming a checkout shows pip its egg-info, the same version, and pip skips the
+    # wheel ("already installed"), so the package would not be in the fresh environment.
+    run([sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--no-deps", "--no-index", "-q",
+         wheel], cwd=work, env=env)
     return bin_dir, env
 
 
