@@ -5,7 +5,9 @@ products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN 
 AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products
 on one thread where oneDNN used both (`docs/performance.md`). So `fp32_kernel` times both on a small layer at the
 first fp32 product of the process, separately for few rows (decoding steps) and many rows (prefill, training), and
-keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto).
+keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto). Where decoding
+takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about 15 us a call before
+reading the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice; anything traced by
 `torch.compile` (inductor picks its own kernels) is plain `F.linear`. oneDNN's results are the same products in fp32
 (IEEE, no reduced-precision accumulation), summed in a different order: they agree with `F.linear` to fp32
@@ -97,16 +99,54 @@ ONEDNN_MARGIN = 0.9  # oneDNN must be 10% faster: on a tie, or within noise, the
 def fp32_kernel(many_rows: bool, /) -> str:  # positional: the cache keys on how it is called
     """"onednn" or "native": the kernel for fp32 CPU products of more than FEW_ROWS rows (prefill, training) or
     fewer (decoding). HF_SCRATCH_CPU_KERNELS=native|onednn forces one; auto (the default) times both once per
-    process, at the first product of each kind. `fp32_kernel.cache_clear()` makes the choice again."""
-    choice = os.environ.get(KERNELS_VARIABLE, "").strip().lower() or "auto"
-    if choice not in KERNELS:
-        raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNELS)}; got {choice!r}.")
+    process, at the first product of each kind. `clear_kernel_choices()` makes the choice again."""
+    choice = kernel_setting()
     if not ONEDNN_AVAILABLE:
         return "native"
     if choice != "auto":
         return choice
     native, onednn = time_kernels(many_rows)
     return "onednn" if onednn < ONEDNN_MARGIN * native else "native"
+
+
+def kernel_setting() -> str:
+    choice = os.environ.get(KERNELS_VARIABLE, "").strip().lower() or "auto"
+    if choice not in KERNELS:
+        raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNELS)}; got {choice!r}.")
+    return choice
+
+
+# oneDNN computes a one-row product in about 15 us more than the BLAS before reading the weight (AVX-512 AMD EPYC:
+# 17 against 4 us for a 64 x 192 weight), and at most about twice the BLAS's rate once it reads: so where the BLAS
+# computes a one-row product in under half of oneDNN's time with the weight in cache, oneDNN's fixed cost is most of
+# it and a weight read from memory would not win it back. Such weights (a small model's: 0.83x the native decoding
+# at 64 wide, 1.2x with these on the BLAS) decode on the BLAS; weights of more than MAX_TIMED_WEIGHT elements take
+# a product long enough (over 80 us from cache) that the fixed cost cannot weigh that much, and are not timed.
+FIXED_COST_RATIO = 0.5
+MAX_TIMED_WEIGHT = 1 << 20
+ONE_ROW_KERNELS: dict[tuple[int, int], str] = {}  # weight shape (out, in) -> the kernel of its one-row products
+
+
+def one_row_kernel(out_features: int, in_features: int) -> str:
+    """The kernel for fp32 products of few rows with a weight of this shape, where the process decodes with oneDNN
+    (`fp32_kernel(False)`): "native" if, timed at its first product, the BLAS takes under FIXED_COST_RATIO of
+    oneDNN's time, else "onednn". Forced kernels (HF_SCRATCH_CPU_KERNELS) are not timed; the choice is kept per
+    shape for the process (`ONE_ROW_KERNELS`)."""
+    shape = (out_features, in_features)
+    choice = ONE_ROW_KERNELS.get(shape)
+    if choice is None:
+        choice = fp32_kernel(False)
+        if choice == "onednn" and kernel_setting() == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
+            native, onednn = time_kernels(False, shape=shape)
+            choice = "native" if native < FIXED_COST_RATIO * onednn else "onednn"
+        ONE_ROW_KERNELS[shape] = choice
+    return choice
+
+
+def clear_kernel_choices() -> None:
+    """Forget the process's choices: the next products choose again (after HF_SCRATCH_CPU_KERNELS changed)."""
+    fp32_kernel.cache_clear()
+    ONE_ROW_KERNELS.clear()
 
 
 @contextlib.contextmanager
@@ -122,11 +162,11 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def time_kernels(many_rows: bool, repeats: int = 3) -> tuple[float, float]:
-    """Best seconds (native, oneDNN) of a 384 -> 1536 layer, the two kernels interleaved after a warm-up round:
-    forward and both gradients over 64 rows on one core (many_rows), or 5 one-row forwards on the process's
-    threads. 10-30 ms. A generator of its own leaves the global random state alone (seeded runs stay reproducible),
-    whatever the caller's modes."""
+def time_kernels(many_rows: bool, repeats: int = 3, shape: tuple[int, int] = (1536, 384)) -> tuple[float, float]:
+    """Best seconds (native, oneDNN) of a layer with a weight of this shape (out, in), the two kernels interleaved
+    after a warm-up round: forward and both gradients over 64 rows on one core (many_rows), or 5 one-row forwards on
+    the process's threads. 10-30 ms at the default 384 -> 1536. A generator of its own leaves the global random
+    state alone (seeded runs stay reproducible), whatever the caller's modes."""
     generator = torch.Generator().manual_seed(0)
     rows = 64 if many_rows else 1
     best = {"native": math.inf, "onednn": math.inf}
@@ -136,9 +176,10 @@ def time_kernels(many_rows: bool, repeats: int = 3) -> tuple[float, float]:
     # with the threads they run on; the best of the rounds, so that a busy moment is not what decides.
     threads = one_thread() if many_rows else contextlib.nullcontext()
     with threads, torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-        inputs = torch.randn(rows, 384, generator=generator, device="cpu", requires_grad=many_rows)
-        weight = torch.randn(1536, 384, generator=generator, device="cpu", requires_grad=many_rows)
-        grad_output = torch.randn(rows, 1536, generator=generator, device="cpu")
+        out_features, in_features = shape
+        inputs = torch.randn(rows, in_features, generator=generator, device="cpu", requires_grad=many_rows)
+        weight = torch.randn(out_features, in_features, generator=generator, device="cpu", requires_grad=many_rows)
+        grad_output = torch.randn(rows, out_features, generator=generator, device="cpu")
         products = {"native": F.linear, "onednn": _OneDNNLinearFunction.apply if many_rows else onednn_linear}
         for repeat in range(repeats + 1):
             for kernel in sorted(best, reverse=repeat % 2 == 1):
@@ -168,7 +209,8 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
         return False  # under torch.func, also: timing the kernels there would fail (vmap forbids random draws)
     # The process's choice for this regime (timed once, at its first product). Where the BLAS wins, the usual case
     # (docs/performance.md), every product ends here: the checks below cost about 1.3 us a call, 0.1 ms a forward.
-    if fp32_kernel(inputs.numel() > FEW_ROWS * inputs.shape[-1]) != "onednn":
+    many_rows = inputs.numel() > FEW_ROWS * inputs.shape[-1]
+    if fp32_kernel(many_rows) != "onednn":
         return False
     return (
         (bias is None or type(bias) in PLAIN_TYPES)
@@ -176,6 +218,7 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
+        and (many_rows or one_row_kernel(*weight.shape) == "onednn")
     )
 
 

@@ -35,15 +35,16 @@ def _seed():
 
 @pytest.fixture
 def force_choice(monkeypatch):
-    """`force_choice(variable, decide, choice)` sets a kernel-choice variable for this test and makes `decide`, the
-    process's cached choice (`scratch_linear.fp32_kernel`, ...), choose afresh; afresh again after the test."""
-    decided = []
+    """`force_choice(variable, clear, choice)` sets a kernel-choice variable for this test and calls `clear`, which
+    forgets the process's cached choices (`scratch_linear.clear_kernel_choices`, ...), so they are made afresh;
+    cleared again after the test."""
+    cleared = []
 
-    def force(variable: str, decide, choice: str) -> None:
+    def force(variable: str, clear, choice: str) -> None:
         monkeypatch.setenv(variable, choice)
-        decide.cache_clear()
-        decided.append(decide)
+        clear()
+        cleared.append(clear)
 
     yield force
-    for decide in decided:
-        decide.cache_clear()
+    for clear in cleared:
+        clear()

@@ -16,7 +16,8 @@ from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS, bf16
 @pytest.fixture
 def attention(force_choice):
     """`attention(choice)` sets HF_SCRATCH_CPU_ATTENTION for this test; the choice is made afresh on both sides."""
-    return lambda choice: force_choice(scratch_attention_kernel.ATTENTION_VARIABLE, bf16_training_kernel, choice)
+    clear = bf16_training_kernel.cache_clear
+    return lambda choice: force_choice(scratch_attention_kernel.ATTENTION_VARIABLE, clear, choice)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ MANY_ROWS = 2 * scratch_linear.FEW_ROWS
 @pytest.fixture
 def kernels(force_choice):
     """`kernels(choice)` sets HF_SCRATCH_CPU_KERNELS for this test; the choice is made afresh on both sides of it."""
-    return lambda choice: force_choice(scratch_linear.KERNELS_VARIABLE, fp32_kernel, choice)
+    return lambda choice: force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, choice)
 
 
 @pytest.fixture
@@ -209,11 +209,35 @@ def test_decoding_products_are_timed_on_the_process_threads(monkeypatch, many_ro
     assert seen and set(seen) == {1 if many_rows else 2}
 
 
+def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels, onednn_calls, monkeypatch):
+    """auto, oneDNN chosen for decoding steps: each weight shape up to MAX_TIMED_WEIGHT elements is timed once, at its
+    first product of few rows; where the BLAS takes under FIXED_COST_RATIO of oneDNN's time (oneDNN's fixed cost per
+    call), that shape's few-row products take F.linear; larger weights are not timed; many rows are not concerned."""
+    timed = []
+
+    def timing(many_rows, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster, but for the 4 x 8 weight
+        timed.append((many_rows, shape))
+        return (1.0, 1 / scratch_linear.FIXED_COST_RATIO + 0.1) if shape == (4, 8) else (1.0, 0.5)
+
+    monkeypatch.setattr(scratch_linear, "time_kernels", timing)
+    monkeypatch.setattr(scratch_linear, "MAX_TIMED_WEIGHT", 100)
+    kernels("auto")
+    small, middle, large = ScratchLinear(8, 4), ScratchLinear(8, 8), ScratchLinear(8, 16)  # 32, 64, 128 elements
+    with torch.no_grad():
+        for rows in (1, 2, MANY_ROWS, 1):
+            for layer in (small, middle, large):
+                inputs = torch.ones(rows, 8)
+                torch.testing.assert_close(layer(inputs), F.linear(inputs, *layer.parameters()))
+    assert timed == [(False, (1536, 384)), (False, (4, 8)), (False, (8, 8)), (True, (1536, 384))]
+    assert scratch_linear.ONE_ROW_KERNELS == {(4, 8): "native", (8, 8): "onednn", (16, 8): "onednn"}
+    assert [shape[0] for shape in onednn_calls] == [1, 1, 2, 2, *[MANY_ROWS] * 3, 1, 1]
+
+
 def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkeypatch):
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda many_rows: pytest.fail("timed a forced choice"))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda *args, **kwargs: pytest.fail("timed a forced choice"))
     for choice in ("native", "onednn"):
         kernels(choice)
-        assert fp32_kernel(True) == fp32_kernel(False) == choice
+        assert fp32_kernel(True) == fp32_kernel(False) == scratch_linear.one_row_kernel(4, 8) == choice
     kernels("fastest")
     with pytest.raises(ValueError, match="HF_SCRATCH_CPU_KERNELS must be one of auto, native, onednn"):
         ScratchLinear(8, 4)(torch.randn(2, 8))
@@ -225,7 +249,9 @@ def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernel
     state = torch.get_rng_state()
     with torch.inference_mode():  # the many-rows timing runs a backward: it needs autograd back
         output = layer(torch.ones(MANY_ROWS, 8))
+        one_row = layer(torch.ones(1, 8))  # where decoding takes oneDNN, this weight's shape is timed too
     assert output.shape == (MANY_ROWS, 4)
+    torch.testing.assert_close(one_row, output[:1])
     assert torch.equal(torch.get_rng_state(), state)
     assert {fp32_kernel(False), fp32_kernel(True)} <= {"native", "onednn"}
 

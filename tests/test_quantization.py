@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, TorchAoConfig
 
 from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
 from hf_scratch_transformer.conversion import from_hf, to_hf
-from hf_scratch_transformer.scratch_linear import PLAIN_TYPES, ScratchLinear, fp32_kernel, is_torchao_weight
+from hf_scratch_transformer.scratch_linear import PLAIN_TYPES, ScratchLinear, clear_kernel_choices, is_torchao_weight
 
 VOCAB = 99
 CLASSES = {"ours": ScratchDecoderForCausalLM, "native": LlamaForCausalLM}
@@ -27,7 +27,7 @@ QUANTIZATION_TOLERANCE = 0.03
 def onednn_calls(monkeypatch):
     """The weight shape of every oneDNN product, with oneDNN forced (as tests/conftest.py does for the suite)."""
     monkeypatch.setenv(scratch_linear.KERNELS_VARIABLE, "onednn")
-    fp32_kernel.cache_clear()
+    clear_kernel_choices()
     calls, product = [], scratch_linear.onednn_linear
 
     def counting(*args):
@@ -36,7 +36,7 @@ def onednn_calls(monkeypatch):
 
     monkeypatch.setattr(scratch_linear, "onednn_linear", counting)
     yield calls
-    fp32_kernel.cache_clear()
+    clear_kernel_choices()
 
 
 # ----------------------------------------------------------------------------------------------- the layer alone

@@ -41,7 +41,8 @@ a ratio whose range straddles 1 is not a measured difference.
   the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
 - the header names the CPU capability, whether bf16 is native (bf16 products at least half as fast as fp32, the
   test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps
-  and for prefill and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS).
+  and for prefill and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS), and the weights whose one-row
+  products went to the BLAS although decoding took oneDNN (`scratch_linear.one_row_kernel`: small ones).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -85,7 +86,7 @@ from transformers import (
 from hf_scratch_transformer import training
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
-from hf_scratch_transformer.scratch_linear import KERNELS_VARIABLE, fp32_kernel, onednn_linear
+from hf_scratch_transformer.scratch_linear import KERNELS_VARIABLE, ONE_ROW_KERNELS, fp32_kernel, onednn_linear
 
 FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
 SIDES = ("native", "ours")
@@ -490,8 +491,11 @@ def markdown(report: dict) -> str:
         kernels = (f"GPU {m['gpu']}, CUDA {m['cuda']}: both sides run PyTorch's CUDA kernels (cuBLAS products, fp32 "
                    f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
     else:
+        blas_shapes = ", ".join(k.get("fp32 one-row products on the BLAS", []))
+        decoding = k["fp32 decoding"] + (f" (the BLAS for the small weights {blas_shapes}: oneDNN's fixed cost a "
+                                         f"call dominates their products)" if blas_shapes else "")
         kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernel chosen ({k['setting']}): decoding "
-                   f"steps {k['fp32 decoding']}, prefill and training {k['fp32 prefill and training']}; CPU "
+                   f"steps {decoding}, prefill and training {k['fp32 prefill and training']}; CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel).")
     lines = [
@@ -535,6 +539,10 @@ def main() -> None:
     for family in FAMILIES if args.family == "all" else (args.family,):
         rows, report["details"][family] = bench_family(family, peaks)
         report["results"] += rows
+    if DEVICE.type == "cpu":  # the weight shapes timed at their first decoding step (scratch_linear.one_row_kernel)
+        report["kernels"]["fp32 one-row products on the BLAS"] = [
+            f"{out_features}x{in_features}" for (out_features, in_features), kernel in ONE_ROW_KERNELS.items()
+            if kernel == "native" and fp32_kernel(False) == "onednn"]
     text = markdown(report)
     print(text)
     if args.write:  # one file per machine class: a run on one class never replaces another's figures
