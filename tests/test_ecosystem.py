@@ -1,6 +1,9 @@
-"""Libraries built on transformers, used on our families as on the native models: PEFT (LoRA, prefix tuning) and
-TRL (supervised fine-tuning; the dropout switch of its preference trainers). Where a native model has the same
-computation, the same weights with the same adapter give the same outputs and gradients as there."""
+"""Libraries built on transformers, used on our families as on the native models: PEFT (LoRA, prefix tuning), TRL
+(supervised fine-tuning; the dropout switch of its preference trainers) and lm-evaluation-harness. Where a native
+model has the same computation, the same weights with the same adapter give the same outputs and gradients as
+there."""
+
+import json
 
 import pytest
 import torch
@@ -170,3 +173,69 @@ def test_trls_dropout_switch_turns_ours_off(family):
         assert not torch.equal(model(**inputs).logits, expected), "dropout is on in training mode"
         disable_dropout_in_model(model)
         assert torch.equal(model(**inputs).logits, expected)
+
+
+# lm-evaluation-harness tasks on a local file (no Hub): one of each kind of request the harness makes of a model.
+LM_EVAL_DOCS = [{"context": f"The {animal} walks to the", "choices": [" house", " street", " dog"], "label": index % 3,
+                 "text": f"The {animal} sees a red house in the street."}
+                for index, animal in enumerate(["man", "woman", "dog", "horse"])]
+LM_EVAL_TASKS = {  # task: its request type (loglikelihood, loglikelihood_rolling, generate_until) and metric
+    "scratch_choice": "output_type: multiple_choice\ndoc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\n"
+                      "doc_to_target: '{{label}}'\n"
+                      "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n",
+    "scratch_perplexity": "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+                          "metric_list:\n  - {metric: word_perplexity, aggregation: weighted_perplexity,"
+                          " higher_is_better: false}\n",
+    "scratch_generate": "output_type: generate_until\ndoc_to_text: '{{context}}'\ndoc_to_target: ' house'\n"
+                        "generation_kwargs:\n  until: ['.']\n  max_gen_toks: 6\n  do_sample: false\n"
+                        "metric_list:\n  - {metric: exact_match, aggregation: mean, higher_is_better: true}\n",
+}
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_lm_eval_scores_a_saved_folder_as_it_scores_the_native_model(family, tmp_path):
+    """`lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True` (and `backend=seq2seq` for the
+    encoder-decoder: the harness picks its path from the native model tables, which do not list ours), on tasks
+    asking for choices' log-likelihoods, a rolling perplexity and greedy generations: GPT-2's and Marian's scores,
+    sample by sample, from the same weights."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps(doc) for doc in LM_EVAL_DOCS))
+    for task, body in LM_EVAL_TASKS.items():
+        (tmp_path / f"{task}.yaml").write_text(
+            f"task: {task}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}"
+            f"\ntest_split: test\n{body}")
+    tokenizer = byte_level_bpe(family=family)
+    special = {} if family == "decoder" else dict(pad_token_id=tokenizer.pad_token_id,
+                                                  eos_token_id=tokenizer.eos_token_id,
+                                                  decoder_start_token_id=tokenizer.pad_token_id)
+    native = (gpt2 if family == "decoder" else marian)(vocab_size=len(tokenizer), **special)
+    tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)  # the harness's own 10,000s: 12 s
+    samples, scores = {}, {}
+    for name, model in (("native", native), ("ours", from_hf(native))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        backend = "causal" if family == "decoder" else "seq2seq"
+        harness = HFLM(pretrained=str(tmp_path / name), trust_remote_code=True, backend=backend, device="cpu",
+                       batch_size=2)
+        assert type(harness.model).__name__.startswith("Scratch" if name == "ours" else ("GPT2", "Marian"))
+        output = lm_eval.simple_evaluate(model=harness, tasks=list(LM_EVAL_TASKS), log_samples=True,
+                                         task_manager=tasks)
+        samples[name] = {task: [sample["resps"] for sample in output["samples"][task]] for task in LM_EVAL_TASKS}
+        scores[name] = {task: {metric: value for metric, value in result.items()  # "acc,none": 0.25, ...
+                               if "," in metric and "stderr" not in metric}
+                        for task, result in output["results"].items()}
+    assert set(scores["ours"]) == set(LM_EVAL_TASKS)
+    assert samples["ours"]["scratch_generate"] == samples["native"]["scratch_generate"]
+    for task in ("scratch_choice", "scratch_perplexity"):  # each choice's and text's log-likelihood
+        torch.testing.assert_close(_floats(samples["ours"][task]), _floats(samples["native"][task]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(scores["ours"], scores["native"], rtol=1e-4, atol=0)
+
+
+def _floats(responses) -> torch.Tensor:
+    """The numbers of the harness's nested responses ([(log-likelihood, is greedy)] per choice, ...), flat."""
+    if isinstance(responses, (list, tuple)):
+        return torch.cat([_floats(item) for item in responses]) if responses else torch.empty(0)
+    return torch.tensor([float(responses)], dtype=torch.float64)
