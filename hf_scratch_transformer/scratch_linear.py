@@ -110,6 +110,7 @@ def fp32_kernel(many_rows: bool, /) -> str:  # positional: the cache keys on how
 
 
 def kernel_setting() -> str:
+    """HF_SCRATCH_CPU_KERNELS: "auto" (unset), "native" or "onednn"; anything else is an error naming it."""
     choice = os.environ.get(KERNELS_VARIABLE, "").strip().lower() or "auto"
     if choice not in KERNELS:
         raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNELS)}; got {choice!r}.")
@@ -120,7 +121,7 @@ def kernel_setting() -> str:
 # 17 against 4 us for a 64 x 192 weight), and at most about twice the BLAS's rate once it reads: so where the BLAS
 # computes a one-row product in under half of oneDNN's time with the weight in cache, oneDNN's fixed cost is most of
 # it and a weight read from memory would not win it back. Such weights (a small model's: 0.83x the native decoding
-# at 64 wide, 1.2x with these on the BLAS) decode on the BLAS; weights of more than MAX_TIMED_WEIGHT elements take
+# at 64 wide, 1.25x with these on the BLAS) decode on the BLAS; weights of more than MAX_TIMED_WEIGHT elements take
 # a product long enough (over 80 us from cache) that the fixed cost cannot weigh that much, and are not timed.
 FIXED_COST_RATIO = 0.5
 MAX_TIMED_WEIGHT = 1 << 20
