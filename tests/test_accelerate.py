@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import re
-import resource
 import shutil
 import socket
 import subprocess
@@ -21,6 +20,7 @@ import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
 from accelerate.utils.dataclasses import get_module_class_from_name
+from forked_python import run_python
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
 from tiny_tokenizers import write_run_corpus
@@ -47,13 +47,15 @@ STOP = 4
 
 def run(*arguments, cwd: Path, launcher: list[str] | None = None, env: dict | None = None,
         expect_failure: bool = False, limit_file_size: int | None = None) -> str:
-    """`limit_file_size` (bytes): a write past it fails as on a full disk (RLIMIT_FSIZE; Python ignores SIGXFSZ)."""
+    """`limit_file_size` (bytes): a write past it fails as on a full disk (see forked_python)."""
     environment = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
     command = (launcher or [sys.executable]) + [str(argument) for argument in arguments]
-    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, resource.RLIM_INFINITY))) \
-        if limit_file_size else None
-    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600,
-                            check=False, preexec_fn=limit)
+    if launcher:  # it starts the processes of the run as fresh interpreters
+        assert not limit_file_size
+        result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600,
+                                check=False)
+    else:
+        result = run_python(command, cwd=cwd, env=environment, timeout=600, limit_file_size=limit_file_size)
     output = result.stdout + result.stderr
     if expect_failure:
         assert result.returncode != 0, output[-3000:]
@@ -517,8 +519,7 @@ def files(folder: Path) -> dict[str, bytes]:
 def refused(*arguments, cwd: Path) -> str:
     """The output of a command that must stop as the project's refusals do: exit status 2, no traceback."""
     environment = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run([sys.executable, *map(str, arguments)], cwd=cwd, env=environment, capture_output=True,
-                            text=True, timeout=600, check=False)
+    result = run_python([sys.executable, *map(str, arguments)], cwd=cwd, env=environment, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
     return output

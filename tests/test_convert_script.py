@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked_python import run_python
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
@@ -41,14 +42,14 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "convert_hf_checkp
 def run_script(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, str(SCRIPT), *map(str, args)]
-    return subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=300)
+    return run_python(command, cwd=Path.cwd(), env=env, timeout=300)
 
 
 def run_command(*args) -> subprocess.CompletedProcess:
     """`hf-scratch convert ...`, through the same dispatcher as the installed command."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "hf_scratch_transformer.cli", "convert", *map(str, args)]
-    return subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=300)
+    return run_python(command, cwd=Path.cwd(), env=env, timeout=300)
 
 
 def convert_here(monkeypatch, *args) -> None:

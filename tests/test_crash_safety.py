@@ -5,7 +5,6 @@ save; corrupt or unloadable state is an error naming the file; an earlier run is
 
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked_python import run_python
 from safetensors.torch import load_file
 from tiny_models import tiny_lm
 from tiny_tokenizers import wordpiece, write_run_corpus
@@ -50,12 +50,9 @@ def command(entry: str, workspace: Path, output: Path, *extra, kill: tuple[str, 
 
 def run(arguments: list[str], cwd: Path, returncode: int = 0, env: dict | None = None,
         limit_file_size: int | None = None) -> str:
-    """`limit_file_size` (bytes): a write past it fails as on a full disk (RLIMIT_FSIZE; Python ignores SIGXFSZ)."""
+    """`limit_file_size` (bytes): a write past it fails as on a full disk (see forked_python)."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
-    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, resource.RLIM_INFINITY))) \
-        if limit_file_size else None
-    result = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
-                            preexec_fn=limit)
+    result = run_python(arguments, cwd=cwd, env=env, timeout=300, limit_file_size=limit_file_size)
     output = result.stdout + result.stderr
     assert result.returncode == returncode, output[-4000:]
     return output

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked_python import run_python
 from huggingface_hub import ModelCard, metadata_load
 from matplotlib.figure import Figure
 from tiny_models import LM_CLASSES, lm_inputs, tiny_config, tiny_lm
@@ -166,10 +167,9 @@ def test_upload_plan_refuses_weights_in_both_layouts(tmp_path):
 def test_publish_dry_run_cli_lists_the_plan_offline(folders):
     folder = folders["seq2seq"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    completed = subprocess.run(
+    completed = run_python(
         [sys.executable, str(ROOT / "scripts" / "publish.py"), str(folder), "--repo-id", "someone/tiny", "--dry-run"],
-        check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )
+        env=env, cwd=ROOT, timeout=300)
     assert completed.returncode == 0, completed.stderr
     for path, size in hub.upload_plan(folder):
         assert f"{size:>12,}  {path}" in completed.stdout
@@ -189,10 +189,9 @@ def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):
     """The Hub out of reach (here offline mode; elsewhere no token, no access): an error line, not huggingface_hub's
     traceback."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    completed = subprocess.run(
+    completed = run_python(
         [sys.executable, str(ROOT / "scripts" / "publish.py"), str(folders["decoder"]), "--repo-id", "someone/tiny"],
-        check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )
+        env=env, cwd=ROOT, timeout=300)
     assert completed.returncode == 1
     assert "error: could not publish" in completed.stderr and "offline mode is enabled" in completed.stderr
     assert "Traceback" not in completed.stderr

@@ -4,7 +4,6 @@ the three tasks, resuming, and fine-tuning (`scripts/finetune.py`) of ours and o
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import torch
 import transformers
 from datasets import ClassLabel, Dataset, Features, Value
+from forked_python import run_python
 from huggingface_hub import ModelCard
 from tiny_models import tiny_config, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece, write_run_corpus
@@ -39,8 +39,8 @@ TINY_RUN = ["--max-length", "32", "--batch-size", "4", "--vocab-size", "300", "-
 def run_script(name: str, *arguments, cwd: Path, returncode: int = 0) -> str:
     """Runs scripts/NAME, expecting `returncode`; returns its output (stdout, then stderr)."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *map(str, arguments)], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
+    result = run_python([sys.executable, str(ROOT / "scripts" / name), *map(str, arguments)], cwd=cwd, env=env,
+                        timeout=600)
     assert result.returncode == returncode, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 

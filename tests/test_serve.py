@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import torch
+from forked_python import run_python
 from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -182,8 +183,7 @@ def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):
     ScratchSeq2SeqForConditionalGeneration(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(_serve_command(tmp_path, _free_port()), check=False, env=env, capture_output=True,
-                            text=True, timeout=START_TIMEOUT)
+    result = run_python(_serve_command(tmp_path, _free_port()), cwd=tmp_path, env=env, timeout=START_TIMEOUT)
     assert result.returncode != 0
     assert "ScratchSeq2SeqForConditionalGeneration" in result.stderr and "causal" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -222,8 +222,7 @@ def test_a_model_that_is_neither_a_folder_nor_a_hub_id_is_refused_at_start(tmp_p
         (tmp_path / "run@2" / name).write_text("{}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "200"}
     command = _serve_command(given, _free_port())
-    result = subprocess.run(command, check=False, env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=START_TIMEOUT)
+    result = run_python(command, cwd=tmp_path, env=env, timeout=START_TIMEOUT)
     assert result.returncode == 2, result.stderr
     assert reason in result.stderr and "Traceback" not in result.stderr, result.stderr
 
