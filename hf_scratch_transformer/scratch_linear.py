@@ -8,10 +8,13 @@ first fp32 product of the process, separately for few rows (decoding steps) and 
 keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto). Where decoding
 takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about 15 us a call before
 reading the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
-bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice; anything traced by
-`torch.compile` (inductor picks its own kernels) is plain `F.linear`. oneDNN's results are the same products in fp32
-(IEEE, no reduced-precision accumulation), summed in a different order: they agree with `F.linear` to fp32
-rounding, not bit for bit.
+bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
+a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product of one row (batch-1
+decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product (`row_dot`), inductor
+turns it into a loop that reads the weight once at nearly the memory's rate, where it would call the BLAS's
+matrix-vector product, which reads it at a third of that (docs/performance.md). oneDNN's results are the same
+products in fp32 (IEEE, no reduced-precision accumulation), summed in a different order: they agree with `F.linear`
+to fp32 rounding, not bit for bit.
 """
 
 import contextlib
@@ -223,6 +226,24 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
     )
 
 
+def row_dot(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear of one row, as a sum of products: inputs (..., in) holding one row x weight (out, in) -> (..., out)."""
+    product = (weight * inputs.reshape(1, -1)).sum(-1)  # (out, in) * (1, in) -> (out,)
+    return (product if bias is None else product + bias).reshape(*inputs.shape[:-1], -1)
+
+
+def _compiled_as_row_dot(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `torch.compile` is tracing an fp32 CPU product of one row (see the module's docstring)."""
+    return (
+        torch.compiler.is_compiling()
+        and inputs.numel() == inputs.shape[-1]
+        and inputs.dtype == weight.dtype == torch.float32
+        and inputs.is_cpu
+        and type(weight) in PLAIN_TYPES
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
 def is_torchao_weight(weight: torch.Tensor) -> bool:
     """Whether torchao quantized this weight (any of its tensor subclasses). torchao is imported by whoever
     quantized the weight; this module never imports it."""
@@ -241,6 +262,8 @@ class ScratchLinear(nn.Linear):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias  # each read is a module attribute lookup
         if not _takes_onednn_path(inputs, weight, bias):
+            if _compiled_as_row_dot(inputs, weight):
+                return row_dot(inputs, weight, bias)
             if self.quantized_in_parts and type(weight) not in PLAIN_TYPES and is_torchao_weight(weight):
                 return torch.cat([F.linear(inputs, *part) for part in self._torchao_parts(weight)], dim=-1)
             return F.linear(inputs, weight, bias)

@@ -97,6 +97,13 @@ def run_benchmark(*options: str, cwd: Path = ROOT, timeout: int = 300) -> subpro
                           check=False)
 
 
+@pytest.mark.slow
+def test_compiled_adds_a_row_of_batch_1_decoding_compiled_over_a_static_cache():
+    result = run_benchmark("--quick", "--family", "gpt2", "--compiled")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert table_rows(result.stdout)["gpt2"] == EXPECTED["gpt2"] | {"decode batch 1 compiled"}
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quick_benchmark_on_the_gpu_prints_a_complete_table():

@@ -3,8 +3,11 @@ Compilation takes tens of seconds on CPU, so these are marked slow; CI runs them
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny_models import FAMILIES, lm_inputs, tiny_lm
 from transformers import CompileConfig
+
+from hf_scratch_transformer.scratch_linear import ScratchLinear
 
 pytestmark = pytest.mark.slow
 
@@ -52,10 +55,11 @@ def test_compiled_checkpointed_training_step_of_a_bidirectional_stack(family):
     _assert_compiled_step_matches_eager(eager_model, compiled_model, inputs)
 
 
+@pytest.mark.parametrize("batch", [1, 2], ids=["batch-1", "batch-2"])  # batch 1: products of one row (row_dot)
 @pytest.mark.parametrize("family", ["decoder", "seq2seq"])
-def test_compiled_static_cache_decoding_gives_the_same_tokens(family):
+def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch):
     model = tiny_lm(family, position_embedding_type="rope")
-    ids = torch.randint(3, 99, (2, 5), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 99, (batch, 5), generator=torch.Generator().manual_seed(0))
     reference = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
     compile_config = CompileConfig(fullgraph=True, mode="default")
     compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
@@ -63,3 +67,29 @@ def test_compiled_static_cache_decoding_gives_the_same_tokens(family):
                               compile_config=compile_config)
     assert hasattr(model, "_compiled_call"), "generate() did not compile the forward"
     assert torch.equal(compiled, reference)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bias):
+    """Traced by torch.compile, a one-row fp32 CPU product is written as a sum of products, which inductor turns into
+    a loop reading the weight once (docs/performance.md); more rows stay `F.linear`. Values and gradients equal the
+    eager layer's."""
+    layer = ScratchLinear(48, 40, bias=bias)
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module.code)
+        return graph_module.forward
+
+    for shape in [(1, 48), (1, 1, 48), (3, 48)]:
+        inputs = torch.randn(shape, requires_grad=True)
+        compiled = torch.compile(layer, backend=capture, fullgraph=True)(inputs)
+        eager = F.linear(inputs, layer.weight, layer.bias)
+        torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+        grads = torch.autograd.grad(compiled.sum(), (inputs, layer.weight))
+        expected = torch.autograd.grad(eager.sum(), (inputs, layer.weight))
+        for grad, reference in zip(grads, expected, strict=True):
+            torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
+        one_row = shape[-2] == 1
+        assert ("linear" not in graphs[-1] and ".sum(" in graphs[-1]) == one_row, graphs[-1]
+        assert ("linear" in graphs[-1]) != one_row, graphs[-1]

@@ -3,6 +3,7 @@
     hf-scratch benchmark --quick                        # smoke test, tiny sizes, prints the table
     hf-scratch benchmark --family gpt2 --repeats 3      # one family at the default size
     hf-scratch benchmark --family all --write           # the real run: docs/benchmarks/<machine class>.md + .json
+    hf-scratch benchmark --family gpt2 --compiled       # also batch-1 decoding compiled over a static cache
     hf-scratch benchmark --device cuda --write          # both sides on the GPU: docs/benchmarks/<GPU>.md + .json
 
 The native model (GPT2LMHeadModel, BertForMaskedLM, MarianMTModel; LlamaForCausalLM for the int8 rows) is built at
@@ -21,6 +22,9 @@ a ratio whose range straddles 1 is not a measured difference.
   the native one), at batch 1 and 8 from a --prompt-long random prompt, greedy, max_new_tokens=min_new_tokens=
   --new-tokens so both sides decode the same count; rate = batch x new tokens / wall time of the whole call
   (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
+- --compiled (GPT-2, Marian): also batch-1 decoding as transformers compiles it, `generate(...,
+  cache_implementation="static", compile_config=CompileConfig(mode="default"))` allowed on the CPU, both sides;
+  compilation (a C++ compiler, tens of seconds a side) happens in the warm-up, before the timed calls.
 - int8 decode (family llama): batch-1 decode tokens/s as above, in fp32 and after each side is saved and loaded
   back with `from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` (torchao; the LM
   head stays fp32, TorchAoConfig's default). Where torchao is not importable, too old or fails to quantize, the run
@@ -74,6 +78,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import (
     BertConfig,
     BertForMaskedLM,
+    CompileConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -108,6 +113,8 @@ parser.add_argument("--write", action="store_true",
 for name, value in SIZES["full"].items():
     parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"default {value}")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--compiled", action="store_true",
+                    help="also batch-1 generate() compiled over a static cache, both sides (inductor: a C++ compiler)")
 parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where both sides run (default cpu); cuda: the GPU, timings synchronized")
 parser.add_argument("--memory-worker", nargs=2, metavar=("FAMILY", "SIDE"), help=argparse.SUPPRESS)
@@ -214,8 +221,16 @@ def train_steps(model, inputs: dict, bf16: bool, steps: int = 2) -> None:
         train_step(model, optimizer, inputs, bf16)
 
 
-def generate(model, inputs: dict) -> torch.Tensor:
-    return model.generate(**inputs, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+def compiled_decoding() -> dict:
+    """`generate()` options of transformers' compiled decoding: a static cache, its forward compiled; CompileConfig
+    allows the CPU only when told."""
+    config = CompileConfig(mode="default")  # the default "reduce-overhead" means CUDA graphs
+    config._compile_all_devices = True
+    return dict(cache_implementation="static", compile_config=config)
+
+
+def generate(model, inputs: dict, options: dict | None = None) -> torch.Tensor:
+    return model.generate(**inputs, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **(options or {}))
 
 
 def forward_backward(model, inputs: dict) -> None:
@@ -368,13 +383,16 @@ def row(family, measurement, unit, better, native, ours, samples=None) -> dict:
                 ratio=ours / native if native else float("nan"), paired_ratios=paired, samples=samples)
 
 
-def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str = "") -> dict:
-    """`generate()` tokens/s of both sides at `batch`; whether they generate the same tokens goes into `extra`."""
+def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str = "", options: dict | None = None
+               ) -> dict:
+    """`generate(**options)` tokens/s of both sides at `batch`; whether they generate the same tokens goes into
+    `extra`."""
     prompt = make_inputs(family, batch, args.prompt, labels=False)
     prompt.pop("decoder_input_ids", None)
-    outputs = {side: generate(models[side], prompt) for side in SIDES}
+    outputs = {side: generate(models[side], prompt, options) for side in SIDES}
     extra[f"same_generate_output_batch{batch}{variant.replace(' ', '_')}"] = torch.equal(*outputs.values())
-    t = interleaved(lambda side: generate(models[side], prompt), args.warmup, DECODE_REPEAT_FACTOR * args.repeats)
+    t = interleaved(lambda side: generate(models[side], prompt, options), args.warmup,
+                    DECODE_REPEAT_FACTOR * args.repeats)
     tokens = batch * args.new_tokens
     return row(family, f"decode batch {batch}{variant}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"],
                t["samples"])
@@ -417,6 +435,8 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
     if family != "bert":
         extra["generation_config"] = models["ours"].generation_config.to_diff_dict()
         rows.extend(decode_row(family, models, batch, extra) for batch in (1, 8))
+        if args.compiled:
+            rows.append(decode_row(family, models, 1, extra, " compiled", compiled_decoding()))
 
     train = make_inputs(family, args.batch, args.seq, labels=True)
     for model in models.values():
