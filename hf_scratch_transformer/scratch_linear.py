@@ -28,6 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -233,10 +234,13 @@ def row_dot(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _compiled_as_row_dot(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `torch.compile` is tracing an fp32 CPU product of one row (see the module's docstring)."""
+    """Whether `torch.compile` is tracing an fp32 CPU product of one row (see the module's docstring). Not
+    `torch.export`: an exported graph keeps its linear layers for whatever runs it. One row known from the shapes
+    alone: a dynamic size gets no guard (a `mark_dynamic` dimension must not be specialized)."""
     return (
         torch.compiler.is_compiling()
-        and inputs.numel() == inputs.shape[-1]
+        and not torch.compiler.is_exporting()
+        and statically_known_true(inputs.numel() == inputs.shape[-1])
         and inputs.dtype == weight.dtype == torch.float32
         and inputs.is_cpu
         and type(weight) in PLAIN_TYPES

@@ -93,3 +93,21 @@ def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bia
         one_row = shape[-2] == 1
         assert ("linear" not in graphs[-1] and ".sum(" in graphs[-1]) == one_row, graphs[-1]
         assert ("linear" in graphs[-1]) != one_row, graphs[-1]
+
+
+def test_export_and_a_dynamic_row_count_keep_the_linear():
+    """`torch.export` keeps the linear layers for whatever runs its graph; a `mark_dynamic` row count is not
+    specialized to one row (that would be an error)."""
+    layer = ScratchLinear(16, 8)
+    one_row = torch.randn(1, 16)
+    assert "linear" in str(torch.export.export(layer, (one_row,)).graph)
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module.code)
+        return graph_module.forward
+
+    rows = torch.randn(3, 16)
+    torch._dynamo.mark_dynamic(rows, 0)
+    torch.testing.assert_close(torch.compile(layer, backend=capture)(rows), layer(rows))
+    assert "linear" in graphs[-1] and ".sum(" not in graphs[-1], graphs[-1]
