@@ -12,9 +12,9 @@ bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has t
 a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product of one row (batch-1
 decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product (`row_dot`), inductor
 turns it into a loop that reads the weight once at nearly the memory's rate, where it would call the BLAS's
-matrix-vector product, which reads it at a third of that (docs/performance.md). oneDNN's results are the same
-products in fp32 (IEEE, no reduced-precision accumulation), summed in a different order: they agree with `F.linear`
-to fp32 rounding, not bit for bit.
+matrix-vector product, which read it at a third of that on an AVX-512 AMD EPYC (docs/performance.md). oneDNN's
+results are the same products in fp32 (IEEE, no reduced-precision accumulation), summed in a different order: they
+agree with `F.linear` to fp32 rounding, not bit for bit.
 """
 
 import contextlib

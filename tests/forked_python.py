@@ -71,7 +71,7 @@ def run_python(command: list[str], *, cwd: Path, env: dict | None = None, timeou
     changed = {name for name in env.keys() | os.environ.keys() if env.get(name) != os.environ.get(name)}
     if not all(name.startswith(RUNTIME_VARIABLES) for name in changed):
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-                              preexec_fn=limit_file_size and (lambda: _limit_file_size(limit_file_size)))
+                              preexec_fn=(lambda: _limit_file_size(limit_file_size)) if limit_file_size else None)
     with tempfile.TemporaryDirectory(prefix="forked-python-") as captured:
         stdout, stderr = Path(captured, "stdout"), Path(captured, "stderr")
         stdout.touch()

@@ -24,7 +24,7 @@ a ratio whose range straddles 1 is not a measured difference.
   (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
 - --compiled (GPT-2, Marian): also batch-1 decoding as transformers compiles it, `generate(...,
   cache_implementation="static", compile_config=CompileConfig(mode="default"))` allowed on the CPU, both sides;
-  compilation (a C++ compiler, tens of seconds a side) happens in the warm-up, before the timed calls.
+  compilation (a C++ compiler, tens of seconds a side) happens in the first calls, before the timed ones.
 - int8 decode (family llama): batch-1 decode tokens/s as above, in fp32 and after each side is saved and loaded
   back with `from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` (torchao; the LM
   head stays fp32, TorchAoConfig's default). Where torchao is not importable, too old or fails to quantize, the run
