@@ -4,10 +4,10 @@ On CPU, PyTorch computes fp32 `F.linear` with its default BLAS (MKL in the x86 w
 products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN ran at twice MKL's rate, on an AVX2
 AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products
 on one thread where oneDNN used both (`docs/performance.md`). So `fp32_kernel` times both on a small layer at the
-first fp32 product of the process, separately for few rows (decoding steps) and many rows (prefill, training), and
-keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto). Where decoding
-takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about 15 us a call before
-reading the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
+first fp32 product of the process, separately for few rows (decoding steps, once per thread count) and many rows
+(prefill, training), and keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default:
+auto). Where decoding takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about
+15 us a call before reading the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
 a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product of one row (batch-1
 decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product (`row_dot`), inductor
@@ -99,11 +99,17 @@ FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into rea
 ONEDNN_MARGIN = 0.9  # oneDNN must be 10% faster: on a tie, or within noise, the native path
 
 
-@functools.cache
-def fp32_kernel(many_rows: bool, /) -> str:  # positional: the cache keys on how it is called
+def fp32_kernel(many_rows: bool, /) -> str:
     """"onednn" or "native": the kernel for fp32 CPU products of more than FEW_ROWS rows (prefill, training) or
     fewer (decoding). HF_SCRATCH_CPU_KERNELS=native|onednn forces one; auto (the default) times both once per
-    process, at the first product of each kind. `clear_kernel_choices()` makes the choice again."""
+    process, at the first product of each kind, and for decoding steps once per thread count they run on
+    (`torch.set_num_threads`): a one-row product's kernels compare differently on one thread and on several (see
+    `time_kernels`). `clear_kernel_choices()` makes the choices again."""
+    return _timed_kernel(many_rows, 1 if many_rows else torch.get_num_threads())
+
+
+@functools.cache
+def _timed_kernel(many_rows: bool, threads: int, /) -> str:  # positional: the cache keys on how it is called
     choice = kernel_setting()
     if not ONEDNN_AVAILABLE:
         return "native"
@@ -129,28 +135,29 @@ def kernel_setting() -> str:
 # a product long enough (over 80 us from cache) that the fixed cost cannot weigh that much, and are not timed.
 FIXED_COST_RATIO = 0.5
 MAX_TIMED_WEIGHT = 1 << 20
-ONE_ROW_KERNELS: dict[tuple[int, int], str] = {}  # weight shape (out, in) -> the kernel of its one-row products
+# (out, in, threads): a weight's shape and the thread count -> the kernel of its one-row products
+ONE_ROW_KERNELS: dict[tuple[int, int, int], str] = {}
 
 
 def one_row_kernel(out_features: int, in_features: int) -> str:
     """The kernel for fp32 products of few rows with a weight of this shape, where the process decodes with oneDNN
     (`fp32_kernel(False)`): "native" if, timed at its first product, the BLAS takes under FIXED_COST_RATIO of
     oneDNN's time, else "onednn". Forced kernels (HF_SCRATCH_CPU_KERNELS) are not timed; the choice is kept per
-    shape for the process (`ONE_ROW_KERNELS`)."""
-    shape = (out_features, in_features)
-    choice = ONE_ROW_KERNELS.get(shape)
+    shape and thread count for the process (`ONE_ROW_KERNELS`)."""
+    key = (out_features, in_features, torch.get_num_threads())
+    choice = ONE_ROW_KERNELS.get(key)
     if choice is None:
         choice = fp32_kernel(False)
         if choice == "onednn" and kernel_setting() == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
-            native, onednn = time_kernels(False, shape=shape)
+            native, onednn = time_kernels(False, shape=(out_features, in_features))
             choice = "native" if native < FIXED_COST_RATIO * onednn else "onednn"
-        ONE_ROW_KERNELS[shape] = choice
+        ONE_ROW_KERNELS[key] = choice
     return choice
 
 
 def clear_kernel_choices() -> None:
     """Forget the process's choices: the next products choose again (after HF_SCRATCH_CPU_KERNELS changed)."""
-    fp32_kernel.cache_clear()
+    _timed_kernel.cache_clear()
     ONE_ROW_KERNELS.clear()
 
 

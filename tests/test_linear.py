@@ -209,6 +209,34 @@ def test_decoding_products_are_timed_on_the_process_threads(monkeypatch, many_ro
     assert seen and set(seen) == {1 if many_rows else 2}
 
 
+def test_decoding_chooses_again_for_each_thread_count(kernels, onednn_calls, monkeypatch):
+    """A one-row product's kernels compare differently on one thread and on two (MKL leaves it on one thread where
+    oneDNN splits it): a process whose first decoding step ran on one thread, then decodes on two, times again
+    there; many rows, timed on one core whatever the threads, are timed once."""
+    timed = []
+
+    def timing(many_rows, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster on two threads only
+        timed.append((many_rows, torch.get_num_threads()))
+        return (1.0, 0.5) if torch.get_num_threads() == 2 and not many_rows else (1.0, 2.0)
+
+    monkeypatch.setattr(scratch_linear, "time_kernels", timing)
+    kernels("auto")
+    layer = ScratchLinear(1024, 2048)  # more than MAX_TIMED_WEIGHT elements: the shape itself is not timed
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            for count in (1, 2, 1, 2):
+                torch.set_num_threads(count)
+                for rows in (1, MANY_ROWS):
+                    inputs = torch.ones(rows, 1024)
+                    torch.testing.assert_close(layer(inputs), F.linear(inputs, *layer.parameters()))
+    finally:
+        torch.set_num_threads(threads)
+    assert timed == [(False, 1), (True, 1), (False, 2)]
+    assert [shape[0] for shape in onednn_calls] == [1, 1]  # the one-row products on two threads
+    assert scratch_linear.ONE_ROW_KERNELS == {(2048, 1024, 2): "onednn"}  # asked only where decoding takes oneDNN
+
+
 def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels, onednn_calls, monkeypatch):
     """auto, oneDNN chosen for decoding steps: each weight shape up to MAX_TIMED_WEIGHT elements is timed once, at its
     first product of few rows; where the BLAS takes under FIXED_COST_RATIO of oneDNN's time (oneDNN's fixed cost per
@@ -229,7 +257,9 @@ def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels,
                 inputs = torch.ones(rows, 8)
                 torch.testing.assert_close(layer(inputs), F.linear(inputs, *layer.parameters()))
     assert timed == [(False, (1536, 384)), (False, (4, 8)), (False, (8, 8)), (True, (1536, 384))]
-    assert scratch_linear.ONE_ROW_KERNELS == {(4, 8): "native", (8, 8): "onednn", (16, 8): "onednn"}
+    threads = torch.get_num_threads()
+    assert scratch_linear.ONE_ROW_KERNELS == {(4, 8, threads): "native", (8, 8, threads): "onednn",
+                                              (16, 8, threads): "onednn"}
     assert [shape[0] for shape in onednn_calls] == [1, 1, 2, 2, *[MANY_ROWS] * 3, 1, 1]
 
 

@@ -561,7 +561,7 @@ def main() -> None:
         report["results"] += rows
     if DEVICE.type == "cpu":  # the weight shapes timed at their first decoding step (scratch_linear.one_row_kernel)
         report["kernels"]["fp32 one-row products on the BLAS"] = [
-            f"{out_features}x{in_features}" for (out_features, in_features), kernel in ONE_ROW_KERNELS.items()
+            f"{out_features}x{in_features}" for (out_features, in_features, _), kernel in ONE_ROW_KERNELS.items()
             if kernel == "native"]
     text = markdown(report)
     print(text)
