@@ -84,6 +84,9 @@ METRICS = {
     "chrf": ("chrf", "chrF"),
     "accuracy": ("accuracy", "Accuracy"),
     "f1": ("f1", "Macro F1"),
+    "entity_precision": ("precision", "Entity precision (seqeval)"),
+    "entity_recall": ("recall", "Entity recall (seqeval)"),
+    "entity_f1": ("f1", "Entity F1 (seqeval)"),
 }
 
 # The config fields shown in the card's architecture table, when the family has them.

@@ -237,6 +237,27 @@ def test_finetune_token_classification_from_a_converted_native_bert(native_class
     assert config["model_type"] == "scratch_encoder" and set(config["id2label"].values()) == {"ANIMAL", "O"}
     card = ModelCard.load(tmp_path / "ner/model/README.md")
     assert card.data.pipeline_tag == "token-classification" and "ScratchEncoderForTokenClassification" in card.text
+    # ANIMAL and O are word classes, not entity tags: no entity scores
+    assert set(json.loads((tmp_path / "ner/model/eval_results.json").read_text())) == {"loss", "accuracy", "f1"}
+
+
+def test_finetune_scores_entity_tags_as_run_ner_does(tmp_path):
+    """IOB2 tags: the entity-level precision, recall and F1 (seqeval), printed, in eval_results.json and the card."""
+    rows = [{"tokens": s.split(), "tags": [("B-ANIMAL" if w in ("dog", "horse") else "I-ANIMAL" if w == "runs" and
+                                             previous in ("dog", "horse") else "O")
+                                           for previous, w in zip(["", *s.split()], s.split(), strict=False)]}
+            for s in _words(40, 4)]
+    (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
+    stdout = run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "token-classification",
+                        "--train-file", tmp_path / "train.json", "--label-column", "tags", "--max-steps", 2,
+                        "--output-dir", tmp_path / "ner", cwd=tmp_path)
+    assert "entity_f1" in stdout
+    results = json.loads((tmp_path / "ner/model/eval_results.json").read_text())
+    assert set(results) == {"loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1"}
+    assert all(0 <= results[f"entity_{score}"] <= 1 for score in ("precision", "recall", "f1"))
+    card = ModelCard.load(tmp_path / "ner/model/README.md")
+    names = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    assert names["Entity F1 (seqeval)"] == pytest.approx(results["entity_f1"])
 
 
 def _tiny_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoderForMaskedLM, **config) -> Path:

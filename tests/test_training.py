@@ -403,6 +403,37 @@ def test_macro_f1_counts_classes_that_are_only_predicted():
     assert metrics["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
 
 
+def test_entity_tags_are_told_from_other_token_labels():
+    assert training.names_entities(["O", "B-PER", "I-PER", "B-LOC", "I-LOC"])  # IOB2
+    assert training.names_entities(["O", "S-PER", "B-PER", "I-PER", "E-PER"])  # IOBES
+    assert not training.names_entities(["O", "ANIMAL"])  # no scheme: word classes
+    assert not training.names_entities(["O"]) and not training.names_entities(["O", "B-"])
+
+
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def test_token_metrics_score_entities_as_conlleval_over_the_labelled_words():
+    """Two texts; -100 marks the word pieces after a word's first (not scored). Entities, (type, first, last word):
+    true PER(0, 1), LOC(3, 3) and LOC(0, 0); predicted PER(0, 0) (a word short: wrong), LOC(3, 3) and LOC(0, 0),
+    the last starting with I- after nothing, which conlleval (seqeval's default mode) reads as a new entity. So 2 of
+    3 predicted entities right (precision 2/3) and 2 of 3 true ones found (recall 2/3), where 4 of the 6 words have
+    the right tag (that I- counts as a wrong word)."""
+    label_ids = np.array([[1, 2, -100, 0, 3], [3, 0, -100, -100, -100]])
+    predicted = np.array([[1, 0, 4, 0, 3], [4, 0, 0, 0, 0]])
+    metrics = training.token_classification_metrics(TAGS)(SimpleNamespace(predictions=predicted, label_ids=label_ids))
+    assert metrics["accuracy"] == pytest.approx(4 / 6)
+    assert metrics["entity_precision"] == pytest.approx(2 / 3)
+    assert metrics["entity_recall"] == pytest.approx(2 / 3)
+    assert metrics["entity_f1"] == pytest.approx(2 / 3)
+    logits = np.eye(len(TAGS))[predicted]  # (texts, tokens, labels) as the model returns them
+    assert training.token_classification_metrics(TAGS)(SimpleNamespace(predictions=logits, label_ids=label_ids)) \
+        == metrics
+    words = training.token_classification_metrics(["O", "ANIMAL"])(SimpleNamespace(
+        predictions=np.array([[0, 1]]), label_ids=np.array([[0, 1]])))
+    assert set(words) == {"accuracy", "f1"}  # word classes: no entities to score
+
+
 def test_translation_metrics_score_a_perfect_and_a_wrong_output():
     tokenizer = byte_level_bpe(family="seq2seq")
     labels = np.array(tokenizer(["a man rides a horse", "two dogs play"], padding=True).input_ids)

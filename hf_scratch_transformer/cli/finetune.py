@@ -1,4 +1,5 @@
-"""Fine-tune a saved model for text or token classification with `Trainer`, reporting accuracy and macro-F1:
+"""Fine-tune a saved model for text or token classification with `Trainer`, reporting accuracy and macro-F1 (and,
+for entity tags such as B-PER / I-PER / O, entity-level precision, recall and F1 as seqeval and run_ner compute them):
 
     hf-scratch finetune --model outputs/masked-lm/model --task text-classification \\
         --train-file train.csv --validation-file dev.csv --text-column sentence --label-column label
@@ -323,14 +324,17 @@ trainer = CrashSafeTrainer(
         save_strategy="epoch", save_total_limit=1, logging_steps=10, report_to=[], seed=args.seed,
     ),
     train_dataset=datasets["train"], eval_dataset=datasets["validation"], data_collator=collator,
-    processing_class=tokenizer, compute_metrics=training.classification_metrics,
+    processing_class=tokenizer,
+    compute_metrics=(training.classification_metrics if args.task == "text-classification"
+                     else training.token_classification_metrics(names)),
 )
 try:
     trainer.train(resume_from_checkpoint=True if args.resume else None)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
     parser.error(str(error))
+reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
-           if key in ("eval_loss", "eval_accuracy", "eval_f1")}
+           if key.removeprefix("eval_") in reported}
 print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 folder = output_dir / "model"
 written = folder_aside(folder)  # put in place complete: a kill leaves the earlier model folder, the new one, or none
