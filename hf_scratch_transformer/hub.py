@@ -15,6 +15,7 @@ from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, Mo
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from .modeling_scratch_common import safetensors_error
+from .pipeline_scratch_text2text import ABSOLUTE_POSITIONS
 
 TEMPLATE = files("hf_scratch_transformer.model_cards") / "template.md"  # package data (pyproject.toml)
 
@@ -121,6 +122,21 @@ _USAGE_HEADING = re.compile(r"(how to use|(example )?usage|how to get started.*|
 _HEADING = re.compile(r"^(#{1,6}) +(.*?)\s*$")
 
 
+def positions_limitation(task: str, config: dict) -> str:
+    """What a causal LM whose positions end (learned or sinusoidal, at `max_position_embeddings`) asks of its
+    callers: transformers' text-generation pipeline asks for 256 new tokens unless told otherwise, and a generation
+    that reaches the last position stops with our error, so a model of 128 positions failed the pipeline's default
+    call whenever no end-of-text came first. RoPE and ALiBi have no last position; seq2seq's own pipeline keeps its
+    default within the positions."""
+    if task != "causal-lm" or config.get("position_embedding_type") not in ABSOLUTE_POSITIONS:
+        return ""
+    positions = config["max_position_embeddings"]
+    return (f"It reads at most {positions} positions ({config['position_embedding_type']} position embeddings): "
+            f"keep the prompt plus `max_new_tokens` within {positions}. A generation that reaches the last position "
+            "stops with an error, and `pipeline(\"text-generation\")` asks for 256 new tokens unless given "
+            "`max_new_tokens`. ")
+
+
 def usage_example(repo_id: str, auto_class: str, pipeline_task: str | None, call: str, remote_code: bool) -> str:
     """The code block of a card's "How to use": load the model and tokenizer of `repo_id` with `auto_class`, then
     `call` (on `pipe`, the `pipeline_task` pipeline, or on `model` and `tokenizer` where there is none). Its
@@ -198,6 +214,7 @@ def write_model_card(
         usage=usage_example(model_name, spec["auto_class"], spec["pipeline_task"], spec["pipeline_call"], True),
         remote_code_note=REMOTE_CODE_NOTE,
         remote_code_limitation=REMOTE_CODE_LIMITATION,
+        positions_limitation=positions_limitation(task, config),
         preset=preset,
         architecture={knob: config[knob] for knob in ARCHITECTURE_KNOBS if knob in config},
         num_parameters=num_parameters,

@@ -97,6 +97,20 @@ def test_card_without_loss_curve_or_results(tmp_path):
     assert "`custom`" in card.text and "Unit tests only." in card.text
 
 
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
+def test_a_causal_lm_card_says_where_its_positions_end(tmp_path, positions):
+    """transformers' text-generation pipeline asks for 256 new tokens by default: a model of 128 learned positions
+    stopped with an error whenever no end-of-text came first. Its card says so; RoPE has no last position."""
+    config = {"position_embedding_type": positions, "max_position_embeddings": 128}
+    card = hub.write_model_card(
+        tmp_path, task="causal-lm", model_name="someone/short", preset=None, config=config, num_parameters=10,
+        dataset="tiny_shakespeare", hyperparameters={}, eval_results={},
+    )
+    said = "It reads at most 128 positions" in card.text and "asks for 256 new tokens" in card.text
+    assert said == (positions != "rope")
+    assert "trust_remote_code=True" in card.text.split("## Limitations")[1]  # the rest of the default kept
+
+
 def test_local_data_is_named_but_not_linked_as_a_hub_dataset(tmp_path):
     """A run on local files names them in the card, but its `datasets` metadata (which the Hub links to
     hf.co/datasets/NAME) stays empty, as in transformers' own Trainer cards; the results keep their model-index."""
