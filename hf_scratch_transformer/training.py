@@ -413,9 +413,18 @@ def classification_metrics(eval_prediction) -> dict:
     """Accuracy and macro-F1 over labelled items (sequences, or tokens with -100 for the unlabelled ones). Macro-F1
     averages every class found in the labels or the predictions, as scikit-learn's does: a class only ever
     predicted (wrongly) counts, with F1 0."""
+    return _accuracy_and_macro_f1(*_predicted_ids(eval_prediction))
+
+
+def _predicted_ids(eval_prediction) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted ids, labels) of an `EvalPrediction` whose predictions are ids or logits (one more dimension)."""
     predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
     if predictions.ndim == labels.ndim + 1:  # logits
         predictions = predictions.argmax(-1)
+    return predictions, labels
+
+
+def _accuracy_and_macro_f1(predictions: np.ndarray, labels: np.ndarray) -> dict:
     keep = labels != -100
     predictions, labels = predictions[keep], labels[keep]
     f1_scores = []
@@ -445,13 +454,11 @@ def token_classification_metrics(label_names: list[str]) -> Callable[[object], d
     entities = names_entities(label_names)
 
     def compute(eval_prediction) -> dict:
-        metrics = classification_metrics(eval_prediction)
+        predictions, labels = _predicted_ids(eval_prediction)
+        metrics = _accuracy_and_macro_f1(predictions, labels)
         if entities:
             from seqeval.metrics import f1_score, precision_score, recall_score  # imports scikit-learn: 1.4 s
 
-            predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
-            if predictions.ndim == labels.ndim + 1:  # logits
-                predictions = predictions.argmax(-1)
             # (texts, tokens) -> one tag sequence per text, over its labelled tokens (each word's first token)
             keep = labels != -100
             true = [[label_names[i] for i in row[kept]] for row, kept in zip(labels, keep, strict=True)]
