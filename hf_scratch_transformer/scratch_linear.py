@@ -4,8 +4,9 @@ On CPU, PyTorch computes fp32 `F.linear` with its default BLAS (MKL in the x86 w
 products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN ran at twice MKL's rate, on an AVX2
 AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products
 on one thread where oneDNN used both (`docs/performance.md`). So `fp32_kernel` times both on a small layer at the
-first fp32 product of the process, separately for few rows (decoding steps, once per thread count) and many rows
-(prefill, training), and keeps the answer for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default:
+first fp32 product of each regime, separately for decoding steps (few rows), prefill (many rows, no gradients: also
+evaluation and pipelines; these two once per thread count) and training (many rows, gradients), and keeps the
+answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default:
 auto). Where decoding takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about
 15 us a call before reading the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
@@ -97,25 +98,38 @@ KERNELS_VARIABLE = "HF_SCRATCH_CPU_KERNELS"
 KERNELS = ("auto", "native", "onednn")
 FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into reading the weight
 ONEDNN_MARGIN = 0.9  # oneDNN must be 10% faster: on a tie, or within noise, the native path
+# The three ways a process runs products, each with its own kernel choice: the kernels rank differently in each
+# (AVX-512 AMD EPYC: oneDNN twice the BLAS's rate one row at a time, 12-20% faster over many rows without gradients,
+# slower with the gradient products of training; docs/performance.md).
+DECODING = "decoding"  # up to FEW_ROWS rows
+PREFILL = "prefill"  # more rows, no gradients recorded (prefill, evaluation, pipelines)
+TRAINING = "training"  # more rows, gradients recorded
 
 
-def fp32_kernel(many_rows: bool, /) -> str:
-    """"onednn" or "native": the kernel for fp32 CPU products of more than FEW_ROWS rows (prefill, training) or
-    fewer (decoding). HF_SCRATCH_CPU_KERNELS=native|onednn forces one; auto (the default) times both once per
-    process, at the first product of each kind, and for decoding steps once per thread count they run on
-    (`torch.set_num_threads`): a one-row product's kernels compare differently on one thread and on several (see
-    `time_kernels`). `clear_kernel_choices()` makes the choices again."""
-    return _timed_kernel(many_rows, 1 if many_rows else torch.get_num_threads())
+def regime_of(inputs: torch.Tensor) -> str:
+    """DECODING, PREFILL or TRAINING for a product of these inputs (..., in) under the current grad mode."""
+    if inputs.numel() <= FEW_ROWS * inputs.shape[-1]:
+        return DECODING
+    return TRAINING if torch.is_grad_enabled() else PREFILL
+
+
+def fp32_kernel(regime: str, /) -> str:
+    """"onednn" or "native": the kernel for fp32 CPU products of a regime (DECODING, PREFILL, TRAINING).
+    HF_SCRATCH_CPU_KERNELS=native|onednn forces one; auto (the default) times both once per process, at the first
+    product of each regime, on one core for training and once per thread count (`torch.set_num_threads`) for the
+    others, whose kernels compare differently on one thread and on several (see `time_kernels`).
+    `clear_kernel_choices()` makes the choices again."""
+    return _timed_kernel(regime, 1 if regime == TRAINING else torch.get_num_threads())
 
 
 @functools.cache
-def _timed_kernel(many_rows: bool, threads: int, /) -> str:  # positional: the cache keys on how it is called
+def _timed_kernel(regime: str, threads: int, /) -> str:  # positional: the cache keys on how it is called
     choice = kernel_setting()
     if not ONEDNN_AVAILABLE:
         return "native"
     if choice != "auto":
         return choice
-    native, onednn = time_kernels(many_rows)
+    native, onednn = time_kernels(regime)
     return "onednn" if onednn < ONEDNN_MARGIN * native else "native"
 
 
@@ -141,15 +155,15 @@ ONE_ROW_KERNELS: dict[tuple[int, int, int], str] = {}
 
 def one_row_kernel(out_features: int, in_features: int) -> str:
     """The kernel for fp32 products of few rows with a weight of this shape, where the process decodes with oneDNN
-    (`fp32_kernel(False)`): "native" if, timed at its first product, the BLAS takes under FIXED_COST_RATIO of
+    (`fp32_kernel(DECODING)`): "native" if, timed at its first product, the BLAS takes under FIXED_COST_RATIO of
     oneDNN's time, else "onednn". Forced kernels (HF_SCRATCH_CPU_KERNELS) are not timed; the choice is kept per
     shape and thread count for the process (`ONE_ROW_KERNELS`)."""
     key = (out_features, in_features, torch.get_num_threads())
     choice = ONE_ROW_KERNELS.get(key)
     if choice is None:
-        choice = fp32_kernel(False)
+        choice = fp32_kernel(DECODING)
         if choice == "onednn" and kernel_setting() == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
-            native, onednn = time_kernels(False, shape=(out_features, in_features))
+            native, onednn = time_kernels(DECODING, shape=(out_features, in_features))
             choice = "native" if native < FIXED_COST_RATIO * onednn else "onednn"
         ONE_ROW_KERNELS[key] = choice
     return choice
@@ -174,32 +188,41 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def time_kernels(many_rows: bool, repeats: int = 3, shape: tuple[int, int] = (1536, 384)) -> tuple[float, float]:
-    """Best seconds (native, oneDNN) of a layer with a weight of this shape (out, in), the two kernels interleaved
-    after a warm-up round: forward and both gradients over 64 rows on one core (many_rows), or 5 one-row forwards on
-    the process's threads. 10-30 ms at the default 384 -> 1536. A generator of its own leaves the global random
-    state alone (seeded runs stay reproducible), whatever the caller's modes."""
+# Rows of the timed product per regime: a training step's 64 rows with both gradients, a prefill's 512 rows forward
+# (at 64 the gap is half as wide: oneDNN's lead grows with the rows), a decoding step's one row.
+TIMED_ROWS = {TRAINING: 64, PREFILL: 512, DECODING: 1}
+
+
+def time_kernels(regime: str, repeats: int = 3, shape: tuple[int, int] = (1536, 384)) -> tuple[float, float]:
+    """Best seconds (native, oneDNN) of a layer with a weight of this shape (out, in) in a regime, the two kernels
+    interleaved after a warm-up round: forward and both gradients over TIMED_ROWS rows on one core (TRAINING), one
+    forward (PREFILL) or 5 one-row forwards (DECODING) on the process's threads. 10-40 ms at the default 384 -> 1536.
+    A generator of its own leaves the global random state alone (seeded runs stay reproducible), whatever the
+    caller's modes."""
     generator = torch.Generator().manual_seed(0)
-    rows = 64 if many_rows else 1
+    training = regime == TRAINING
     best = {"native": math.inf, "onednn": math.inf}
-    # Both libraries split a product of many rows over the threads, so their code for a core decides, timed on one
-    # core (where the load of the moment matters less). A one-row product some BLAS builds leave on one thread
-    # (MKL on an AVX-512 AMD EPYC: 1.5x slower than oneDNN on two threads, 1.08x on one), so decoding steps are timed
-    # with the threads they run on; the best of the rounds, so that a busy moment is not what decides.
-    threads = one_thread() if many_rows else contextlib.nullcontext()
-    with threads, torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+    # Both libraries split a training product of many rows over the threads, so their code for a core decides, timed
+    # on one core (where the load of the moment matters less). Without gradients they rank differently on one
+    # thread and on two (AVX-512 AMD EPYC: 512 rows, oneDNN at 0.78-0.84 of the BLAS's time on two threads, 0.92-0.95
+    # on one), and a one-row product some BLAS builds leave on one thread (MKL there: 1.5x slower than oneDNN on two
+    # threads, 1.08x on one): those are timed with the threads they run on; the best of the rounds, so that a busy
+    # moment is not what decides.
+    threads = one_thread() if training else contextlib.nullcontext()
+    with threads, torch.inference_mode(False), torch.set_grad_enabled(training), torch.autocast("cpu", enabled=False):
         out_features, in_features = shape
-        inputs = torch.randn(rows, in_features, generator=generator, device="cpu", requires_grad=many_rows)
-        weight = torch.randn(out_features, in_features, generator=generator, device="cpu", requires_grad=many_rows)
-        grad_output = torch.randn(rows, out_features, generator=generator, device="cpu")
-        products = {"native": F.linear, "onednn": _OneDNNLinearFunction.apply if many_rows else onednn_linear}
+        inputs = torch.randn(TIMED_ROWS[regime], in_features, generator=generator, device="cpu", requires_grad=training)
+        weight = torch.randn(out_features, in_features, generator=generator, device="cpu", requires_grad=training)
+        grad_output = torch.randn(TIMED_ROWS[regime], out_features, generator=generator, device="cpu")
+        products = {"native": F.linear, "onednn": _OneDNNLinearFunction.apply if training else onednn_linear}
+        calls = 5 if regime == DECODING else 1
         for repeat in range(repeats + 1):
             for kernel in sorted(best, reverse=repeat % 2 == 1):
                 start = time.perf_counter()
-                if many_rows:
+                if training:
                     torch.autograd.grad(products[kernel](inputs, weight, None), (inputs, weight), grad_output)
                 else:
-                    for _ in range(5):
+                    for _ in range(calls):
                         products[kernel](inputs, weight, None)
                 if repeat:  # round 0 warms up (oneDNN builds its primitives at the first call of a shape)
                     best[kernel] = min(best[kernel], time.perf_counter() - start)
@@ -221,8 +244,8 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
         return False  # under torch.func, also: timing the kernels there would fail (vmap forbids random draws)
     # The process's choice for this regime (timed once, at its first product). Where the BLAS wins, the usual case
     # (docs/performance.md), every product ends here: the checks below cost about 1.3 us a call, 0.1 ms a forward.
-    many_rows = inputs.numel() > FEW_ROWS * inputs.shape[-1]
-    if fp32_kernel(many_rows) != "onednn":
+    products_regime = regime_of(inputs)
+    if fp32_kernel(products_regime) != "onednn":
         return False
     return (
         (bias is None or type(bias) in PLAIN_TYPES)
@@ -230,7 +253,7 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
-        and (many_rows or one_row_kernel(*weight.shape) == "onednn")
+        and (products_regime != DECODING or one_row_kernel(*weight.shape) == "onednn")
     )
 
 

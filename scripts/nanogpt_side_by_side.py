@@ -135,7 +135,7 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
         for _ in range(5):
             step(name)
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
-          f"fp32 kernel {scratch_linear.fp32_kernel(True)}")
+          f"fp32 kernel {scratch_linear.fp32_kernel(scratch_linear.TRAINING)}")
     for round_ in range(rounds):
         times = {name: [] for name in models}
         for i in range(steps):

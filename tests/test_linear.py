@@ -170,54 +170,61 @@ def test_models_give_the_same_loss_and_gradients_with_either_kernel(family, kern
             torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-4)
 
 
-def test_auto_times_each_kind_once_and_keeps_the_choice(kernels, onednn_calls, monkeypatch):
+def test_auto_times_each_regime_once_and_keeps_the_choice(kernels, onednn_calls, monkeypatch):
+    """Decoding steps (few rows), prefill (many rows, no gradients) and training (many rows, gradients) each have
+    their choice, timed at the first product of the regime: oneDNN may win one and lose another."""
     timed = []
+    faster = {scratch_linear.PREFILL}
 
-    def timing(many_rows):  # (native, oneDNN) seconds: oneDNN faster with many rows only
-        timed.append(many_rows)
-        return (1.0, 0.5) if many_rows else (1.0, 2.0)
+    def timing(regime):  # (native, oneDNN) seconds: oneDNN faster for prefill only
+        timed.append(regime)
+        return (1.0, 0.5) if regime in faster else (1.0, 2.0)
 
     monkeypatch.setattr(scratch_linear, "time_kernels", timing)
     kernels("auto")
     layer = ScratchLinear(8, 4)
-    with torch.no_grad():
-        for rows in (1, MANY_ROWS, 2, MANY_ROWS + 1, 1):
-            layer(torch.randn(rows, 8))
-    assert sorted(timed) == [False, True]
-    assert [shape[0] for shape in onednn_calls] == [MANY_ROWS, MANY_ROWS + 1]
-    assert (fp32_kernel(False), fp32_kernel(True)) == ("native", "onednn")
+    for grad in (False, True, False):
+        with torch.set_grad_enabled(grad):
+            for rows in (1, MANY_ROWS, 2, MANY_ROWS + 1):
+                layer(torch.randn(rows, 8))
+    assert sorted(timed) == sorted([scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING])
+    assert [shape[0] for shape in onednn_calls] == [MANY_ROWS, MANY_ROWS + 1] * 2  # the no-grad many-row products
+    assert [fp32_kernel(regime) for regime in (scratch_linear.DECODING, scratch_linear.PREFILL,
+                                               scratch_linear.TRAINING)] == ["native", "onednn", "native"]
 
 
-@pytest.mark.parametrize("many_rows", [True, False], ids=["training rows", "decoding rows"])
-def test_decoding_products_are_timed_on_the_process_threads(monkeypatch, many_rows):
-    """Many-row products are timed on one core (both libraries split them over the threads, so their code for a core
-    decides); one-row products, which MKL on an AVX-512 AMD EPYC left on one thread where oneDNN split them (1.5x
-    apart on two threads, 1.08x on one), with the threads decoding runs on."""
+@pytest.mark.parametrize("regime", ["training", "prefill", "decoding"])
+def test_training_products_are_timed_on_one_core_the_others_on_the_process_threads(monkeypatch, regime):
+    """Training products are timed on one core (both libraries split them over the threads, so their code for a core
+    decides); prefill and one-row products, whose kernels rank differently on one thread and on two (AVX-512 AMD
+    EPYC: MKL left a one-row product on one thread where oneDNN split it), with the threads they run on. Each with
+    its own rows, with gradients for training only."""
     seen, product = [], F.linear
 
-    def linear(*args):
-        seen.append(torch.get_num_threads())
-        return product(*args)
+    def linear(inputs, weight, bias):
+        seen.append((torch.get_num_threads(), inputs.shape[0], inputs.requires_grad))
+        return product(inputs, weight, bias)
 
     monkeypatch.setattr(scratch_linear.F, "linear", linear)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        scratch_linear.time_kernels(many_rows, repeats=1)
+        scratch_linear.time_kernels(regime, repeats=1)
     finally:
         torch.set_num_threads(threads)
-    assert seen and set(seen) == {1 if many_rows else 2}
+    training = regime == scratch_linear.TRAINING
+    assert set(seen) == {(1 if training else 2, scratch_linear.TIMED_ROWS[regime], training)}
 
 
 def test_decoding_chooses_again_for_each_thread_count(kernels, onednn_calls, monkeypatch):
     """A one-row product's kernels compare differently on one thread and on two (MKL leaves it on one thread where
     oneDNN splits it): a process whose first decoding step ran on one thread, then decodes on two, times again
-    there; many rows, timed on one core whatever the threads, are timed once."""
+    there; prefill is chosen per thread count too."""
     timed = []
 
-    def timing(many_rows, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster on two threads only
-        timed.append((many_rows, torch.get_num_threads()))
-        return (1.0, 0.5) if torch.get_num_threads() == 2 and not many_rows else (1.0, 2.0)
+    def timing(regime, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster on two threads only
+        timed.append((regime, torch.get_num_threads()))
+        return (1.0, 0.5) if torch.get_num_threads() == 2 else (1.0, 2.0)
 
     monkeypatch.setattr(scratch_linear, "time_kernels", timing)
     kernels("auto")
@@ -232,8 +239,8 @@ def test_decoding_chooses_again_for_each_thread_count(kernels, onednn_calls, mon
                     torch.testing.assert_close(layer(inputs), F.linear(inputs, *layer.parameters()))
     finally:
         torch.set_num_threads(threads)
-    assert timed == [(False, 1), (True, 1), (False, 2)]
-    assert [shape[0] for shape in onednn_calls] == [1, 1]  # the one-row products on two threads
+    assert timed == [("decoding", 1), ("prefill", 1), ("decoding", 2), ("prefill", 2)]
+    assert [shape[0] for shape in onednn_calls] == [1, MANY_ROWS] * 2  # the products on two threads
     assert scratch_linear.ONE_ROW_KERNELS == {(2048, 1024, 2): "onednn"}  # asked only where decoding takes oneDNN
 
 
@@ -243,8 +250,8 @@ def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels,
     call), that shape's few-row products take F.linear; larger weights are not timed; many rows are not concerned."""
     timed = []
 
-    def timing(many_rows, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster, but for the 4 x 8 weight
-        timed.append((many_rows, shape))
+    def timing(regime, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster, but for the 4 x 8 weight
+        timed.append((regime, shape))
         return (1.0, 1 / scratch_linear.FIXED_COST_RATIO + 0.1) if shape == (4, 8) else (1.0, 0.5)
 
     monkeypatch.setattr(scratch_linear, "time_kernels", timing)
@@ -256,7 +263,7 @@ def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels,
             for layer in (small, middle, large):
                 inputs = torch.ones(rows, 8)
                 torch.testing.assert_close(layer(inputs), F.linear(inputs, *layer.parameters()))
-    assert timed == [(False, (1536, 384)), (False, (4, 8)), (False, (8, 8)), (True, (1536, 384))]
+    assert timed == [("decoding", (1536, 384)), ("decoding", (4, 8)), ("decoding", (8, 8)), ("prefill", (1536, 384))]
     threads = torch.get_num_threads()
     assert scratch_linear.ONE_ROW_KERNELS == {(4, 8, threads): "native", (8, 8, threads): "onednn",
                                               (16, 8, threads): "onednn"}
@@ -267,7 +274,8 @@ def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkey
     monkeypatch.setattr(scratch_linear, "time_kernels", lambda *args, **kwargs: pytest.fail("timed a forced choice"))
     for choice in ("native", "onednn"):
         kernels(choice)
-        assert fp32_kernel(True) == fp32_kernel(False) == scratch_linear.one_row_kernel(4, 8) == choice
+        regimes = (scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING)
+        assert {fp32_kernel(regime) for regime in regimes} == {scratch_linear.one_row_kernel(4, 8)} == {choice}
     kernels("fastest")
     with pytest.raises(ValueError, match="HF_SCRATCH_CPU_KERNELS must be one of auto, native, onednn"):
         ScratchLinear(8, 4)(torch.randn(2, 8))
@@ -277,17 +285,21 @@ def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernel
     kernels("auto")
     layer = ScratchLinear(8, 4)
     state = torch.get_rng_state()
-    with torch.inference_mode():  # the many-rows timing runs a backward: it needs autograd back
+    with torch.inference_mode():
         output = layer(torch.ones(MANY_ROWS, 8))
         one_row = layer(torch.ones(1, 8))  # where decoding takes oneDNN, this weight's shape is timed too
+    with torch.inference_mode(), torch.enable_grad():  # the training timing runs a backward: it needs autograd back
+        trained = layer(torch.ones(MANY_ROWS, 8))
     assert output.shape == (MANY_ROWS, 4)
     torch.testing.assert_close(one_row, output[:1])
+    torch.testing.assert_close(trained, output)
     assert torch.equal(torch.get_rng_state(), state)
-    assert {fp32_kernel(False), fp32_kernel(True)} <= {"native", "onednn"}
+    regimes = (scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING)
+    assert {fp32_kernel(regime) for regime in regimes} <= {"native", "onednn"}
 
 
 def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, monkeypatch):
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda many_rows: pytest.fail("timed while compiling"))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: pytest.fail("timed while compiling"))
     kernels("auto")
     layer = ScratchLinear(8, 4)
     inputs = torch.randn(MANY_ROWS, 8)

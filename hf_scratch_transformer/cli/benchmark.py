@@ -44,9 +44,9 @@ a ratio whose range straddles 1 is not a measured difference.
   here (best of 8 products of square --mm-size matrices after a warm-up, fp32 and bf16, through torch.mm, i.e.
   the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
 - the header names the CPU capability, whether bf16 is native (bf16 products at least half as fast as fp32, the
-  test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps
-  and for prefill and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS), and the weights whose one-row
-  products went to the BLAS although decoding took oneDNN (`scratch_linear.one_row_kernel`: small ones).
+  test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps,
+  for prefill (no gradients) and for training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS), and the
+  weights whose one-row products went to the BLAS although decoding took oneDNN (`scratch_linear.one_row_kernel`).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -91,7 +91,15 @@ from transformers import (
 from hf_scratch_transformer import training
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
-from hf_scratch_transformer.scratch_linear import KERNELS_VARIABLE, ONE_ROW_KERNELS, fp32_kernel, onednn_linear
+from hf_scratch_transformer.scratch_linear import (
+    DECODING,
+    KERNELS_VARIABLE,
+    ONE_ROW_KERNELS,
+    PREFILL,
+    TRAINING,
+    fp32_kernel,
+    onednn_linear,
+)
 
 FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
 SIDES = ("native", "ours")
@@ -289,7 +297,8 @@ def memory_worker(family: str, side: str) -> None:
     native = build_native(family)
     model = native if side == "native" else build_ours(native)
     del native
-    fp32_kernel(False), fp32_kernel(True)  # chosen before measuring: the timing's tensors are not the workloads'
+    for regime in (DECODING, PREFILL, TRAINING):  # chosen before measuring: the timing's tensors are not the workloads'
+        fp32_kernel(regime)
     train, prefill = make_inputs(family, args.batch, args.seq, True), make_inputs(family, args.batch, args.seq, False)
     result = {}
     model.train()
@@ -490,11 +499,12 @@ def kernel_choices(bf16_native: bool) -> dict:
     """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`,
     `scratch_attention_kernel.bf16_training_kernel`, the latter only where bf16 is native: it times bf16 kernels)."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
-        return {"setting": "-", "fp32 decoding": "F.linear", "fp32 prefill and training": "F.linear",
+        return {"setting": "-", "fp32 decoding": "F.linear", "fp32 prefill": "F.linear", "fp32 training": "F.linear",
                 "CPU cross-entropy": "-", "bf16 training attention": "-"}
     attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
-            "fp32 decoding": fp32_kernel(False), "fp32 prefill and training": fp32_kernel(True),
+            "fp32 decoding": fp32_kernel(DECODING), "fp32 prefill": fp32_kernel(PREFILL),
+            "fp32 training": fp32_kernel(TRAINING),
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
             "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-"}
 
@@ -515,7 +525,7 @@ def markdown(report: dict) -> str:
         decoding = k["fp32 decoding"] + (f" (the BLAS for the small weights {blas_shapes}: oneDNN's fixed cost a "
                                          f"call dominates their products)" if blas_shapes else "")
         kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernel chosen ({k['setting']}): decoding "
-                   f"steps {decoding}, prefill and training {k['fp32 prefill and training']}; CPU "
+                   f"steps {decoding}, prefill {k['fp32 prefill']}, training {k['fp32 training']}; CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel).")
     lines = [
