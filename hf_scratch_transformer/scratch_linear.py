@@ -99,8 +99,8 @@ KERNELS = ("auto", "native", "onednn")
 FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into reading the weight
 ONEDNN_MARGIN = 0.9  # oneDNN must be 10% faster: on a tie, or within noise, the native path
 # The three ways a process runs products, each with its own kernel choice: the kernels rank differently in each
-# (AVX-512 AMD EPYC: oneDNN twice the BLAS's rate one row at a time, 12-20% faster over many rows without gradients,
-# slower with the gradient products of training; docs/performance.md).
+# (AVX-512 AMD EPYC: oneDNN at about half the BLAS's time one row at a time, 0.78-0.84 of it over 512 rows without
+# gradients, within noise of it with the gradient products of training; docs/performance.md).
 DECODING = "decoding"  # up to FEW_ROWS rows
 PREFILL = "prefill"  # more rows, no gradients recorded (prefill, evaluation, pipelines)
 TRAINING = "training"  # more rows, gradients recorded
