@@ -288,14 +288,12 @@ def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernel
     with torch.inference_mode():
         output = layer(torch.ones(MANY_ROWS, 8))
         one_row = layer(torch.ones(1, 8))  # where decoding takes oneDNN, this weight's shape is timed too
-    with torch.inference_mode(), torch.enable_grad():  # the training timing runs a backward: it needs autograd back
-        trained = layer(torch.ones(MANY_ROWS, 8))
+        training = fp32_kernel(scratch_linear.TRAINING)  # its timing runs a backward: it needs autograd back
     assert output.shape == (MANY_ROWS, 4)
     torch.testing.assert_close(one_row, output[:1])
-    torch.testing.assert_close(trained, output)
     assert torch.equal(torch.get_rng_state(), state)
-    regimes = (scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING)
-    assert {fp32_kernel(regime) for regime in regimes} <= {"native", "onednn"}
+    regimes = (scratch_linear.DECODING, scratch_linear.PREFILL)
+    assert {training, *(fp32_kernel(regime) for regime in regimes)} <= {"native", "onednn"}
 
 
 def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, monkeypatch):
