@@ -191,14 +191,19 @@ def one_thread():
 # Rows of the timed product per regime: a training step's 64 rows with both gradients, a prefill's 512 rows forward
 # (at 64 the gap is half as wide: oneDNN's lead grows with the rows), a decoding step's one row.
 TIMED_ROWS = {TRAINING: 64, PREFILL: 512, DECODING: 1}
+# Timed rounds per regime, the best one counting. A decoding round takes about 1 ms, and on two threads one busy core
+# stalls oneDNN's parallel product: with one core of the AMD EPYC kept busy, 3 rounds measured oneDNN at 0.52-1.59 of
+# the BLAS's time (the BLAS taken in 4 of 9 processes, AVX-512 and limited to AVX2), 20 rounds at 0.67-0.71, as quiet.
+TIMED_ROUNDS = {TRAINING: 3, PREFILL: 3, DECODING: 20}
 
 
-def time_kernels(regime: str, repeats: int = 3, shape: tuple[int, int] = (1536, 384)) -> tuple[float, float]:
+def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = (1536, 384)) -> tuple[float, float]:
     """Best seconds (native, oneDNN) of a layer with a weight of this shape (out, in) in a regime, the two kernels
-    interleaved after a warm-up round: forward and both gradients over TIMED_ROWS rows on one core (TRAINING), one
-    forward (PREFILL) or 5 one-row forwards (DECODING) on the process's threads. 10-40 ms at the default 384 -> 1536.
-    A generator of its own leaves the global random state alone (seeded runs stay reproducible), whatever the
-    caller's modes."""
+    interleaved over `repeats` rounds (default TIMED_ROUNDS) after a warm-up round: forward and both gradients over
+    TIMED_ROWS rows on one core (TRAINING), one forward (PREFILL) or 5 one-row forwards (DECODING) on the process's
+    threads. 15-50 ms at the default 384 -> 1536. A generator of its own leaves the global random state alone (seeded
+    runs stay reproducible), whatever the caller's modes."""
+    repeats = TIMED_ROUNDS[regime] if repeats is None else repeats
     generator = torch.Generator().manual_seed(0)
     training = regime == TRAINING
     best = {"native": math.inf, "onednn": math.inf}

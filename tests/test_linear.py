@@ -216,6 +216,25 @@ def test_training_products_are_timed_on_one_core_the_others_on_the_process_threa
     assert set(seen) == {(1 if training else 2, scratch_linear.TIMED_ROWS[regime], training)}
 
 
+def test_decoding_is_timed_over_more_rounds(monkeypatch):
+    """A decoding round is short (about 1 ms) and a core busy with other work stalls its two-thread product, so it
+    is timed over TIMED_ROUNDS' 20 rounds (3 rounds picked the BLAS in 4 of 9 processes with one core busy), the
+    longer regimes over 3; each after a warm-up round."""
+    calls, product = [], F.linear
+
+    def linear(*args):
+        calls.append(args[0].shape[0])
+        return product(*args)
+
+    monkeypatch.setattr(scratch_linear.F, "linear", linear)
+    for regime in (scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING):
+        calls.clear()
+        scratch_linear.time_kernels(regime, shape=(16, 8))
+        per_round = 5 if regime == scratch_linear.DECODING else 1
+        assert len(calls) == (scratch_linear.TIMED_ROUNDS[regime] + 1) * per_round
+    assert scratch_linear.TIMED_ROUNDS == {"decoding": 20, "prefill": 3, "training": 3}
+
+
 def test_decoding_chooses_again_for_each_thread_count(kernels, onednn_calls, monkeypatch):
     """A one-row product's kernels compare differently on one thread and on two (MKL leaves it on one thread where
     oneDNN splits it): a process whose first decoding step ran on one thread, then decodes on two, times again
