@@ -6,9 +6,9 @@ AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD E
 on one thread where oneDNN used both (`docs/performance.md`). So `fp32_kernel` times both on a small layer at the
 first fp32 product of each regime, separately for decoding steps (few rows), prefill (many rows, no gradients: also
 evaluation and pipelines; these two once per thread count) and training (many rows, gradients), and keeps the
-answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default:
-auto). Where decoding takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about
-15 us a call before reading the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
+answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto). Where decoding takes
+oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about 15 us a call before reading
+the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
 a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product of one row (batch-1
 decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product (`row_dot`), inductor
@@ -189,7 +189,8 @@ def one_thread():
 
 
 # Rows of the timed product per regime: a training step's 64 rows with both gradients, a prefill's 512 rows forward
-# (at 64 the gap is half as wide: oneDNN's lead grows with the rows), a decoding step's one row.
+# (AVX-512 AMD EPYC, two threads, fresh processes: oneDNN at 0.78-0.84 of the BLAS's time over 512 rows, a steadier
+# answer than 0.86-0.93 over 256), a decoding step's one row.
 TIMED_ROWS = {TRAINING: 64, PREFILL: 512, DECODING: 1}
 # Timed rounds per regime, the best one counting. A decoding round takes about 1 ms, and on two threads one busy core
 # stalls oneDNN's parallel product: with one core of the AMD EPYC kept busy, 3 rounds measured oneDNN at 0.52-1.59 of
