@@ -18,6 +18,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import torch
 from datasets import DatasetDict
 from transformers import (
     AutoConfig,
@@ -322,6 +323,7 @@ trainer = CrashSafeTrainer(
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
         learning_rate=args.learning_rate, warmup_steps=0.06, weight_decay=0.01, eval_strategy="epoch",
         save_strategy="epoch", save_total_limit=1, logging_steps=10, report_to=[], seed=args.seed,
+        dataloader_pin_memory=torch.accelerator.is_available(),  # pinned host memory is for copies to a GPU
     ),
     train_dataset=datasets["train"], eval_dataset=datasets["validation"], data_collator=collator,
     processing_class=tokenizer,

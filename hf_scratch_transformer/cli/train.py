@@ -243,6 +243,7 @@ arguments = dict(
     max_grad_norm=optimisation["max_grad_norm"],
     bf16=args.bf16,
     use_cpu=args.bf16 and not torch.cuda.is_available(),  # Trainer's bf16 on CPU must be asked for explicitly
+    dataloader_pin_memory=torch.accelerator.is_available(),  # pinned host memory is for copies to a GPU
     eval_strategy="steps",
     eval_steps=eval_steps,
     save_strategy="steps",
