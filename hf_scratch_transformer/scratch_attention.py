@@ -5,8 +5,9 @@ grouped-query attention, K = 1 multi-query), D head size.
 
 Two hand-written back-ends with one signature, picked by `config._attn_implementation` (transformers'
 `attn_implementation`): `eager` spells the math out and can return the attention weights; `sdpa` calls
-`torch.nn.functional.scaled_dot_product_attention`, except in a bf16 CPU training step at short sequences on a
-machine where PyTorch's flash kernel is the slower (`scratch_attention_kernel.py`), which computes eager's math.
+`torch.nn.functional.scaled_dot_product_attention`, except where it computes eager's math on CPU in training
+(`scratch_attention_kernel.py`): with attention dropout on, where PyTorch's sdpa computes that same math and draws a
+slower mask, and in a bf16 step at short sequences on a machine where PyTorch's flash kernel is the slower.
 Any other name (flex, flash, kernels) is looked up in transformers' `ALL_ATTENTION_FUNCTIONS`. Masks arrive
 prepared (see `scratch_masks.py`): `None`, boolean (True = attend) or additive float, broadcastable to (B, H, T, S).
 
@@ -122,7 +123,7 @@ def sdpa_attention_forward(
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, cache=cache, **kwargs
         )
-    if takes_eager_math(query, key, module.training):  # bf16 training, short sequences, this CPU's flash the slower
+    if takes_eager_math(query, key, module.training, dropout):  # sdpa's own math, or its flash the slower here
         if attention_mask is None and module.is_causal and query.shape[2] > 1:
             attention_mask = causal_mask(query.shape[2], key.shape[2], query.device)
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)[0], None

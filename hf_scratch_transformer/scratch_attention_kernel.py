@@ -1,5 +1,15 @@
-"""Which kernel computes attention in a bf16 training step on CPU at short sequences: sdpa's flash kernel or the
-eager math (two products and a softmax, `scratch_attention.eager_attention_forward`).
+"""Where the sdpa back-end computes attention on CPU in training with the eager math (two products and a softmax,
+`scratch_attention.eager_attention_forward`) instead of PyTorch's `scaled_dot_product_attention`.
+
+With attention dropout on, PyTorch's CPU flash kernel does not apply (it has no dropout): sdpa computes the math
+path, as the eager back-end does, and draws its mask with `bernoulli_`, one call of the scalar generator per
+element through a float, which backward keeps in the input's dtype. The eager math draws it with
+`scratch_dropout.keep_mask` (2.5x cheaper) and keeps it as bool, so it is taken whenever the rate is above 0 in
+training mode (GPT-2's and BERT's defaults are 0.1); both keep the (B, H, T, S) probabilities for backward. On the
+AVX-512 AMD EPYC a GPT-2 training step of the benchmark went from 1.19x to 1.49x the native one in bf16 and from
+1.19x to 1.30x in fp32, BERT's from 1.31x to 1.67x and 1.32x to 1.44x (docs/performance.md).
+
+Without dropout, the other case is a bf16 step at short sequences: sdpa's flash kernel or the eager math.
 
 PyTorch's CPU flash-attention kernel is slow in bf16 at short sequences, its backward above all: forward and
 backward of 64 x 8 heads x 32 tokens (head size 64, causal) took 22.4 ms, against 5.0 ms for the eager math and
@@ -10,8 +20,9 @@ cost at most 6 bytes x 128 per query and head (the fp32 softmax output and its b
 key, value and output flash keeps at head size 64. Whether eager wins here is timed once per process, at the first
 such step, at EAGER_MAX_KEYS keys (the length least favourable to eager in that range on the Xeon, where its
 advantage grew as sequences shortened); the answer is taken for every shorter sequence. HF_SCRATCH_CPU_ATTENTION=
-sdpa|eager forces one. fp32, eval mode (inference: no backward), longer sequences, other devices, `torch.compile`
-and `torch.func` keep sdpa's kernel.
+sdpa|eager forces one (that choice only: with dropout there is none to make). Without dropout, fp32, eval mode
+(inference: no backward) and longer sequences keep sdpa's kernel; other devices, `torch.compile` and `torch.func`
+keep it with dropout too.
 """
 
 import functools
@@ -77,17 +88,15 @@ def causal_mask(query_length: int, key_length: int, device: torch.device) -> tor
     return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril_(key_length - query_length)
 
 
-def takes_eager_math(query: torch.Tensor, key: torch.Tensor, training: bool) -> bool:
-    """Whether sdpa attention over query (B, H, T, D) and key (B, K, S, D) computes the eager math instead: a bf16
-    CPU layer in training mode, over at most EAGER_MAX_KEYS keys, where this machine's flash kernel is slower.
+def takes_eager_math(query: torch.Tensor, key: torch.Tensor, training: bool, dropout: float) -> bool:
+    """Whether sdpa attention over query (B, H, T, D) and key (B, K, S, D) computes the eager math instead, on CPU:
+    - with attention dropout on (training): PyTorch's CPU flash kernel has no dropout, so sdpa computes this same
+      math there and draws its mask with `bernoulli_`; ours draws it with `scratch_dropout.keep_mask`, 2.5x cheaper;
+    - a bf16 layer in training mode, over at most EAGER_MAX_KEYS keys, where this machine's flash kernel is slower.
     Training mode, not gradient mode, decides: reentrant gradient checkpointing runs the forward without gradients
     and again with them, and both runs must compute (and drop out) alike."""
-    return (
-        training
-        and query.dtype == torch.bfloat16
-        and key.shape[2] <= EAGER_MAX_KEYS
-        and query.is_cpu
-        and not torch.compiler.is_compiling()
-        and not inside_torch_func()
-        and bf16_training_kernel() == "eager"
+    if not training or not query.is_cpu or torch.compiler.is_compiling() or inside_torch_func():
+        return False
+    return dropout > 0 or (
+        query.dtype == torch.bfloat16 and key.shape[2] <= EAGER_MAX_KEYS and bf16_training_kernel() == "eager"
     )

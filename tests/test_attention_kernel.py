@@ -1,6 +1,7 @@
-"""The bf16 CPU training attention choice (`scratch_attention_kernel`): both kernels give the same attention and
-gradients to bf16 rounding, forced either way, in a layer and in whole models; the eager math is taken only where
-the choice applies; the choice is made once per process and can be forced."""
+"""The sdpa back-end's eager math on CPU (`scratch_attention_kernel`). The bf16 training choice: both kernels give
+the same attention and gradients to bf16 rounding, forced either way, in a layer and in whole models; the eager math
+is taken only where the choice applies; the choice is made once per process and can be forced. With attention
+dropout: the eager math and its dropout mask, as the eager back-end draws it."""
 
 import pytest
 import torch
@@ -190,3 +191,48 @@ def test_reentrant_checkpointing_recomputes_the_same_attention_and_dropout(atten
     torch.testing.assert_close(loss, expected_loss)
     for grad, expected in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("choice", ["sdpa", "eager"])
+def test_attention_dropout_takes_the_eager_math_and_its_mask(attention, eager_calls, choice, dtype):
+    """With attention dropout on, PyTorch's CPU sdpa computes the math path itself (its flash kernel has no dropout)
+    and draws the mask with `bernoulli_`: our sdpa back-end computes the eager math instead, at any length, dtype or
+    timed choice, dropping the same entries as the eager back-end for the same seed."""
+    attention(choice)
+    layer = Layer(4, 2, causal=True)
+    generator = torch.Generator().manual_seed(0)
+    length = EAGER_MAX_KEYS + 8  # beyond the bf16 choice's reach: the dropout alone decides
+    query = torch.randn(2, 4, length, 16, generator=generator).to(dtype)
+    key, value = (torch.randn(2, 2, length, 16, generator=generator).to(dtype) for _ in "kv")
+    torch.manual_seed(1)
+    output, _ = scratch_attention.sdpa_attention_forward(layer, query, key, value, None, scaling=0.25, dropout=0.3)
+    assert eager_calls == [tuple(query.shape)]
+    layer.eval()  # a dropout rate outside training mode is applied as sdpa applies it, by sdpa
+    scratch_attention.sdpa_attention_forward(layer, query, key, value, None, scaling=0.25, dropout=0.3)
+    assert len(eager_calls) == 1
+    layer.train()
+    causal = scratch_attention_kernel.causal_mask(length, length, query.device)
+    torch.manual_seed(1)
+    expected, _ = scratch_attention.eager_attention_forward(layer, query, key, value, causal, 0.25, dropout=0.3)
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_training_step_with_attention_dropout_is_the_same_under_sdpa_and_eager(family):
+    """Both back-ends draw the attention dropout alike (the sdpa one drew it with `bernoulli_` before): one seed, one
+    loss and the same gradients, whichever `attn_implementation`."""
+    model = tiny_lm(family, attention_dropout=0.3).train()
+    inputs = lm_inputs(family)
+    results = {}
+    for implementation in ("sdpa", "eager"):
+        model.set_attn_implementation(implementation)
+        model.zero_grad()
+        torch.manual_seed(0)
+        loss = model(**inputs).loss
+        loss.backward()
+        results[implementation] = loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    (loss, grads), (expected_loss, expected_grads) = results["sdpa"], results["eager"]
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected, rtol=0, atol=0)
