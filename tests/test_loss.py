@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tiny_models import FAMILIES, lm_inputs, tiny_lm
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 
-from hf_scratch_transformer import scratch_loss
+from hf_scratch_transformer import scratch_loss, training
 from hf_scratch_transformer.scratch_loss import cross_entropy, lm_loss
 
 VOCAB = 11
@@ -29,14 +29,15 @@ def _logits_and_labels(rows: int, ignored: list[bool], dtype: torch.dtype, seed:
     return logits, labels
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 12), ignored=st.lists(st.booleans(), max_size=12),
-       reduction=st.sampled_from(["mean", "sum"]), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-def test_cross_entropy_matches_pytorch(rows, ignored, reduction, dtype):
+       reduction=st.sampled_from(["mean", "sum"]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       smoothing=st.sampled_from([0.0, 0.1, 0.35, 1.0]))
+def test_cross_entropy_matches_pytorch(rows, ignored, reduction, dtype, smoothing):
     logits, labels = _logits_and_labels(rows, ignored, dtype)
     ours_input, reference_input = logits.clone().requires_grad_(), logits.clone().requires_grad_()
-    ours = cross_entropy(ours_input, labels, reduction=reduction)
-    reference = F.cross_entropy(reference_input.float(), labels, reduction=reduction)
+    ours = cross_entropy(ours_input, labels, reduction=reduction, label_smoothing=smoothing)
+    reference = F.cross_entropy(reference_input.float(), labels, reduction=reduction, label_smoothing=smoothing)
     if (labels == -100).all() and reduction == "mean":
         assert ours.isnan() and reference.isnan()  # nothing counted: 0 / 0, as PyTorch says
         return
@@ -72,24 +73,41 @@ def test_double_backward_names_the_way_out():
         torch.autograd.grad(cross_entropy(x, labels), x, create_graph=True)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_small_logits_take_pytorch_with_the_same_values(dtype, monkeypatch):
+def test_small_logits_take_pytorch_with_the_same_values(dtype, smoothing, monkeypatch):
     """Below the cut-off `F.cross_entropy` (whose fixed cost is lower) gives the loss: same values and gradients,
     and it can be differentiated twice. At the cut-off, ours (which cannot)."""
     logits, labels = _logits_and_labels(9, [False, True], dtype)
     monkeypatch.setattr(scratch_loss, "MIN_LOGITS", 0)
     ours_input = logits.clone().requires_grad_()
-    ours_grad, = torch.autograd.grad(cross_entropy(ours_input, labels), ours_input)
+    ours_loss = cross_entropy(ours_input, labels, label_smoothing=smoothing)
+    ours_grad, = torch.autograd.grad(ours_loss, ours_input)
     monkeypatch.setattr(scratch_loss, "MIN_LOGITS", logits.numel() + 1)
     small_input = logits.clone().requires_grad_()
-    small_loss = cross_entropy(small_input, labels)
+    small_loss = cross_entropy(small_input, labels, label_smoothing=smoothing)
     small_grad, = torch.autograd.grad(small_loss, small_input, create_graph=True)
     assert small_grad.requires_grad  # PyTorch's, which has a double backward
-    torch.testing.assert_close(small_loss, cross_entropy(logits, labels, reduction="sum") / (labels != -100).sum())
+    torch.testing.assert_close(small_loss, ours_loss.detach())
     torch.testing.assert_close(small_grad, ours_grad, atol=1e-6, rtol=1e-5)
     monkeypatch.setattr(scratch_loss, "MIN_LOGITS", logits.numel())
     with pytest.raises(RuntimeError, match="ForCausalLMLoss"):
-        torch.autograd.grad(cross_entropy(small_input, labels), small_input, create_graph=True)
+        torch.autograd.grad(cross_entropy(small_input, labels, label_smoothing=smoothing), small_input,
+                            create_graph=True)
+
+
+def test_the_training_scripts_smoothed_objective_takes_ours():
+    """`training.label_smoothed_loss` (the train scripts' `--label-smoothing`, the seq2seq recipe's 0.1) computes
+    PyTorch's label-smoothed cross-entropy through ours, whose backward names itself when differentiated twice."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, VOCAB, generator=generator, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (2, 6), generator=generator)
+    labels[0, 0] = -100
+    loss = training.label_smoothed_loss(logits, labels, 0.1, shift=False)
+    expected = F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), label_smoothing=0.1)
+    torch.testing.assert_close(loss, expected)
+    with pytest.raises(RuntimeError, match="ForCausalLMLoss"):
+        torch.autograd.grad(loss, logits, create_graph=True)
 
 
 def test_torch_func_grad_matches_pytorch():
@@ -126,6 +144,13 @@ def test_models_use_it_and_a_set_loss_function_wins(family, monkeypatch):
     torch.testing.assert_close(model(**inputs).loss, loss, atol=1e-6, rtol=1e-6)
     model.loss_function = lambda **kwargs: torch.tensor(42.0)
     assert model(**inputs).loss.item() == 42.0
+
+
+def test_label_smoothing_out_of_range_is_named():
+    logits, labels = _logits_and_labels(4, [], torch.float32)
+    for smoothing in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=f"`label_smoothing` must be between 0.0 and 1.0, got {smoothing}"):
+            cross_entropy(logits, labels, label_smoothing=smoothing)
 
 
 def test_unsupported_reduction_is_named():
