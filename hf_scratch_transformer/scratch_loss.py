@@ -11,9 +11,9 @@ fp32 rounding. With label smoothing (PyTorch's definition) the gradient is softm
 the same pass: 2048 x 8192 logits, forward and backward, 34 ms against `F.cross_entropy`'s 81 in fp32, 64 against
 114 from bf16 logits (AVX-512 AMD EPYC). Its fixed cost (about twenty small operations and a Python
 `autograd.Function`, about 0.1 ms) is more than its backward saves below about half a million logits (nanoGPT's
-768 x 65: 0.18-0.29 ms against 0.10-0.15 ms), so there, as on other devices, under `torch.compile` and under `torch.func` transforms, the loss is
-`F.cross_entropy` as in transformers. Our backward cannot be differentiated again (create_graph=True): it says so
-and names the way out.
+768 x 65: 0.18-0.29 ms against 0.10-0.15 ms), so there, as on other devices, under `torch.compile` and under
+`torch.func` transforms, the loss is `F.cross_entropy` as in transformers. Our backward cannot be differentiated
+again (create_graph=True): it says so and names the way out.
 """
 
 import torch

@@ -527,7 +527,8 @@ def markdown(report: dict) -> str:
         kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernel chosen ({k['setting']}): decoding "
                    f"steps {decoding}, prefill {k['fp32 prefill']}, training {k['fp32 training']}; CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
-                   f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel).")
+                   f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
+                   f"dropout (GPT-2's and BERT's) the eager math with our mask, as sdpa computes it there (no choice).")
     lines = [
         "# Benchmarks: Scratch families vs native `transformers`", "",
         f"Machine: {m['gpu'] + ' with ' if m['gpu'] else ''}{m['cpu']}, {m['cores']} cores, torch {m['torch']} "
