@@ -4,12 +4,12 @@ are under gradient accumulation.
 
 On CPU, PyTorch's backward of `cross_entropy` over a (tokens, vocab) matrix (nll_loss backward into a zero-filled
 matrix, then log_softmax backward) takes several times its forward: for 2048 x 8192 logits, forward and backward
-cost 73-103 ms in fp32 here, 91 ms from bf16 logits. The gradient is softmax minus the one-hot target; computed in
-one pass from the saved log-probabilities, forward and backward take 30 ms and 59 ms. The log-probabilities are
+cost 73-103 ms in fp32 here, 91-109 ms from bf16 logits. The gradient is softmax minus the one-hot target; computed
+in one pass from the saved log-probabilities, forward and backward take 30 ms and 49-52 ms. The log-probabilities are
 PyTorch's own (`log_softmax` in fp32, the upcast transformers does), so the loss is the same; gradients agree to
 fp32 rounding. With label smoothing (PyTorch's definition) the gradient is softmax minus the smoothed targets, in
-the same pass: 2048 x 8192 logits, forward and backward, 34 ms against `F.cross_entropy`'s 81 in fp32, 64 against
-114 from bf16 logits (AVX-512 AMD EPYC). Its fixed cost (about twenty small operations and a Python
+the same pass: 2048 x 8192 logits, forward and backward, 34 ms against `F.cross_entropy`'s 81 in fp32, 54 against
+114-131 from bf16 logits (AVX-512 AMD EPYC). Its fixed cost (about twenty small operations and a Python
 `autograd.Function`, about 0.1 ms) is more than its backward saves below about half a million logits (nanoGPT's
 768 x 65: 0.18-0.29 ms against 0.10-0.15 ms), so there, as on other devices, under `torch.compile` and under
 `torch.func` transforms, the loss is `F.cross_entropy` as in transformers. Our backward cannot be differentiated
@@ -41,7 +41,14 @@ class _SummedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, smoothing: float):
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        fp32_logits = logits.float()  # (N, V); a fresh copy unless the logits are fp32 already
+        if fp32_logits is logits:  # the caller's tensor (the model output's `logits`): never written
+            log_probs = torch.log_softmax(fp32_logits, dim=-1)
+        else:
+            # Into the copy: one fresh (N, V) fp32 buffer, not two. Its page faults cost as much as the arithmetic:
+            # 2048 x 8192 from bf16, 21 against 39 ms (AVX-512 AMD EPYC). The kernel takes a row's maximum and sum
+            # before it writes the row, each output from its own input: the same values, bit for bit (test_loss).
+            log_probs = torch.log_softmax(fp32_logits, dim=-1, out=fp32_logits)
         row_loss = -log_probs.gather(-1, _label_index(labels, ignore_index)).squeeze(-1)  # (N,)
         if smoothing:
             row_loss = (1 - smoothing) * row_loss - smoothing / log_probs.shape[-1] * log_probs.sum(-1)

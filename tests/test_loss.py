@@ -48,6 +48,25 @@ def test_cross_entropy_matches_pytorch(rows, ignored, reduction, dtype, smoothin
     torch.testing.assert_close(ours_input.grad, reference_input.grad, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_log_probabilities_are_pytorchs_and_the_logits_are_left_alone(dtype, layout):
+    """Wide rows (the vectorized kernel), in either memory order: the saved log-probabilities are `log_softmax` of
+    the fp32 logits, bit for bit, also where they are computed into the fp32 copy, and the caller's logits (an fp32
+    model output is its own copy) are unchanged by forward and backward."""
+    logits = (3 * torch.randn(40, 1000, generator=torch.Generator().manual_seed(0))).to(dtype)
+    if layout == "columns":
+        logits = logits.t().contiguous().t()
+    labels = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(1))
+    logits.requires_grad_()
+    before = logits.detach().clone()
+    total, log_probs = scratch_loss._SummedCrossEntropy.apply(logits, labels, -100, 0.0)
+    assert torch.equal(log_probs, torch.log_softmax(before.float(), dim=-1))
+    torch.testing.assert_close(total, F.cross_entropy(before.float(), labels, reduction="sum"))
+    total.backward()
+    assert torch.equal(logits.detach(), before)
+
+
 @pytest.mark.parametrize("num_items_in_batch", [None, 7, torch.tensor(5)])
 @pytest.mark.parametrize("shift, reference", [(True, ForCausalLMLoss), (False, ForMaskedLMLoss)])
 def test_lm_loss_matches_transformers(shift, reference, num_items_in_batch):
