@@ -19,8 +19,10 @@ VOCAB = 99
 CLASSES = {"ours": ScratchDecoderForCausalLM, "native": LlamaForCausalLM}
 NEW_TOKENS = 8
 # Int8 rounding moves these logits by about 1% of their largest value (0.7% weight-only, 1.2% with int8 activations
-# too); a weight read without its scale, transposed, or left out is off by its whole size. 3% sits between.
-QUANTIZATION_TOLERANCE = 0.03
+# too); a weight read without its scale, transposed, or left out is off by its whole size. 3% sits between. With int8
+# activations the product is oneDNN's int8 one, which on a CPU without AVX-512 VNNI (an AVX2 host; here oneDNN limited
+# to AVX2, or to AVX2_VNNI, which this CPU lacks) moves them by 9.7%, the native Llama's exactly as ours: 15% there.
+QUANTIZATION_TOLERANCE = {"Int8WeightOnlyConfig": 0.03, "Int8DynamicActivationInt8WeightConfig": 0.15}
 
 
 @pytest.fixture
@@ -133,7 +135,7 @@ def test_torchao_int8_loads_runs_generates_and_reloads(method, folders, inputs, 
     logits, tokens = results["ours"]
     reference = fp32["ours"][0]
     error = (logits - reference).abs().max().item()
-    assert 0 < error <= QUANTIZATION_TOLERANCE * reference.abs().max().item(), error
+    assert 0 < error <= QUANTIZATION_TOLERANCE[method] * reference.abs().max().item(), error
     # The native Llama, treated the same way, computes the same products: to fp32 rounding, the same tokens.
     torch.testing.assert_close(logits, results["native"][0], atol=1e-5, rtol=1e-5)
     assert torch.equal(tokens, results["native"][1]) and tokens.shape[1] == inputs["input_ids"].shape[1] + NEW_TOKENS
