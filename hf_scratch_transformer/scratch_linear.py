@@ -48,18 +48,18 @@ def inside_torch_func() -> bool:
 
 class _OneDNNLinearFunction(torch.autograd.Function):
     """The three products of a linear layer (forward, input grad, weight grad), each through oneDNN, differentiable
-    again (double backward) and with a forward-mode rule (`torch.autograd.forward_ad`), as `F.linear`."""
+    again (double backward) and with a forward-mode rule (`torch.autograd.forward_ad`), as `F.linear`.
+    A forward that takes `ctx` itself, not a `setup_context`: with one, every `apply` binds its arguments through
+    `inspect.signature`, 31 us a call (136 against 105 us for 80 x 128 -> 384 on one core, AVX-512 AMD EPYC; 0.5 ms a
+    step at nanoGPT's size). `setup_context` is what `torch.func` transforms need, and under them products take
+    `F.linear` (`inside_torch_func`)."""
 
     @staticmethod
-    def forward(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return onednn_linear(inputs, weight, bias)
-
-    @staticmethod
-    def setup_context(ctx, inputs_and_parameters, output) -> None:
-        inputs, weight, bias = inputs_and_parameters
+    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(inputs, weight)
         ctx.save_for_forward(inputs, weight)
         ctx.has_bias = bias is not None
+        return onednn_linear(inputs, weight, bias)
 
     @staticmethod
     def jvp(ctx, inputs_tangent, weight_tangent, bias_tangent):
