@@ -98,8 +98,8 @@ KERNELS_VARIABLE = "HF_SCRATCH_CPU_KERNELS"
 KERNELS = ("auto", "native", "onednn")
 FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into reading the weight
 # The three ways a process runs products, each with its own kernel choice: the kernels rank differently in each
-# (AVX-512 AMD EPYC: oneDNN at about half the BLAS's time one row at a time, 0.78-0.84 of it over 512 rows without
-# gradients, within noise of it with the gradient products of training; docs/performance.md).
+# (AVX-512 AMD EPYC: oneDNN at about half the BLAS's time one row at a time, 0.78-0.93 of it over 512 rows without
+# gradients, by host and hour, within noise of it with the gradient products of training; docs/performance.md).
 DECODING = "decoding"  # up to FEW_ROWS rows
 PREFILL = "prefill"  # more rows, no gradients recorded (prefill, evaluation, pipelines)
 TRAINING = "training"  # more rows, gradients recorded
@@ -107,7 +107,7 @@ TRAINING = "training"  # more rows, gradients recorded
 # native path. Prefill's timing (one forward over 512 rows, best of 5 rounds) is the steadiest, and what it measures
 # is what a model gets: on an AVX-512 AMD EPYC it read 0.89-0.93 in fresh processes while whole models prefilled
 # 5-14% faster with oneDNN, so at 0.9 the choice flipped from one process to the next (docs/performance.md); with
-# the instruction set limited to AVX2 it read 0.96-1.05 (models tie), on an Intel Xeon oneDNN is 1.3-1.6x slower.
+# the instruction set limited to AVX2 it read 0.97-1.07 (models tie), on an Intel Xeon oneDNN is 1.3-1.6x slower.
 ONEDNN_MARGINS = {DECODING: 0.9, PREFILL: 0.95, TRAINING: 0.9}
 
 

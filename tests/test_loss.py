@@ -52,8 +52,8 @@ def test_cross_entropy_matches_pytorch(rows, ignored, reduction, dtype, smoothin
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_log_probabilities_are_pytorchs_and_the_logits_are_left_alone(dtype, layout):
     """Wide rows (the vectorized kernel), in either memory order: the saved log-probabilities are `log_softmax` of
-    the fp32 logits, bit for bit, also where they are computed into the fp32 copy, and the caller's logits (an fp32
-    model output is its own copy) are unchanged by forward and backward."""
+    the fp32 logits, bit for bit, also where they are computed into the fp32 copy, and the caller's logits are
+    unchanged by forward and backward (fp32 logits are the caller's tensor itself, not a copy)."""
     logits = (3 * torch.randn(40, 1000, generator=torch.Generator().manual_seed(0))).to(dtype)
     if layout == "columns":
         logits = logits.t().contiguous().t()

@@ -20,8 +20,8 @@ CLASSES = {"ours": ScratchDecoderForCausalLM, "native": LlamaForCausalLM}
 NEW_TOKENS = 8
 # Int8 rounding moves these logits by about 1% of their largest value (0.7% weight-only, 1.2% with int8 activations
 # too); a weight read without its scale, transposed, or left out is off by its whole size. 3% sits between. With int8
-# activations the product is oneDNN's int8 one, which on a CPU without AVX-512 VNNI (an AVX2 host; here oneDNN limited
-# to AVX2, or to AVX2_VNNI, which this CPU lacks) moves them by 9.7%, the native Llama's exactly as ours: 15% there.
+# activations the product is oneDNN's int8 one, which on a CPU without AVX-512 VNNI (an AVX2 host; measured with
+# oneDNN limited to AVX2 on an AMD EPYC) moves them by 9.7%, the native Llama's exactly as ours: 15% for that method.
 QUANTIZATION_TOLERANCE = {"Int8WeightOnlyConfig": 0.03, "Int8DynamicActivationInt8WeightConfig": 0.15}
 
 
