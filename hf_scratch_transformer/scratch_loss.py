@@ -4,16 +4,17 @@ are under gradient accumulation.
 
 On CPU, PyTorch's backward of `cross_entropy` over a (tokens, vocab) matrix (nll_loss backward into a zero-filled
 matrix, then log_softmax backward) takes several times its forward: for 2048 x 8192 logits, forward and backward
-cost 73-103 ms in fp32 here, 91-109 ms from bf16 logits. The gradient is softmax minus the one-hot target; computed
-in one pass from the saved log-probabilities, forward and backward take 30 ms and 49-52 ms. The log-probabilities are
-PyTorch's own (`log_softmax` in fp32, the upcast transformers does), so the loss is the same; gradients agree to
-fp32 rounding. With label smoothing (PyTorch's definition) the gradient is softmax minus the smoothed targets, in
-the same pass: 2048 x 8192 logits, forward and backward, 34 ms against `F.cross_entropy`'s 81 in fp32, 54 against
-114-131 from bf16 logits (AVX-512 AMD EPYC). Its fixed cost (about twenty small operations and a Python
-`autograd.Function`, about 0.1 ms) is more than its backward saves below about half a million logits (nanoGPT's
-768 x 65: 0.18-0.29 ms against 0.10-0.15 ms), so there, as on other devices, under `torch.compile` and under
-`torch.func` transforms, the loss is `F.cross_entropy` as in transformers. Our backward cannot be differentiated
-again (create_graph=True): it says so and names the way out.
+cost 73-103 ms in fp32, 91-109 ms from bf16 logits (AVX-512 AMD EPYC). The gradient is softmax minus the one-hot
+target; computed in one pass from the saved log-probabilities, forward and backward take 30 ms and 49-52 ms there
+(docs/performance.md has the AVX2 figures). The log-probabilities are PyTorch's own (`log_softmax` in fp32, the
+upcast transformers does), so the loss is the same; gradients agree to fp32 rounding. With label smoothing
+(PyTorch's definition) the gradient is softmax minus the smoothed targets, in the same pass: 2048 x 8192 logits,
+forward and backward, 34 ms against `F.cross_entropy`'s 81 in fp32, 54 against 114-131 from bf16 logits (AVX-512 AMD
+EPYC). Its fixed cost (about twenty small operations and a Python `autograd.Function`, about 0.1 ms) is more than
+its backward saves below about half a million logits (nanoGPT's 768 x 65: 0.18-0.29 ms against 0.10-0.15 ms), so
+there, as on other devices, under `torch.compile` and under `torch.func` transforms, the loss is `F.cross_entropy`
+as in transformers. Our backward cannot be differentiated again (create_graph=True): it says so and names the way
+out.
 """
 
 import torch
