@@ -5,11 +5,12 @@ are under gradient accumulation.
 On CPU, PyTorch's backward of `cross_entropy` over a (tokens, vocab) matrix (nll_loss backward into a zero-filled
 matrix, then log_softmax backward) takes several times its forward: for 2048 x 8192 logits, forward and backward
 cost 73-103 ms in fp32, 91-109 ms from bf16 logits (AVX-512 AMD EPYC). The gradient is softmax minus the one-hot
-target; computed in one pass from the saved log-probabilities, forward and backward take 30 ms and 49-52 ms there
+target; computed in one pass from the saved log-probabilities, forward and backward take 30 ms there from fp32,
+29-33 ms from bf16, whose log-probabilities are computed a chunk of rows at a time, in forward and again in backward
 (docs/performance.md has the AVX2 figures). The log-probabilities are PyTorch's own (`log_softmax` in fp32, the
 upcast transformers does), so the loss is the same; gradients agree to fp32 rounding. With label smoothing
 (PyTorch's definition) the gradient is softmax minus the smoothed targets, in the same pass: 2048 x 8192 logits,
-forward and backward, 34 ms against `F.cross_entropy`'s 81 in fp32, 54 against 114-131 from bf16 logits (AVX-512 AMD
+forward and backward, 34 ms against `F.cross_entropy`'s 81 in fp32, 31 against 118 from bf16 logits (AVX-512 AMD
 EPYC). Its fixed cost (about twenty small operations and a Python `autograd.Function`, about 0.1 ms) is more than
 its backward saves below about half a million logits (nanoGPT's 768 x 65: 0.18-0.29 ms against 0.10-0.15 ms), so
 there, as on other devices, under `torch.compile` and under `torch.func` transforms, the loss is `F.cross_entropy`
@@ -34,55 +35,88 @@ def _label_index(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return labels.masked_fill(labels == ignore_index, 0)[:, None]
 
 
+# Logits that are not fp32 go through the loss this many bytes of fp32 at a time (about a hundred rows of a
+# vocabulary of 8192): a chunk stays in the caches and its buffer is reused, where the whole (N, V) fp32 copy was a
+# fresh allocation whose page faults cost as much as the arithmetic.
+CHUNK_BYTES = 4 << 20
+
+
+def _row_losses(log_probs: torch.Tensor, index: torch.Tensor, smoothing: float, out: torch.Tensor) -> None:
+    """log_probs (n, V) fp32, index (n, 1) -> each row's loss against the smoothed target, written into out (n,)."""
+    torch.gather(log_probs, -1, index, out=out[:, None]).neg_()
+    if smoothing:
+        out.mul_(1 - smoothing).sub_(log_probs.sum(-1), alpha=smoothing / log_probs.shape[-1])
+
+
+def _softmax_minus_targets_(log_probs: torch.Tensor, index: torch.Tensor, row_weight: torch.Tensor,
+                            smoothing: float) -> torch.Tensor:
+    """The gradient of the rows' weighted losses, (softmax - smoothed target) * row_weight, written over log_probs
+    (n, V) fp32; index and row_weight (n, 1)."""
+    probs = log_probs.exp_()
+    if smoothing:
+        probs.sub_(smoothing / probs.shape[-1])
+    label_weight = torch.full_like(row_weight, smoothing - 1)
+    return probs.scatter_add_(-1, index, label_weight).mul_(row_weight)
+
+
 class _SummedCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy against targets smoothed by `smoothing` (PyTorch's `label_smoothing`: (1 - smoothing) on
     the label, smoothing / V on every class; 0 is the negative log-likelihood): logits (N, V) in any float dtype,
-    labels (N,) -> fp32 scalar, rows labelled `ignore_index` counting for nothing. Also returns the (N, V) fp32
-    log-probabilities, which backward reuses."""
+    labels (N,) -> fp32 scalar, rows labelled `ignore_index` counting for nothing.
+
+    fp32 logits: the (N, V) log-probabilities are saved, and backward writes the gradient over them. Other dtypes:
+    the fp32 log-probabilities exist one chunk of rows at a time (`CHUNK_BYTES`), forward and backward (which
+    computes them again from the saved logits): no (N, V) fp32 buffer at all. Recomputing costs more than it saves
+    for fp32 logits, whose gradient is an (N, V) fp32 buffer anyway. 2048 x 8192, forward and backward: from bf16
+    29-33 against 45-48 ms with the whole fp32 copy, fp32 37 ms saved against 42-46 recomputed (AVX-512 AMD EPYC)."""
 
     @staticmethod
-    def forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, smoothing: float):
-        fp32_logits = logits.float()  # (N, V); a fresh copy unless the logits are fp32 already
-        if fp32_logits is logits:  # the caller's tensor (the model output's `logits`): never written
-            log_probs = torch.log_softmax(fp32_logits, dim=-1)
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, smoothing: float):
+        index = _label_index(labels, ignore_index)
+        row_loss = torch.empty(labels.shape, dtype=torch.float32, device=logits.device)  # (N,)
+        if logits.dtype == torch.float32:
+            log_probs = torch.log_softmax(logits, dim=-1)  # a new tensor: the caller's logits are never written
+            _row_losses(log_probs, index, smoothing, row_loss)
+            ctx.save_for_backward(log_probs, labels)
         else:
-            # Into the copy: one fresh (N, V) fp32 buffer, not two. Its page faults cost as much as the arithmetic:
-            # 2048 x 8192 from bf16, 21 against 39 ms (AVX-512 AMD EPYC). The kernel takes a row's maximum and sum
-            # before it writes the row, each output from its own input: the same values, bit for bit (test_loss).
-            log_probs = torch.log_softmax(fp32_logits, dim=-1, out=fp32_logits)
-        row_loss = -log_probs.gather(-1, _label_index(labels, ignore_index)).squeeze(-1)  # (N,)
-        if smoothing:
-            row_loss = (1 - smoothing) * row_loss - smoothing / log_probs.shape[-1] * log_probs.sum(-1)
-        return (row_loss * (labels != ignore_index)).sum(), log_probs
+            for rows, log_probs in _fp32_log_probs_by_chunk(logits):
+                _row_losses(log_probs, index[rows], smoothing, row_loss[rows])
+            ctx.save_for_backward(logits, labels)
+        ctx.ignore_index, ctx.smoothing = ignore_index, smoothing
+        return (row_loss * (labels != ignore_index)).sum()
 
     @staticmethod
-    def setup_context(ctx, inputs, outputs) -> None:
-        logits, labels, ignore_index, smoothing = inputs
-        ctx.mark_non_differentiable(outputs[1])
-        ctx.set_materialize_grads(False)  # no zero-filled (N, V) gradient for the log-probabilities output
-        ctx.save_for_backward(outputs[1], labels)
-        ctx.ignore_index, ctx.smoothing, ctx.logits_dtype = ignore_index, smoothing, logits.dtype
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_log_probs: None):
+    def backward(ctx, grad_loss: torch.Tensor):
         if torch.is_grad_enabled():
             raise RuntimeError(
                 "The Scratch language-model loss computes its gradient from saved log-probabilities and cannot be "
                 "differentiated twice (create_graph=True) on CPU; set `model.loss_function` to transformers' "
                 "`ForCausalLMLoss` / `ForMaskedLMLoss` (transformers.loss.loss_utils) for that."
             )
-        log_probs, labels = ctx.saved_tensors
+        saved, labels = ctx.saved_tensors
         index = _label_index(labels, ctx.ignore_index)
-        row_weight = (labels != ctx.ignore_index).to(log_probs.dtype)[:, None] * grad_loss  # (N, 1)
-        # softmax - targets, written over the saved log-probabilities: a fresh (N, V) buffer costs as much as the
-        # arithmetic (page faults). A second backward through this graph (retain_graph=True) would need them:
-        # autograd then raises, as for any saved tensor modified in place.
-        probs = log_probs.exp_()
-        if ctx.smoothing:
-            probs.sub_(ctx.smoothing / probs.shape[-1])
-        label_weight = torch.full_like(row_weight, ctx.smoothing - 1)
-        grad_logits = probs.scatter_add_(-1, index, label_weight).mul_(row_weight)
-        return grad_logits.to(ctx.logits_dtype), None, None, None
+        row_weight = (labels != ctx.ignore_index).to(torch.float32)[:, None] * grad_loss  # (N, 1)
+        if saved.dtype == torch.float32:
+            # Over the saved log-probabilities: a fresh (N, V) buffer costs as much as the arithmetic (page faults).
+            # A second backward through this graph (retain_graph=True) would need them: autograd then raises, as for
+            # any saved tensor modified in place.
+            return _softmax_minus_targets_(saved, index, row_weight, ctx.smoothing), None, None, None
+        grad_logits = torch.empty_like(saved)
+        for rows, log_probs in _fp32_log_probs_by_chunk(saved):
+            grad_logits[rows] = _softmax_minus_targets_(log_probs, index[rows], row_weight[rows], ctx.smoothing)
+        return grad_logits, None, None, None
+
+
+def _fp32_log_probs_by_chunk(logits: torch.Tensor):
+    """logits (N, V) -> (rows, log_probs) for consecutive slices of rows, log_probs (n, V) fp32 in one reused
+    buffer: `log_softmax` of the upcast rows, bit for bit (the kernel reads a row's maximum and sum before it writes
+    the row)."""
+    rows_per_chunk = max(1, CHUNK_BYTES // (4 * logits.shape[-1]))
+    buffer = torch.empty(min(rows_per_chunk, logits.shape[0]), logits.shape[-1], device=logits.device)
+    for start in range(0, logits.shape[0], rows_per_chunk):
+        rows = slice(start, start + rows_per_chunk)
+        chunk = buffer[:logits[rows].shape[0]]
+        yield rows, torch.log_softmax(chunk.copy_(logits[rows]), dim=-1, out=chunk)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
@@ -97,7 +131,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
             or inside_torch_func()):
         return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction=reduction,
                                label_smoothing=label_smoothing)
-    total, _ = _SummedCrossEntropy.apply(logits, labels, ignore_index, label_smoothing)
+    total = _SummedCrossEntropy.apply(logits, labels, ignore_index, label_smoothing)
     if reduction == "sum":
         return total
     return total / (labels != ignore_index).sum()  # the mean over counted rows; 0 / 0 = nan, as F.cross_entropy

@@ -48,23 +48,31 @@ def test_cross_entropy_matches_pytorch(rows, ignored, reduction, dtype, smoothin
     torch.testing.assert_close(ours_input.grad, reference_input.grad, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("layout", ["rows", "columns"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_log_probabilities_are_pytorchs_and_the_logits_are_left_alone(dtype, layout):
-    """Wide rows (the vectorized kernel), in either memory order: the saved log-probabilities are `log_softmax` of
-    the fp32 logits, bit for bit, also where they are computed into the fp32 copy, and the caller's logits are
-    unchanged by forward and backward (fp32 logits are the caller's tensor itself, not a copy)."""
+def test_every_chunk_of_rows_is_pytorchs_and_the_logits_are_left_alone(dtype, layout, smoothing, monkeypatch):
+    """Wide rows (the vectorized kernel), in either memory order, cut into chunks of 3 rows and a last of 1 (logits
+    that are not fp32 go through the loss a chunk at a time): loss and gradient are `F.cross_entropy`'s of the fp32
+    logits to fp32 rounding, and the caller's logits are unchanged by forward and backward (fp32 logits are the
+    caller's tensor itself, not a copy)."""
+    monkeypatch.setattr(scratch_loss, "CHUNK_BYTES", 3 * 4 * 1000)
     logits = (3 * torch.randn(40, 1000, generator=torch.Generator().manual_seed(0))).to(dtype)
     if layout == "columns":
         logits = logits.t().contiguous().t()
     labels = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(1))
+    labels[[0, 4, 39]] = -100  # in the first chunk, inside one, and the last
     logits.requires_grad_()
     before = logits.detach().clone()
-    total, log_probs = scratch_loss._SummedCrossEntropy.apply(logits, labels, -100, 0.0)
-    assert torch.equal(log_probs, torch.log_softmax(before.float(), dim=-1))
-    torch.testing.assert_close(total, F.cross_entropy(before.float(), labels, reduction="sum"))
+    reference_input = before.float().requires_grad_()
+    reference = F.cross_entropy(reference_input, labels, reduction="sum", label_smoothing=smoothing)
+    total = scratch_loss._SummedCrossEntropy.apply(logits, labels, -100, smoothing)
+    torch.testing.assert_close(total, reference)
     total.backward()
+    reference.backward()
     assert torch.equal(logits.detach(), before)
+    assert logits.grad.dtype == dtype and logits.grad.stride() == logits.stride()
+    torch.testing.assert_close(logits.grad, reference_input.grad.to(dtype))  # within the dtype's rounding
 
 
 @pytest.mark.parametrize("num_items_in_batch", [None, 7, torch.tensor(5)])
