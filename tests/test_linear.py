@@ -193,15 +193,23 @@ def test_auto_times_each_regime_once_and_keeps_the_choice(kernels, onednn_calls,
                                                scratch_linear.TRAINING)] == ["native", "onednn", "native"]
 
 
-@pytest.mark.parametrize("onednn_time, prefill", [(0.93, "onednn"), (0.96, "native"), (1.0, "native")])
-def test_prefill_takes_onednn_from_5_percent_faster_the_other_regimes_from_10(kernels, monkeypatch, onednn_time,
-                                                                              prefill):
+@pytest.mark.parametrize("onednn_time, prefill, decoding, training", [
+    (0.5, "onednn", "onednn", "onednn"),
+    (0.85, "onednn", "onednn", "native"),
+    (0.93, "onednn", "native", "native"),
+    (0.96, "native", "native", "native"),
+    (1.0, "native", "native", "native"),
+])
+def test_onednn_must_be_5_percent_faster_for_prefill_10_for_decoding_20_for_training(kernels, monkeypatch, onednn_time,
+                                                                                     prefill, decoding, training):
     """The margins of ONEDNN_MARGINS: prefill's timing is the steadiest, and at 0.89-0.93 of the BLAS's time whole
-    models prefilled 5-14% faster with oneDNN (AVX-512 AMD EPYC); decoding steps and training keep 10%."""
+    models prefilled 5-14% faster with oneDNN (AVX-512 AMD EPYC); decoding steps keep 10%; training's timing, the
+    noisiest, read 0.83-1.11 there where whole models tie or lose with oneDNN, so it needs 20%."""
     monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, onednn_time))
     kernels("auto")
     assert fp32_kernel(scratch_linear.PREFILL) == prefill
-    assert fp32_kernel(scratch_linear.DECODING) == fp32_kernel(scratch_linear.TRAINING) == "native"
+    assert fp32_kernel(scratch_linear.DECODING) == decoding
+    assert fp32_kernel(scratch_linear.TRAINING) == training
 
 
 @pytest.mark.parametrize("regime", ["training", "prefill", "decoding"])
@@ -230,7 +238,8 @@ def test_training_products_are_timed_on_one_core_the_others_on_the_process_threa
 def test_decoding_is_timed_over_more_rounds(monkeypatch):
     """A decoding round is short (about 1 ms) and a core busy with other work stalls its two-thread product, so it
     is timed over TIMED_ROUNDS' 20 rounds (3 rounds picked the BLAS in 4 of 9 processes with one core busy), prefill
-    over 5 (its margin is the narrower), training over 3; each after a warm-up round."""
+    over 5 (its margin is the narrower), training over 8 (over 3 its one-core timing spread over 0.83-1.11); each
+    after a warm-up round."""
     calls, product = [], F.linear
 
     def linear(*args):
@@ -243,7 +252,7 @@ def test_decoding_is_timed_over_more_rounds(monkeypatch):
         scratch_linear.time_kernels(regime, shape=(16, 8))
         per_round = 5 if regime == scratch_linear.DECODING else 1
         assert len(calls) == (scratch_linear.TIMED_ROUNDS[regime] + 1) * per_round
-    assert scratch_linear.TIMED_ROUNDS == {"decoding": 20, "prefill": 5, "training": 3}
+    assert scratch_linear.TIMED_ROUNDS == {"decoding": 20, "prefill": 5, "training": 8}
 
 
 def test_decoding_chooses_again_for_each_thread_count(kernels, onednn_calls, monkeypatch):
