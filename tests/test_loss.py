@@ -75,6 +75,23 @@ def test_every_chunk_of_rows_is_pytorchs_and_the_logits_are_left_alone(dtype, la
     torch.testing.assert_close(logits.grad, reference_input.grad.to(dtype))  # within the dtype's rounding
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunks_change_nothing_bit_for_bit(dtype, monkeypatch):
+    """The loss and gradient from chunks of rows are those of the whole matrix in one chunk, bit for bit: every
+    operation works row by row."""
+    logits = (3 * torch.randn(40, 1000, generator=torch.Generator().manual_seed(0))).to(dtype)
+    labels = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(1))
+    labels[7] = -100
+    results = []
+    for chunk_rows in (40, 3):
+        monkeypatch.setattr(scratch_loss, "CHUNK_BYTES", chunk_rows * 4 * 1000)
+        x = logits.clone().requires_grad_()
+        total = scratch_loss._SummedCrossEntropy.apply(x, labels, -100, 0.1)
+        total.backward()
+        results.append((total, x.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 @pytest.mark.parametrize("num_items_in_batch", [None, 7, torch.tensor(5)])
 @pytest.mark.parametrize("shift, reference", [(True, ForCausalLMLoss), (False, ForMaskedLMLoss)])
 def test_lm_loss_matches_transformers(shift, reference, num_items_in_batch):
