@@ -65,12 +65,16 @@ ACTIVATIONS = {
 }
 
 
-# The ACT2FN activations of ACTIVATIONS -> the same kernel writing over its input (the same values, bit for bit).
+# The classes of ACT2FN's modules that ACTIVATIONS makes -> the same kernel writing over its input (the same values,
+# bit for bit). Looked up by the class of the module `act_fn` holds at each call, so an activation swapped in later is
+# called as it is (but ACT2FN's "gelu_python" and "gelu_python_tanh" share these classes: swapped in, without
+# gradients they get the C kernel's rounding); a table of the module, not an attribute of it, so a model still
+# pickles (an op does not).
 IN_PLACE_ACTIVATIONS = {
-    "relu": torch.relu_,
-    "gelu": torch.ops.aten.gelu_,
-    "gelu_pytorch_tanh": functools.partial(torch.ops.aten.gelu_, approximate="tanh"),
-    "silu": torch.ops.aten.silu_,
+    type(ACT2FN["relu"]): torch.relu_,
+    type(ACT2FN["gelu"]): torch.ops.aten.gelu_,
+    type(ACT2FN["gelu_pytorch_tanh"]): functools.partial(torch.ops.aten.gelu_, approximate="tanh"),
+    type(ACT2FN["silu"]): torch.ops.aten.silu_,
 }
 
 
@@ -81,7 +85,6 @@ class ScratchFeedForward(nn.Module):
         super().__init__()
         activation, self.gated = ACTIVATIONS[config.hidden_act]
         self.act_fn = ACT2FN[activation]
-        self.act_in_place = IN_PLACE_ACTIVATIONS[activation]
         # Gated variants compute gate and up projections with one matmul: (B, T, 2 * intermediate).
         up_size = 2 * config.intermediate_size if self.gated else config.intermediate_size
         self.up_proj = ScratchLinear(config.hidden_size, up_size, bias=config.use_bias)
@@ -99,8 +102,10 @@ class ScratchFeedForward(nn.Module):
         autograd graph keeps it (inference, evaluation), no hook saw it or expects to see the activation, on CPU.
         There a fresh (B, T, intermediate) tensor costs page faults on every forward: at the benchmark's size BERT
         prefilled 8-11% faster, Marian 2-3%, GPT-2 as fast (AVX-512 AMD EPYC; BERT 7.5% limited to AVX2)."""
+        in_place = IN_PLACE_ACTIVATIONS.get(type(self.act_fn))
         if (
-            projected.requires_grad
+            in_place is None
+            or projected.requires_grad
             or not projected.is_cpu
             or type(projected) is not torch.Tensor  # a subclass (DTensor, fake) keeps its own semantics
             or torch.compiler.is_compiling()
@@ -112,7 +117,7 @@ class ScratchFeedForward(nn.Module):
             or module_hooks._global_forward_pre_hooks
         ):
             return self.act_fn(projected)
-        return self.act_in_place(projected)
+        return in_place(projected)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.up_proj(hidden_states)

@@ -1,6 +1,8 @@
 """The building blocks: attention back-ends agree, masks hide what they must, positions and norms compute the
 published formulas, every knob value trains, initialisation follows its scheme."""
 
+import copy
+import io
 import math
 
 import pytest
@@ -9,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
 
+from hf_scratch_transformer import scratch_layers
 from hf_scratch_transformer.modeling_scratch_common import ScratchPreTrainedModel
 from hf_scratch_transformer.scratch_attention import eager_attention_forward, sdpa_attention_forward
 from hf_scratch_transformer.scratch_layers import ScratchRMSNorm
@@ -203,19 +206,21 @@ def test_block_layout(norm_position):
 ACTS = ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 
 
-def _feed_forward(hidden_act: str):
+def _feed_forward(hidden_act: str, monkeypatch):
     """One feed-forward layer of a tiny model and its input; a counter of the in-place activations it computes."""
     mlp = tiny_lm("encoder", hidden_act=hidden_act, num_hidden_layers=1).model.layers[0].mlp
-    in_place, calls = mlp.act_in_place, []
-    mlp.act_in_place = lambda projected: calls.append(projected.shape) or in_place(projected)
+    calls, kernels = [], dict(scratch_layers.IN_PLACE_ACTIVATIONS)
+    for activation, kernel in kernels.items():
+        kernels[activation] = lambda projected, kernel=kernel: calls.append(projected.shape) or kernel(projected)
+    monkeypatch.setattr(scratch_layers, "IN_PLACE_ACTIVATIONS", kernels)
     return mlp, torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0)), calls
 
 
 @pytest.mark.parametrize("hidden_act", ACTS)
-def test_feed_forward_activates_in_place_without_gradients_bit_for_bit(hidden_act):
+def test_feed_forward_activates_in_place_without_gradients_bit_for_bit(hidden_act, monkeypatch):
     """Without an autograd graph the activation is written over the up projection's output (a fresh tensor costs
     page faults on CPU): the same values, bit for bit, as the activation module with gradients recorded."""
-    mlp, x, calls = _feed_forward(hidden_act)
+    mlp, x, calls = _feed_forward(hidden_act, monkeypatch)
     expected = mlp(x)  # gradients recorded: the activation module
     assert not calls
     with torch.no_grad():
@@ -228,10 +233,10 @@ def test_feed_forward_activates_in_place_without_gradients_bit_for_bit(hidden_ac
 
 
 @pytest.mark.parametrize("hook_on", ["up_proj", "act_fn", "everywhere"])
-def test_feed_forward_never_overwrites_what_a_hook_saw(hook_on):
+def test_feed_forward_never_overwrites_what_a_hook_saw(hook_on, monkeypatch):
     """A forward hook on the up projection may keep its output, and one on the activation must see it called:
     with either (or a global module hook) the activation is the module's, out of place."""
-    mlp, x, calls = _feed_forward("gelu")
+    mlp, x, calls = _feed_forward("gelu", monkeypatch)
     seen = []
     if hook_on == "everywhere":
         handle = torch.nn.modules.module.register_module_forward_hook(
@@ -250,6 +255,26 @@ def test_feed_forward_never_overwrites_what_a_hook_saw(hook_on):
         assert torch.equal(seen[0], projection)  # not the activation written over it
     else:
         torch.testing.assert_close(seen[0], torch.nn.functional.gelu(projection))
+
+
+def test_a_swapped_activation_is_called_and_the_model_still_pickles(monkeypatch):
+    """The in-place kernel follows the class of the module `act_fn` holds now: one swapped in is called as it is.
+    A model still pickles and copies (`torch.save` of a whole model, `copy.deepcopy` for a reference model)."""
+    mlp, x, calls = _feed_forward("gelu", monkeypatch)
+    mlp.act_fn = torch.nn.Tanh()
+    with torch.no_grad():
+        expected = mlp.down_proj(torch.tanh(mlp.up_proj(x)))
+        assert torch.equal(mlp(x), expected)
+    assert not calls
+    model = tiny_lm("decoder", hidden_act="gelu_tanh")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    with torch.no_grad():
+        expected = model(ids).logits
+        assert torch.equal(torch.load(buffer, weights_only=False)(ids).logits, expected)
+        assert torch.equal(copy.deepcopy(model)(ids).logits, expected)
 
 
 # ---------------------------------------------------------------------------------------------- every knob
