@@ -78,10 +78,17 @@ def test_every_chunk_of_rows_is_pytorchs_and_the_logits_are_left_alone(dtype, la
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_chunks_change_nothing_bit_for_bit(dtype, monkeypatch):
     """The loss and gradient from chunks of rows are those of the whole matrix in one chunk, bit for bit: every
-    operation works row by row."""
+    operation works row by row. Forward and backward each compute the log-probabilities one chunk at a time."""
     logits = (3 * torch.randn(40, 1000, generator=torch.Generator().manual_seed(0))).to(dtype)
     labels = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(1))
     labels[7] = -100
+    log_softmax, rows_seen = torch.log_softmax, []
+
+    def counting(rows, *args, **kwargs):
+        rows_seen.append(len(rows))
+        return log_softmax(rows, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "log_softmax", counting)
     results = []
     for chunk_rows in (40, 3):
         monkeypatch.setattr(scratch_loss, "CHUNK_BYTES", chunk_rows * 4 * 1000)
@@ -89,6 +96,7 @@ def test_chunks_change_nothing_bit_for_bit(dtype, monkeypatch):
         total = scratch_loss._SummedCrossEntropy.apply(x, labels, -100, 0.1)
         total.backward()
         results.append((total, x.grad))
+    assert rows_seen == [40, 40] + ([3] * 13 + [1]) * 2
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
