@@ -477,6 +477,7 @@ def test_bf16_where_it_is_slow_is_refused_with_the_rates(workspace, script, bf16
                  cwd=workspace, env={"ONEDNN_MAX_CPU_ISA": "AVX2"}, expect_failure=True)
     assert "bf16 mixed precision would slow training down" in output and "Traceback" not in output, output[-2000:]
     assert "GFLOP/s" in output and f"without {' '.join(bf16)}" in output and "--force-bf16" in output
+    assert not (workspace / "slow-bf16").exists(), "a refused run leaves no output folder behind"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")

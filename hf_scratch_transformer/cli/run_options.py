@@ -467,12 +467,16 @@ def _release_locks() -> None:
 
 @atexit.register
 def remove_unused_output_dirs() -> None:
-    """Remove the output folders made for the lock that hold nothing else: the command stopped before writing."""
+    """Remove the output folders made for the lock that hold nothing else: the command stopped before writing. Empty
+    folders in them go too: the Trainer makes its output folder (`checkpoints`) when it is built, before a refusal
+    that needs its arguments (`--bf16` on a CPU without native bf16)."""
     while _made_for_the_lock:
         folder = _made_for_the_lock.pop()
         with suppress(OSError):  # anything else in it, or a folder already gone: leave it as it is
-            if {path.name for path in folder.iterdir()} <= {LOCK_FILE}:
-                (folder / LOCK_FILE).unlink(missing_ok=True)
+            contents = list(folder.iterdir())
+            if all(path.name == LOCK_FILE or (path.is_dir() and not any(path.iterdir())) for path in contents):
+                for path in contents:
+                    path.rmdir() if path.is_dir() else path.unlink()
                 folder.rmdir()
 
 
