@@ -114,6 +114,12 @@ TRAINING = "training"  # more rows, gradients recorded
 # threads and 1.0 on one): oneDNN must be 20% faster there. Where its products ran at twice the BLAS's rate (the
 # EPYC of 2026-11-21), it trained 1.6-2.1x faster.
 ONEDNN_MARGINS = {DECODING: 0.9, PREFILL: 0.95, TRAINING: 0.8}
+# Where ATen's capability is AVX2 (no AVX-512), prefill needs 15%: on an AVX2-only AMD EPYC (2026-11-25) prefill's
+# timing read oneDNN at 0.94-1.16 of the BLAS's time in fresh processes (0.88-0.96 timed again in one process) while
+# whole models prefilled 5% slower with oneDNN (GPT-2 and BERT, forced each way); an AVX-512 EPYC limited to AVX2
+# read 0.94-1.07, models tied. The AVX-512 EPYC's 0.78-0.93, with models 5-14% faster, overlaps that range: the
+# timing alone cannot tell the two apart, the capability can. Decoding and training read 1.05-1.29 there (the BLAS).
+AVX2_ONEDNN_MARGINS = ONEDNN_MARGINS | {PREFILL: 0.85}
 
 
 def regime_of(inputs: torch.Tensor) -> str:
@@ -140,7 +146,13 @@ def _timed_kernel(regime: str, threads: int, /) -> str:  # positional: the cache
     if choice != "auto":
         return choice
     native, onednn = time_kernels(regime)
-    return "onednn" if onednn < ONEDNN_MARGINS[regime] * native else "native"
+    return "onednn" if onednn < onednn_margin(regime) * native else "native"
+
+
+def onednn_margin(regime: str) -> float:
+    """The fraction of the BLAS's time oneDNN must come under to be taken for a regime, on this CPU."""
+    avx2_only = torch.backends.cpu.get_cpu_capability() == "AVX2"
+    return (AVX2_ONEDNN_MARGINS if avx2_only else ONEDNN_MARGINS)[regime]
 
 
 def kernel_setting() -> str:
