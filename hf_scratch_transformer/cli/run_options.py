@@ -476,7 +476,10 @@ def remove_unused_output_dirs() -> None:
             contents = list(folder.iterdir())
             if all(path.name == LOCK_FILE or (path.is_dir() and not any(path.iterdir())) for path in contents):
                 for path in contents:
-                    path.rmdir() if path.is_dir() else path.unlink()
+                    if path.is_dir():
+                        path.rmdir()
+                    else:
+                        path.unlink()
                 folder.rmdir()
 
 
