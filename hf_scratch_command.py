@@ -1,10 +1,34 @@
 """`hf-scratch`, the installed command (pyproject.toml's entry point): a module outside the package, so that it
-starts before anything heavy. Importing `hf_scratch_transformer` imports torch and transformers, seconds in all,
-and a Ctrl-C meanwhile ended in a KeyboardInterrupt traceback: it is answered as `hf_scratch_transformer.cli.main`
-answers one later, with one line and exit status 130 (`stopped_by_ctrl_c`, which both use)."""
+starts before anything heavy. Importing `hf_scratch_transformer` imports torch and transformers, 5-11 seconds on a
+2-core machine: `--help`, `--version` and an unknown command are answered without it, and a Ctrl-C while a command's
+imports run (they ended in a KeyboardInterrupt traceback) stops with one line and exit status 130, as the training
+commands' own handler stops them later (`stopped_by_ctrl_c`, which both use).
+
+Each subcommand is a flat script module of `hf_scratch_transformer.cli` (or `tokenizer_training`), run as
+`__main__` with the remaining arguments, so that
+
+    hf-scratch train --max-steps 100        ==  python -m hf_scratch_transformer.cli.train --max-steps 100
+    accelerate launch -m hf_scratch_transformer.cli.train_accelerate ...     (several processes)
+
+and `scripts/*.py` in a checkout are thin wrappers over the same modules.
+"""
 
 import os
+import runpy
 import sys
+from importlib.metadata import version
+
+# subcommand -> (module run as __main__, one line of help)
+COMMANDS = {
+    "train": ("hf_scratch_transformer.cli.train", "train a model with Trainer (the main job)"),
+    "train-accelerate": ("hf_scratch_transformer.cli.train_accelerate", "train with an Accelerate loop (DDP, FSDP)"),
+    "finetune": ("hf_scratch_transformer.cli.finetune", "fine-tune a saved model for text or token classification"),
+    "tokenizer": ("tokenizer_training", "train a tokenizer for a model family"),
+    "convert": ("hf_scratch_transformer.cli.convert", "convert a saved folder to or from a native family"),
+    "publish": ("hf_scratch_transformer.cli.publish", "publish a saved model folder to the Hub (or --dry-run)"),
+    "serve": ("hf_scratch_transformer.cli.serve", "serve a saved folder with `transformers serve` (OpenAI API)"),
+    "benchmark": ("hf_scratch_transformer.cli.benchmark", "measure speed and memory side by side with native models"),
+}
 
 
 def is_rank_zero() -> bool:
@@ -18,9 +42,28 @@ def stopped_by_ctrl_c() -> None:
     sys.exit(130)
 
 
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return "usage: hf-scratch [--version] COMMAND [ARGS...]   (hf-scratch COMMAND --help for its options)\n\n" \
+        "commands:\n" + "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return
+    if argv[0] == "--version":
+        print(f"hf-scratch {version('hf-scratch-transformer')}")
+        return
+    name, arguments = argv[0], argv[1:]
+    if name not in COMMANDS:  # exit status 2, as argparse gives every other bad command line
+        print(f"hf-scratch: error: unknown command {name!r}\n\n{usage()}", end="", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [f"hf-scratch {name}", *arguments]  # argparse's prog, as the user typed it
     try:
-        from hf_scratch_transformer.cli import main as run_command
-    except KeyboardInterrupt:
+        runpy.run_module(COMMANDS[name][0], run_name="__main__")
+    except KeyboardInterrupt:  # Ctrl-C while the command's imports run (the package's included: seconds), or in a
+        # command without a handler of its own (`run_options.stop_cleanly_on_ctrl_c`). One line and 130, as there.
         stopped_by_ctrl_c()
-    run_command(argv)

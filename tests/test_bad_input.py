@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -394,6 +395,27 @@ def test_repeated_file_and_set_options_add_up(hf_scratch, monkeypatch, corpus, t
 
 def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
     assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 2
+
+
+def test_help_version_and_an_unknown_command_are_answered_without_importing_torch():
+    """`hf-scratch --help` took 11 s on a 2-core AVX2 host: it imported the package (torch, transformers) to print
+    a table. The entry point answers these three itself."""
+    code = """
+import sys, hf_scratch_command
+hf_scratch_command.main(["--help"])
+hf_scratch_command.main(["--version"])
+try:
+    hf_scratch_command.main(["trian"])
+except SystemExit as refused:
+    assert refused.code == 2
+heavy = {"torch", "transformers", "hf_scratch_transformer"} & set(sys.modules)
+assert not heavy, heavy
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train-accelerate" in result.stdout and f"hf-scratch {version('hf-scratch-transformer')}" in result.stdout
+    assert "hf-scratch: error: unknown command 'trian'" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["train", "convert", "tokenizer"])

@@ -1,54 +1,7 @@
-"""`hf-scratch`: the installed command (entered through `hf_scratch_command.main`, which answers a Ctrl-C while this
-package imports). Each subcommand is a flat script module of this folder (or `tokenizer_training`), run as
-`__main__` with the remaining arguments, so that
+"""The `hf-scratch` subcommands, one flat script module each. The command itself (its table of subcommands,
+`--help`, `--version`) lives in `hf_scratch_command`, outside this package, so that it answers those without importing
+torch and transformers; `main` here is the same function. No model file imports this package."""
 
-    hf-scratch train --max-steps 100        ==  python -m hf_scratch_transformer.cli.train --max-steps 100
-    accelerate launch -m hf_scratch_transformer.cli.train_accelerate ...     (several processes)
+from hf_scratch_command import COMMANDS, main, usage
 
-and `scripts/*.py` in a checkout are thin wrappers over the same modules. No model file imports this package.
-"""
-
-import runpy
-import sys
-from importlib.metadata import version
-
-from hf_scratch_command import stopped_by_ctrl_c
-
-# subcommand -> (module run as __main__, one line of help)
-COMMANDS = {
-    "train": ("hf_scratch_transformer.cli.train", "train a model with Trainer (the main job)"),
-    "train-accelerate": ("hf_scratch_transformer.cli.train_accelerate", "train with an Accelerate loop (DDP, FSDP)"),
-    "finetune": ("hf_scratch_transformer.cli.finetune", "fine-tune a saved model for text or token classification"),
-    "tokenizer": ("tokenizer_training", "train a tokenizer for a model family"),
-    "convert": ("hf_scratch_transformer.cli.convert", "convert a saved folder to or from a native family"),
-    "publish": ("hf_scratch_transformer.cli.publish", "publish a saved model folder to the Hub (or --dry-run)"),
-    "serve": ("hf_scratch_transformer.cli.serve", "serve a saved folder with `transformers serve` (OpenAI API)"),
-    "benchmark": ("hf_scratch_transformer.cli.benchmark", "measure speed and memory side by side with native models"),
-}
-
-
-def usage() -> str:
-    width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
-    return "usage: hf-scratch [--version] COMMAND [ARGS...]   (hf-scratch COMMAND --help for its options)\n\n" \
-        "commands:\n" + "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), end="")
-        return
-    if argv[0] == "--version":
-        print(f"hf-scratch {version('hf-scratch-transformer')}")
-        return
-    name, arguments = argv[0], argv[1:]
-    if name not in COMMANDS:  # exit status 2, as argparse gives every other bad command line
-        print(f"hf-scratch: error: unknown command {name!r}\n\n{usage()}", end="", file=sys.stderr)
-        sys.exit(2)
-    sys.argv = [f"hf-scratch {name}", *arguments]  # argparse's prog, as the user typed it
-    try:
-        runpy.run_module(COMMANDS[name][0], run_name="__main__")
-    except KeyboardInterrupt:  # Ctrl-C before a command's own handler (`run_options.stop_cleanly_on_ctrl_c`), or
-        # in a command without one: its imports alone take seconds. One line and 130, as that handler gives.
-        stopped_by_ctrl_c()
+__all__ = ["COMMANDS", "main", "usage"]
