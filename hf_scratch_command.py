@@ -1,8 +1,8 @@
 """`hf-scratch`, the installed command (pyproject.toml's entry point): a module outside the package, so that it
-starts before anything heavy. Importing `hf_scratch_transformer` imports torch and transformers, 5-11 seconds on a
-2-core machine: `--help`, `--version` and an unknown command are answered without it, and a Ctrl-C while a command's
-imports run (they ended in a KeyboardInterrupt traceback) stops with one line and exit status 130, as the training
-commands' own handler stops them later (`stopped_by_ctrl_c`, which both use).
+starts before anything heavy. Importing `hf_scratch_transformer` imports torch and transformers (11 s on a 2-core
+AVX2 host): `--help`, `--version` and an unknown command are answered without it, and a Ctrl-C while a command's
+imports run stops with one line and exit status 130 (not a KeyboardInterrupt traceback), as the training commands'
+own handler stops them later (`stopped_by_ctrl_c`, which both use).
 
 Each subcommand is a flat script module of `hf_scratch_transformer.cli` (or `tokenizer_training`), run as
 `__main__` with the remaining arguments, so that
