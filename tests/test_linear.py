@@ -213,20 +213,25 @@ def test_onednn_must_be_5_percent_faster_for_prefill_10_for_decoding_20_for_trai
     assert fp32_kernel(scratch_linear.TRAINING) == training
 
 
-@pytest.mark.parametrize("capability, prefill", [("AVX2", "native"), ("AVX512", "onednn"), ("DEFAULT", "onednn")])
-def test_an_avx2_only_cpu_takes_onednn_for_prefill_only_from_15_percent_faster(kernels, monkeypatch, capability,
-                                                                               prefill):
-    """On an AVX2-only AMD EPYC, prefill's timing read oneDNN down to 0.88 of the BLAS's time while whole models
-    prefilled 5% slower with it: there, and only there, oneDNN must be 15% faster for prefill; the other regimes
-    keep their margins."""
+@pytest.mark.parametrize("capability, avx2_only", [("AVX2", True), ("AVX512", False), ("DEFAULT", False)])
+def test_an_avx2_only_cpu_takes_onednn_from_15_percent_faster_for_prefill_20_for_decoding(kernels, monkeypatch,
+                                                                                          capability, avx2_only):
+    """On an AVX2-only AMD EPYC, prefill's timing read oneDNN down to 0.88 of the BLAS's time and decoding's down to
+    0.87, while whole models prefilled 5% slower with oneDNN and decoded none surely faster: there, and only there,
+    oneDNN must be 15% faster for prefill and 20% for decoding; training keeps its 20%."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.88))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.87))
     kernels("auto")
-    assert fp32_kernel(scratch_linear.PREFILL) == prefill
-    assert fp32_kernel(scratch_linear.DECODING) == "onednn" and fp32_kernel(scratch_linear.TRAINING) == "native"
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.84))
+    expected = "native" if avx2_only else "onednn"
+    assert fp32_kernel(scratch_linear.PREFILL) == fp32_kernel(scratch_linear.DECODING) == expected
+    assert fp32_kernel(scratch_linear.TRAINING) == "native"
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.82))
     scratch_linear.clear_kernel_choices()
     assert fp32_kernel(scratch_linear.PREFILL) == "onednn"
+    assert fp32_kernel(scratch_linear.DECODING) == expected
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.78))
+    scratch_linear.clear_kernel_choices()
+    assert fp32_kernel(scratch_linear.DECODING) == "onednn"
 
 
 @pytest.mark.parametrize("regime", ["training", "prefill", "decoding"])
