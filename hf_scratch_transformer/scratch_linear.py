@@ -122,7 +122,8 @@ ONEDNN_MARGINS = {DECODING: 0.9, PREFILL: 0.95, TRAINING: 0.8}
 # fresh processes timing it first, but 0.87 in one of six timing it after prefill (as the benchmark and batched
 # `generate()` do), while whole-model decoding gained nothing sure with oneDNN (forced each way, interleaved: 0.91-1.03
 # of the BLAS's time a token at 384 wide in three processes, 1.10 at 192); the AVX-512 EPYC's oneDNN ran one-row
-# products at half the BLAS's time, which clears either margin. Training read 1.05-1.29 there (the BLAS).
+# products at half the BLAS's time, and at 0.67-0.71 of it limited to AVX2 (`TIMED_ROUNDS`), clearing either margin.
+# Training read 1.05-1.29 there (the BLAS).
 AVX2_ONEDNN_MARGINS = ONEDNN_MARGINS | {PREFILL: 0.85, DECODING: 0.8}
 
 

@@ -217,7 +217,7 @@ def test_onednn_must_be_5_percent_faster_for_prefill_10_for_decoding_20_for_trai
 def test_an_avx2_only_cpu_takes_onednn_from_15_percent_faster_for_prefill_20_for_decoding(kernels, monkeypatch,
                                                                                           capability, avx2_only):
     """On an AVX2-only AMD EPYC, prefill's timing read oneDNN down to 0.88 of the BLAS's time and decoding's down to
-    0.87, while whole models prefilled 5% slower with oneDNN and decoded none surely faster: there, and only there,
+    0.87, while with oneDNN whole models prefilled 5% slower and decoded within noise: there, and only there,
     oneDNN must be 15% faster for prefill and 20% for decoding; training keeps its 20%."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.87))
