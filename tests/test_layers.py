@@ -1,6 +1,7 @@
 """The building blocks: attention back-ends agree, masks hide what they must, positions and norms compute the
 published formulas, every knob value trains, initialisation follows its scheme."""
 
+import contextlib
 import copy
 import io
 import math
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
 
-from hf_scratch_transformer import scratch_layers
+from hf_scratch_transformer import scratch_layers, scratch_linear
 from hf_scratch_transformer.modeling_scratch_common import ScratchPreTrainedModel
 from hf_scratch_transformer.scratch_attention import eager_attention_forward, sdpa_attention_forward
 from hf_scratch_transformer.scratch_layers import ScratchRMSNorm
@@ -275,6 +276,138 @@ def test_a_swapped_activation_is_called_and_the_model_still_pickles(monkeypatch)
         expected = model(ids).logits
         assert torch.equal(torch.load(buffer, weights_only=False)(ids).logits, expected)
         assert torch.equal(copy.deepcopy(model)(ids).logits, expected)
+
+
+def _train_step(model, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits of a training forward and the gradients of its loss, the model's own left as they were."""
+    model.zero_grad(set_to_none=True)
+    outputs = model(**inputs)
+    outputs.loss.backward()
+    gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return outputs.logits.detach(), gradients
+
+
+@contextlib.contextmanager
+def _sums_out_of_place():
+    """A global module hook that does nothing: no residual sum may be written in place under it."""
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: None)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("kernel", ["native", "onednn"])
+@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_residual_sums_are_written_over_the_projections_with_the_same_logits_and_gradients(
+    family, norm_position, dropout, use_bias, kernel, monkeypatch, force_choice
+):
+    """Each residual sum is written over the attention's or the feed-forward's output projection (a fresh tensor,
+    which F.linear does not keep for backward), or over the dropout's output: logits and every gradient bit for bit
+    those of the sums out of place, cross-attention included. In pre-norm without dropout each block returns its
+    last projection's tensor itself: in training where that is no view (F.linear without a bias; with one it
+    returns a view of the 2-D product, and oneDNN's product is a view from its autograd.Function), without
+    gradients always."""
+    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, kernel)
+    model = tiny_lm(family, norm_position=norm_position, dropout=dropout, use_bias=use_bias).train()
+    inputs = lm_inputs(family)
+    torch.manual_seed(3)
+    with _sums_out_of_place():
+        expected_logits, expected_gradients = _train_step(model, inputs)
+    projections, block_outputs = [], []
+    linear_forward, block_forward = scratch_layers.ScratchLinear.forward, scratch_layers.ScratchBlock.forward
+    monkeypatch.setattr(scratch_layers.ScratchLinear, "forward",
+                        lambda self, x: projections.append(linear_forward(self, x)) or projections[-1])
+    monkeypatch.setattr(scratch_layers.ScratchBlock, "forward",
+                        lambda self, *args, **kwargs: block_outputs.append(block_forward(self, *args, **kwargs))
+                        or block_outputs[-1])
+
+    def written_over() -> list[bool]:
+        found = [any(output is projection for projection in projections) for output in block_outputs]
+        projections.clear(), block_outputs.clear()
+        assert found
+        return found
+
+    torch.manual_seed(3)  # the same dropout masks
+    logits, gradients = _train_step(model, inputs)
+    assert torch.equal(logits, expected_logits)
+    assert gradients.keys() == expected_gradients.keys()
+    assert all(torch.equal(gradients[name], expected_gradients[name]) for name in gradients)
+    no_views = not use_bias and kernel == "native"
+    in_place = written_over()
+    assert all(in_place) if norm_position == "pre" and not dropout and no_views else not any(in_place)
+    model.eval()
+    with torch.no_grad():
+        with _sums_out_of_place():
+            expected_logits = model(**inputs).logits
+        projections.clear(), block_outputs.clear()
+        assert torch.equal(model(**inputs).logits, expected_logits)
+    in_place = written_over()
+    assert all(in_place) if norm_position == "pre" else not any(in_place)
+
+
+@pytest.mark.parametrize("hook_on", ["self_attn", "o_proj", "mlp", "down_proj", "everywhere"])
+def test_a_residual_sum_never_overwrites_what_a_hook_kept(hook_on, force_choice):
+    """A forward hook on a sublayer or its output projection (activation caching, interpretability tools) may keep
+    the tensor it was given: then the sum is a new tensor and the kept one still holds the sublayer's output.
+    A full backward hook hands on an alias of the output, which must not be written over either: it is called."""
+    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, "native")  # sums in place
+    model = tiny_lm("decoder", use_bias=False).train()
+    layer = model.model.layers[0]
+    modules = {"self_attn": layer.self_attn, "o_proj": layer.self_attn.o_proj, "mlp": layer.mlp,
+               "down_proj": layer.mlp.down_proj}
+    kept = []
+
+    def keep(module, args, output):
+        tensor = output[0] if isinstance(output, tuple) else output
+        if hook_on != "everywhere" or module in modules.values():
+            kept.append((tensor, tensor.clone()))
+
+    if hook_on == "everywhere":
+        handle = torch.nn.modules.module.register_module_forward_hook(keep)
+    else:
+        handle = modules[hook_on].register_forward_hook(keep)
+    try:
+        model(**lm_inputs("decoder")).loss.backward()
+    finally:
+        handle.remove()
+    assert kept
+    assert all(torch.equal(tensor, copy_at_the_hook) for tensor, copy_at_the_hook in kept)
+    if hook_on != "everywhere":
+        called = []
+        handle = modules[hook_on].register_full_backward_hook(lambda module, grad_in, grad_out: called.append(1))
+        try:
+            model(**lm_inputs("decoder")).loss.backward()
+        finally:
+            handle.remove()
+        assert called
+
+
+def test_a_residual_sum_under_autocast_is_promoted_and_a_foreign_projection_is_left_alone(force_choice):
+    """Under bf16 autocast the projection's output is bf16 and the residual fp32: the sum is fp32, as out of place
+    (written over the bf16 tensor it would be rounded). A projection that is not ours may keep its output for
+    backward (here tanh's): the sum is out of place, and backward runs and agrees."""
+    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, "native")  # sums in place
+    model = tiny_lm("decoder", use_bias=False).train()
+    block, hidden = model.model.layers[0], torch.randn(2, 7, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with _sums_out_of_place():
+            expected = block(hidden)
+        output = block(hidden)
+    assert output.dtype == expected.dtype == torch.float32
+    assert torch.equal(output, expected)
+    for layer in model.model.layers:
+        layer.self_attn.o_proj = torch.nn.Sequential(layer.self_attn.o_proj, torch.nn.Tanh())
+    inputs = lm_inputs("decoder")
+    with _sums_out_of_place():
+        expected_logits, expected_gradients = _train_step(model, inputs)
+    logits, gradients = _train_step(model, inputs)
+    assert torch.equal(logits, expected_logits)
+    assert all(torch.equal(gradients[name], expected_gradients[name]) for name in gradients)
 
 
 # ---------------------------------------------------------------------------------------------- every knob
