@@ -271,7 +271,8 @@ PLAIN_TYPES = (torch.Tensor, nn.Parameter)
 
 
 def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    if not ONEDNN_AVAILABLE or torch.compiler.is_compiling():  # compiling: checks would put guards in a traced graph
+    """Whether an eager product takes oneDNN (never while compiling: these checks would put guards in a graph)."""
+    if not ONEDNN_AVAILABLE:
         return False
     if type(inputs) not in PLAIN_TYPES or type(weight) not in PLAIN_TYPES:
         return False  # a subclass (int8, DTensor, fake) carries its own product
@@ -299,12 +300,11 @@ def row_dot(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _compiled_as_row_dot(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `torch.compile` is tracing an fp32 CPU product of one row (see the module's docstring). Not
-    `torch.export`: an exported graph keeps its linear layers for whatever runs it. One row known from the shapes
-    alone: a dynamic size gets no guard (a `mark_dynamic` dimension must not be specialized)."""
+    """Whether the product `torch.compile` is tracing is an fp32 CPU product of one row (see the module's
+    docstring). Not `torch.export`: an exported graph keeps its linear layers for whatever runs it. One row known from
+    the shapes alone: a dynamic size gets no guard (a `mark_dynamic` dimension must not be specialized)."""
     return (
-        torch.compiler.is_compiling()
-        and not torch.compiler.is_exporting()
+        not torch.compiler.is_exporting()
         and statically_known_true(inputs.numel() == inputs.shape[-1])
         and inputs.dtype == weight.dtype == torch.float32
         and inputs.is_cpu
@@ -329,16 +329,20 @@ class ScratchLinear(nn.Linear):
     quantized_in_parts = False  # a torchao weight of a fused layer computes one product per part (`_torchao_parts`)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight, self.bias  # each read is a module attribute lookup
-        if not _takes_onednn_path(inputs, weight, bias):
+        try:  # the parameters' dict: `self.weight` is a failed lookup, then nn.Module.__getattr__ (about 1 us a read)
+            weight, bias = self._parameters["weight"], self._parameters["bias"]
+        except KeyError:  # moved out by a parametrization, pruning or weight norm, which compute them when read
+            weight, bias = self.weight, self.bias
+        if torch.compiler.is_compiling():
             if _compiled_as_row_dot(inputs, weight):
                 return row_dot(inputs, weight, bias)
-            if self.quantized_in_parts and type(weight) not in PLAIN_TYPES and is_torchao_weight(weight):
-                return torch.cat([F.linear(inputs, *part) for part in self._torchao_parts(weight)], dim=-1)
-            return F.linear(inputs, weight, bias)
-        if torch.is_grad_enabled():
-            return _OneDNNLinearFunction.apply(inputs, weight, bias)
-        return onednn_linear(inputs, weight, bias)
+        elif _takes_onednn_path(inputs, weight, bias):
+            if torch.is_grad_enabled():
+                return _OneDNNLinearFunction.apply(inputs, weight, bias)
+            return onednn_linear(inputs, weight, bias)
+        if self.quantized_in_parts and type(weight) not in PLAIN_TYPES and is_torchao_weight(weight):
+            return torch.cat([F.linear(inputs, *part) for part in self._torchao_parts(weight)], dim=-1)
+        return F.linear(inputs, weight, bias)
 
     def _torchao_parts(self, weight: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
         """(weight, bias) of each fused part, as the native model's separate layers: views of `weight`, made at its

@@ -5,6 +5,8 @@ when chosen."""
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.parametrize
+import torch.nn.utils.prune
 from tiny_models import FAMILIES, lm_inputs, tiny_lm
 
 from hf_scratch_transformer import scratch_linear
@@ -365,3 +367,29 @@ def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, mon
     compiled = torch.compile(layer, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(inputs), F.linear(inputs, layer.weight, layer.bias))
     assert onednn_calls == []
+
+
+@pytest.mark.parametrize("kernel", ["native", "onednn"])
+@pytest.mark.parametrize("moved_by", ["parametrization", "pruning", "functional_call"])
+def test_a_weight_computed_or_swapped_at_each_call_is_the_one_used(moved_by, kernel, kernels):
+    """The layer reads its parameters from their dict (a faster read than the attribute); a weight that
+    `torch.nn.utils.parametrize` or pruning compute on each read (moved out of the dict) and one that
+    `torch.func.functional_call` swaps in are the ones the product uses, with either kernel."""
+    kernels(kernel)
+    torch.manual_seed(0)
+    layer, inputs = ScratchLinear(8, 4), torch.randn(3, 80, 8)
+    replacement = {"weight": torch.randn(4, 8), "bias": torch.randn(4)}
+    if moved_by == "parametrization":
+        torch.nn.utils.parametrize.register_parametrization(layer, "weight", _Doubled())
+    elif moved_by == "pruning":
+        torch.nn.utils.prune.l1_unstructured(layer, "weight", amount=0.5)
+    if moved_by == "functional_call":
+        output, weight, bias = torch.func.functional_call(layer, replacement, (inputs,)), *replacement.values()
+    else:
+        output, weight, bias = layer(inputs), layer.weight, layer.bias  # twice the stored one, or half of it zeros
+    torch.testing.assert_close(output, F.linear(inputs, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return 2 * weight
