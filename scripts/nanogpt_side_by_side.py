@@ -7,7 +7,8 @@
 `--step-for-step` leaves both training loops out: it builds our model with the recipe's knobs, nanoGPT's `GPT`
 (its model.py) with the same sizes and, for scale, transformers' own `GPT2LMHeadModel` (with its biases, which GPT-2
 cannot leave out), and times one training step of each (forward, loss, backward, clipping, AdamW, the same random
-batch), alternating step by step in one process; each round prints the median of its steps.
+batch), alternating step by step in one process; each round prints the median of its steps, and the end the median of
+every step's time over nanoGPT's step beside it, with a bootstrap interval (pairs cancel the machine's drift).
 
 The recipe is the one nanoGPT's README gives for CPU: 4 layers, 4 heads, 128 wide, block 64, batch 12, 2,000
 iterations, dropout 0, learning rate 1e-3 with 100 warm-up steps and cosine decay, AdamW beta2 0.99, weight decay
@@ -21,6 +22,7 @@ nanoGPT is not vendored: pass a checkout of github.com/karpathy/nanoGPT.
 
 import argparse
 import json
+import random
 import re
 import shutil
 import statistics
@@ -136,14 +138,27 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
             step(name)
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"fp32 kernel {scratch_linear.fp32_kernel(scratch_linear.TRAINING)}")
+    ratios = {"ours": [], "GPT-2": []}  # each step's time over nanoGPT's step next to it: the machine's drift cancels
     for round_ in range(rounds):
         times = {name: [] for name in models}
         for i in range(steps):
             for name in (list(models) if i % 2 == 0 else list(models)[::-1]):
                 times[name].append(step(name))
+        for name in ratios:
+            ratios[name] += [a / b for a, b in zip(times[name], times["nanoGPT"], strict=True)]
         ours, nanogpt, gpt2 = (statistics.median(times[name]) * 1e3 for name in models)
         print(f"round {round_ + 1}: ms per step ours {ours:.1f}, nanoGPT {nanogpt:.1f}, transformers' GPT-2 "
               f"{gpt2:.1f}; ours / nanoGPT {ours / nanogpt:.3f}, GPT-2 / nanoGPT {gpt2 / nanogpt:.3f}")
+    print("all rounds, median of the paired steps' ratios [95% bootstrap interval]: " + ", ".join(
+        f"{name} / nanoGPT {statistics.median(values):.3f} {bootstrap_interval(values)}"
+        for name, values in ratios.items()))
+
+
+def bootstrap_interval(values: list[float], draws: int = 1000) -> str:
+    """The 2.5th and 97.5th percentiles of the median over resamples of `values` (seeded: the same text each run)."""
+    generator = random.Random(0)
+    medians = sorted(statistics.median(generator.choices(values, k=len(values))) for _ in range(draws))
+    return f"[{medians[int(0.025 * draws)]:.3f}, {medians[int(0.975 * draws) - 1]:.3f}]"
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ the three tasks, resuming, and fine-tuning (`scripts/finetune.py`) of ours and o
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -584,3 +585,47 @@ def test_finetune_removes_the_converted_copy_of_a_native_model(monkeypatch, tmp_
     trained = finetune_until_training(monkeypatch, "--model", tmp_path / "bert", "--task", "text-classification",
                                       "--train-file", tmp_path / "train.csv", "--output-dir", tmp_path / "out")
     assert trained["input_ids"] and list((tmp_path / "temp").iterdir()) == []
+
+
+NANOGPT_STAND_IN = '''
+"""Stands in for nanoGPT's model.py: its two names and their call signatures, a bigram model inside."""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float
+    bias: bool
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(config.vocab_size, config.vocab_size)
+
+    def forward(self, ids, targets):
+        logits = self.embedding(ids)
+        return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+'''
+
+
+def test_the_nanogpt_side_by_side_times_the_models_step_for_step_in_pairs(tmp_path):
+    """`--step-for-step` builds ours, nanoGPT's (from the checkout's model.py) and GPT-2 at the recipe's sizes,
+    trains each in turn and prints every round and the median of the paired steps' ratios with an interval."""
+    (tmp_path / "model.py").write_text(NANOGPT_STAND_IN)
+    output = run_script("nanogpt_side_by_side.py", "--nanogpt", tmp_path, "--step-for-step", "--rounds", 2,
+                        "--steps", 2, cwd=tmp_path)
+    assert len([line for line in output.splitlines() if line.startswith("round ")]) == 2
+    summary = next(line for line in output.splitlines() if line.startswith("all rounds"))
+    for name in ("ours", "GPT-2"):
+        ratio, low, high = (float(value) for value in re.search(
+            rf"{name} / nanoGPT ([\d.]+) \[([\d.]+), ([\d.]+)\]", summary).groups())
+        assert 0 < low <= ratio <= high
