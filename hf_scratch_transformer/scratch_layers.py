@@ -187,8 +187,9 @@ class ScratchBlock(GradientCheckpointingLayer):
         of its `projection`: where that is our own linear layer's fresh output (or the dropout's) that nothing else
         holds (`may_write_over`), in the residual's dtype (autocast's bf16 update must be promoted, not rounded), the
         sum is written over it: a fresh (B, T, hidden) tensor costs page faults on CPU. F.linear keeps its input, not
-        its output, for backward: the same values and gradients, bit for bit. At nanoGPT's size (no biases) a
-        training step took 0.7-0.8% less; at the benchmark's GPT-2 size a tie (docs/nanogpt.md)."""
+        its output, for backward: the same values and gradients, bit for bit. On the AVX2-only AMD EPYC (the one
+        class measured) a training step at nanoGPT's size (no biases) took 0.7-0.8% less; at the benchmark's GPT-2
+        size a tie (docs/nanogpt.md)."""
         update = dropout(update, self.residual_dropout.p, self.training)
         if (
             type(projection) is ScratchLinear  # another module (an adapter's) may keep its output for backward
