@@ -325,11 +325,19 @@ class ScratchTransformer(ScratchPreTrainedModel):
             past_key_values = self._new_cache()
         past_length = past_key_values.get_seq_length() if past_key_values is not None and not paged else 0
         given_positions = position_ids
+        position_span = None  # (first, last) of positions made here: the embeddings check them without reading them
         if position_ids is None:
-            position_ids = torch.arange(inputs.shape[1], device=inputs.device).unsqueeze(0) + past_length  # (1, T)
+            length = inputs.shape[1]
+            if isinstance(past_length, int):  # a static cache counts in a tensor
+                position_ids = torch.arange(past_length, past_length + length, device=inputs.device).unsqueeze(0)
+                position_span = (past_length, past_length + length - 1) if length else None
+            else:
+                position_ids = torch.arange(length, device=inputs.device).unsqueeze(0) + past_length  # (1, T)
         check_labels_shape(token_type_ids, inputs, "token_type_ids")
 
-        hidden_states = self.embeddings(input_ids, inputs_embeds, position_ids, token_type_ids)  # (B, T, hidden)
+        hidden_states = self.embeddings(  # (B, T, hidden)
+            input_ids, inputs_embeds, position_ids, token_type_ids, position_span=position_span
+        )
         attention_mask = build_self_attention_mask(
             # Only given positions can restart (packed sequences): `masking_utils` looks for restarts at every
             # unmasked forward without a cache (about 40 us), ours count up from the cache length.

@@ -95,8 +95,8 @@ def takes_eager_math(query: torch.Tensor, key: torch.Tensor, training: bool, dro
     - a bf16 layer in training mode, over at most EAGER_MAX_KEYS keys, where this machine's flash kernel is slower.
     Training mode, not gradient mode, decides: reentrant gradient checkpointing runs the forward without gradients
     and again with them, and both runs must compute (and drop out) alike."""
-    if not training or not query.is_cpu or torch.compiler.is_compiling() or inside_torch_func():
+    if not training or not query.is_cpu or (dropout == 0 and query.dtype != torch.bfloat16):
+        return False  # the usual fp32 step without attention dropout asks no more (each call costs, docs/nanogpt.md)
+    if torch.compiler.is_compiling() or inside_torch_func():
         return False
-    return dropout > 0 or (
-        query.dtype == torch.bfloat16 and key.shape[2] <= EAGER_MAX_KEYS and bf16_training_kernel() == "eager"
-    )
+    return dropout > 0 or (key.shape[2] <= EAGER_MAX_KEYS and bf16_training_kernel() == "eager")

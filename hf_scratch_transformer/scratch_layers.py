@@ -25,24 +25,38 @@ from .scratch_dropout import dropout
 from .scratch_linear import ScratchLinear, inside_torch_func
 from .scratch_positions import ScratchLearnedPositionalEmbedding, ScratchSinusoidalPositionalEmbedding
 
+# Smaller results are not written over their inputs: glibc hands out blocks under its mmap threshold (128 KiB by
+# default) from its free lists without page faults, so there the checks and autograd's in-place bookkeeping cost more
+# than the fresh tensor. A product and its residual sum written in place, against out of place (AVX2-only AMD EPYC,
+# one thread, warm loop): 3-12% slower up to 32 KiB, within 3% from 64 to 256 KiB, 1-3% faster from 384 KiB and 35%
+# at 3 MiB (docs/performance.md).
+IN_PLACE_MIN_BYTES = 128 << 10
+
 
 def may_write_over(output: torch.Tensor, *producers: nn.Module) -> bool:
-    """Whether an op may write its result over `output`, a fresh tensor the `producers` returned, where nothing
-    else can hold it: a plain CPU tensor (a subclass such as DTensor keeps its own semantics), no forward hook on the
-    producers or on every module (a hook may keep what it was given), outside `torch.compile` and `torch.func`
-    transforms (their graphs and batching rules expect the op out of place). A view (F.linear's output of 3-D
-    inputs with a bias: a view of the 2-D product) only without an autograd graph: with one, autograd forbids writing
-    over a view that a custom `autograd.Function` returned (oneDNN's product, the alias a module's backward hook
-    hands on) and copies the whole tensor again in backward for the others."""
-    return (
-        not torch.compiler.is_compiling()  # first: the checks below would break a traced graph
-        and type(output) is torch.Tensor
-        and output.is_cpu
-        and (output._base is None or output.grad_fn is None)
-        and not inside_torch_func()
-        and not module_hooks._global_forward_hooks
-        and not any(producer._forward_hooks for producer in producers)
-    )
+    """Whether an op may write its result over `output`, a fresh tensor the `producers` returned, where that gains
+    (`IN_PLACE_MIN_BYTES`) and nothing else can hold it: a plain CPU tensor (a subclass such as DTensor keeps its own
+    semantics), no forward hook on the producers or on every module (a hook may keep what it was given), outside
+    `torch.compile` and `torch.func` transforms (their graphs and batching rules expect the op out of place). A view
+    (F.linear's output of 3-D inputs with a bias: a view of the 2-D product) only without an autograd graph: with
+    one, autograd forbids writing over a view that a custom `autograd.Function` returned (oneDNN's product, the alias
+    a module's backward hook hands on) and copies the whole tensor again in backward for the others."""
+    if (
+        torch.compiler.is_compiling()  # first: the checks below would break a traced graph
+        or type(output) is not torch.Tensor
+        or output.nbytes < IN_PLACE_MIN_BYTES
+        or not output.is_cpu
+        or (output._base is not None and output.grad_fn is not None)
+        or inside_torch_func()
+        or module_hooks._global_forward_hooks
+    ):
+        return False
+    # A loop, not any() over a generator: each generator step is a Python frame, and between a training step's
+    # products every frame costs several times what it costs in a warm loop (docs/nanogpt.md).
+    for producer in producers:
+        if producer._forward_hooks:
+            return False
+    return True
 
 
 class ScratchLayerNorm(nn.LayerNorm):
@@ -279,9 +293,12 @@ class ScratchEmbeddings(nn.Module):
                 f"values from {span[0]} to {span[1]}. Does the tokenizer match the model?"
             )
 
-    def check_positions(self, position_ids: torch.Tensor) -> None:
+    def check_positions(self, position_ids: torch.Tensor, span: tuple[int, int] | None = None) -> None:
+        """`span`: the (first, last) position where the caller made the ids and knows them, so that they are not read
+        back (an op and two reads between a training step's products)."""
         # A negative id would index the table from its end (sinusoidal) or crash inside `nn.Embedding` (learned).
-        span = value_range(position_ids)
+        if span is None or torch.compiler.is_compiling():  # compiled, nothing is read (`value_range`)
+            span = value_range(position_ids)
         if span and span[0] < 0:
             raise ValueError(f"`position_ids` must not be negative, got values from {span[0]} to {span[1]}.")
         if span and span[1] >= self.max_positions:
@@ -316,7 +333,9 @@ class ScratchEmbeddings(nn.Module):
         inputs_embeds: torch.Tensor | None,
         position_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
+        position_span: tuple[int, int] | None = None,
     ) -> torch.Tensor:
+        """`position_span`: (first, last) of `position_ids` where the caller made them (`check_positions`)."""
         if inputs_embeds is None:
             self.check_ids(input_ids)
             inputs_embeds = self.embed_tokens(input_ids)
@@ -329,7 +348,7 @@ class ScratchEmbeddings(nn.Module):
                 token_type_ids = torch.zeros(hidden_states.shape[:2], dtype=torch.long, device=hidden_states.device)
             hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
         if self.embed_positions is not None:
-            self.check_positions(position_ids)
+            self.check_positions(position_ids, position_span)
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)

@@ -164,8 +164,9 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_ite
     `num_items_in_batch` (Trainer's gradient accumulation) the sum is divided by it, otherwise the mean."""
     if shift and shift_labels is None:
         # Checked before the shift pads them with `ignore_index`: unpadded labels then pass in one read.
-        check_label_ids(labels[..., 1:], vocab_size, ignore_index)
-        targets = F.pad(labels[..., 1:], (0, 1), value=ignore_index).reshape(-1).to(logits.device)
+        following = labels[..., 1:]  # each position's target: the next label
+        check_label_ids(following, vocab_size, ignore_index)
+        targets = F.pad(following, (0, 1), value=ignore_index).reshape(-1).to(logits.device)
     else:
         targets = (shift_labels if shift else labels).reshape(-1).to(logits.device)
         check_label_ids(targets, vocab_size, ignore_index)

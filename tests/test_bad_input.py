@@ -16,7 +16,14 @@ import torch
 from tiny_models import FAMILIES, VOCAB, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import TOKENIZER_KINDS, byte_level_bpe
 
-from hf_scratch_transformer import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig, hub, training
+from hf_scratch_transformer import (
+    ScratchDecoderConfig,
+    ScratchEncoderConfig,
+    ScratchSeq2SeqConfig,
+    hub,
+    scratch_layers,
+    training,
+)
 from tokenizer_training import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +40,26 @@ def test_negative_position_ids_are_a_clear_error(family, position_embedding_type
     name = "decoder_position_ids" if family == "seq2seq" else "position_ids"
     with pytest.raises(ValueError, match="`position_ids` must not be negative, got values from -1 to 2"):
         model(input_ids=ids, labels=ids, **{name: torch.tensor([[-1, 0, 1, 2]])})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_positions_the_model_makes_are_checked_without_reading_them_back(family, monkeypatch):
+    """Positions made from the cache's length are known in Python: only the ids are read for the range checks (an
+    op and two reads fewer between a training step's products), and past the table the error is the same."""
+    model = tiny_lm(family, position_embedding_type="learned")  # 64 positions
+    read, value_range = [], scratch_layers.value_range
+    monkeypatch.setattr(scratch_layers, "value_range", lambda tensor: read.append(tensor) or value_range(tensor))
+    inputs = lm_inputs(family)
+    model(**inputs)
+    ids = [inputs["input_ids"]] + ([] if family != "seq2seq" else [model.prepare_decoder_input_ids_from_labels(
+        inputs["labels"])])
+    assert len(read) == len(ids) and all(torch.equal(seen, given) for seen, given in zip(read, ids, strict=True))
+    name = "decoder_input_ids" if family == "seq2seq" else "input_ids"
+    too_long = {**inputs, name: torch.randint(3, VOCAB, (1, 65)), "labels": None}
+    if family == "seq2seq":
+        too_long["input_ids"] = inputs["input_ids"][:1]
+    with pytest.raises(ValueError, match="reaches position 64, but this model has `max_position_embeddings=64`"):
+        model(**too_long)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

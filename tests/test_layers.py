@@ -207,8 +207,17 @@ def test_block_layout(norm_position):
 ACTS = ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
 
 
+@pytest.fixture
+def small_results_in_place(monkeypatch):
+    """Tiny models' results are far below `IN_PLACE_MIN_BYTES`: written over at any size, so that the guards of
+    `may_write_over` are what decides."""
+    monkeypatch.setattr(scratch_layers, "IN_PLACE_MIN_BYTES", 0)
+
+
 def _feed_forward(hidden_act: str, monkeypatch):
-    """One feed-forward layer of a tiny model and its input; a counter of the in-place activations it computes."""
+    """One feed-forward layer of a tiny model and its input; a counter of the in-place activations it computes,
+    which it may compute at this size (`small_results_in_place`)."""
+    monkeypatch.setattr(scratch_layers, "IN_PLACE_MIN_BYTES", 0)
     mlp = tiny_lm("encoder", hidden_act=hidden_act, num_hidden_layers=1).model.layers[0].mlp
     calls, kernels = [], dict(scratch_layers.IN_PLACE_ACTIVATIONS)
     for activation, kernel in kernels.items():
@@ -304,7 +313,7 @@ def _sums_out_of_place():
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_residual_sums_are_written_over_the_projections_with_the_same_logits_and_gradients(
-    family, norm_position, dropout, use_bias, kernel, monkeypatch, force_choice
+    family, norm_position, dropout, use_bias, kernel, monkeypatch, force_choice, small_results_in_place
 ):
     """Each residual sum is written over the attention's or the feed-forward's output projection (a fresh tensor,
     which F.linear does not keep for backward), or over the dropout's output: logits and every gradient bit for bit
@@ -351,7 +360,7 @@ def test_residual_sums_are_written_over_the_projections_with_the_same_logits_and
 
 
 @pytest.mark.parametrize("hook_on", ["self_attn", "o_proj", "mlp", "down_proj", "everywhere"])
-def test_a_residual_sum_never_overwrites_what_a_hook_kept(hook_on, force_choice):
+def test_a_residual_sum_never_overwrites_what_a_hook_kept(hook_on, force_choice, small_results_in_place):
     """A forward hook on a sublayer or its output projection (activation caching, interpretability tools) may keep
     the tensor it was given: then the sum is a new tensor and the kept one still holds the sublayer's output.
     A full backward hook hands on an alias of the output, which must not be written over either: it is called."""
@@ -387,7 +396,9 @@ def test_a_residual_sum_never_overwrites_what_a_hook_kept(hook_on, force_choice)
         assert called
 
 
-def test_a_residual_sum_under_autocast_is_promoted_and_a_foreign_projection_is_left_alone(force_choice):
+def test_a_residual_sum_under_autocast_is_promoted_and_a_foreign_projection_is_left_alone(
+    force_choice, small_results_in_place
+):
     """Under bf16 autocast the projection's output is bf16 and the residual fp32: the sum is fp32, as out of place
     (written over the bf16 tensor it would be rounded). A projection that is not ours may keep its output for
     backward (here tanh's): the sum is out of place, and backward runs and agrees."""
@@ -408,6 +419,34 @@ def test_a_residual_sum_under_autocast_is_promoted_and_a_foreign_projection_is_l
     logits, gradients = _train_step(model, inputs)
     assert torch.equal(logits, expected_logits)
     assert all(torch.equal(gradients[name], expected_gradients[name]) for name in gradients)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_only_results_of_at_least_the_threshold_are_written_over(grad, force_choice, monkeypatch):
+    """Below `IN_PLACE_MIN_BYTES` a fresh tensor costs less than the checks and autograd's in-place bookkeeping: a
+    block's sums and activation are written over their inputs from that size on, not below it; the same values."""
+    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, "native")  # sums in place
+    block = tiny_lm("decoder", use_bias=False).train().model.layers[0]
+    hidden_size, in_place_activations = block.mlp.down_proj.out_features, []
+    projections, linear_forward = [], scratch_layers.ScratchLinear.forward
+    monkeypatch.setattr(scratch_layers.ScratchLinear, "forward",
+                        lambda self, x: projections.append(linear_forward(self, x)) or projections[-1])
+    kernels = {activation: lambda projected, kernel=kernel: in_place_activations.append(1) or kernel(projected)
+               for activation, kernel in scratch_layers.IN_PLACE_ACTIVATIONS.items()}
+    monkeypatch.setattr(scratch_layers, "IN_PLACE_ACTIVATIONS", kernels)
+    threshold_rows = scratch_layers.IN_PLACE_MIN_BYTES // (4 * hidden_size)  # fp32 (1, rows, hidden) sums
+    for rows, in_place in ((threshold_rows - 1, False), (threshold_rows, True), (1, False)):
+        hidden = torch.randn(1, rows, hidden_size, generator=torch.Generator().manual_seed(rows))
+        with torch.set_grad_enabled(grad), _sums_out_of_place():
+            expected = block(hidden)
+        projections.clear(), in_place_activations.clear()
+        with torch.set_grad_enabled(grad):
+            output = block(hidden)
+        assert torch.equal(output, expected)
+        assert (output is projections[-1]) == in_place
+        activation_bytes = 4 * rows * block.mlp.up_proj.out_features  # 4x wider: written over at fewer rows
+        # with gradients GELU keeps its input
+        assert bool(in_place_activations) == (activation_bytes >= scratch_layers.IN_PLACE_MIN_BYTES and not grad)
 
 
 # ---------------------------------------------------------------------------------------------- every knob
