@@ -30,11 +30,10 @@ a ratio whose range straddles 1 is not a measured difference.
   head stays fp32, TorchAoConfig's default). Where torchao is not importable, too old or fails to quantize, the run
   says so and why, and has no int8 row.
 - tokens are input positions: batch x seq, and batch x (source + target) for Marian.
-- peak memory: each side runs in a fresh subprocess (no allocator state shared with the other side; the two at
-  once, each reading its own process's peak), with MALLOC_MMAP_THRESHOLD_ fixed so freed tensors go back to the
-  OS; before each workload the kernel's peak-RSS mark is reset (/proc/self/clear_refs 5) and the result is VmHWM -
-  VmRSS: the memory the workload needs above the loaded weights (training: grads, AdamW state, activations over
-  2 steps; prefill: the median of 3 forwards).
+- peak memory: each side runs in a fresh subprocess (no allocator state shared with the other side), with
+  MALLOC_MMAP_THRESHOLD_ fixed so freed tensors go back to the OS; before each workload the kernel's peak-RSS
+  mark is reset (/proc/self/clear_refs 5) and the result is VmHWM - VmRSS: the memory the workload needs above
+  the loaded weights (training: grads, AdamW state, activations over 2 steps; prefill: the median of 3 forwards).
 - activation memory: in the same subprocesses, one fp32 forward + backward in train mode with the gradients already
   allocated (zeroed, so they are part of the baseline) and no optimizer: the activations kept for backward plus
   backward's temporaries; the median of 3, without and then with `gradient_checkpointing_enable()` (transformers'
@@ -323,20 +322,17 @@ def memory_worker(family: str, side: str) -> None:
 
 
 def measure_memory(family: str) -> dict:
-    """Each side's peaks from a fresh process of its own (`memory_worker`). The two run at once: a process's peak
-    is its own, and starting one (importing transformers: 5-11 s) is most of a quick run's time (102 -> 60-66 s on
-    the AVX2-only AMD EPYC)."""
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
     sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]] + [f"--device={args.device}"]
-    workers = {side: subprocess.Popen(
-        [sys.executable, "-m", __spec__.name, "--memory-worker", family, side, f"--seed={args.seed}", *sizes,
-         *(["--no-bf16"] if args.no_bf16 else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for side in SIDES}
-    outputs = {side: worker.communicate() for side, worker in workers.items()}  # both end before either is read
-    for side, worker in workers.items():
-        if worker.returncode != 0:
-            sys.exit(f"memory worker {family} {side} failed:\n{outputs[side][1][-3000:]}")
-    return {side: json.loads(stdout.strip().splitlines()[-1]) for side, (stdout, _) in outputs.items()}
+    out = {}
+    for side in SIDES:
+        command = [sys.executable, "-m", __spec__.name, "--memory-worker", family, side, f"--seed={args.seed}", *sizes,
+                   *(["--no-bf16"] if args.no_bf16 else [])]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            sys.exit(f"memory worker {family} {side} failed:\n{done.stderr[-3000:]}")
+        out[side] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- timing
