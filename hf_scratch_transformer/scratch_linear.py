@@ -6,7 +6,8 @@ AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD E
 on one thread where oneDNN used both (`docs/performance.md`). So `fp32_kernel` times both on a small layer at the
 first fp32 product of each regime, separately for decoding steps (few rows), prefill (many rows, no gradients: also
 evaluation and pipelines; these two once per thread count) and training (many rows, gradients), and keeps the
-answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto). Where decoding takes
+answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto), for every regime or per
+regime ("prefill=onednn,training=native"; a regime not named: auto). Where decoding takes
 oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about 15 us a call before reading
 the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
@@ -136,16 +137,17 @@ def regime_of(inputs: torch.Tensor) -> str:
 
 def fp32_kernel(regime: str, /) -> str:
     """"onednn" or "native": the kernel for fp32 CPU products of a regime (DECODING, PREFILL, TRAINING).
-    HF_SCRATCH_CPU_KERNELS=native|onednn forces one; auto (the default) times both once per process, at the first
-    product of each regime, on one core for training and once per thread count (`torch.set_num_threads`) for the
-    others, whose kernels compare differently on one thread and on several (see `time_kernels`).
+    HF_SCRATCH_CPU_KERNELS=native|onednn forces one (for every regime, or per regime: `kernel_setting`); auto (the
+    default) times both once per process, at the first product of each regime, on one core for training and once
+    per thread count (`torch.set_num_threads`) for the others, whose kernels compare differently on one thread and
+    on several (see `time_kernels`).
     `clear_kernel_choices()` makes the choices again."""
     return _timed_kernel(regime, 1 if regime == TRAINING else torch.get_num_threads())
 
 
 @functools.cache
 def _timed_kernel(regime: str, threads: int, /) -> str:  # positional: the cache keys on how it is called
-    choice = kernel_setting()
+    choice = kernel_setting(regime)
     if not ONEDNN_AVAILABLE:
         return "native"
     if choice != "auto":
@@ -160,12 +162,25 @@ def onednn_margin(regime: str) -> float:
     return (AVX2_ONEDNN_MARGINS if avx2_only else ONEDNN_MARGINS)[regime]
 
 
-def kernel_setting() -> str:
-    """HF_SCRATCH_CPU_KERNELS: "auto" (unset), "native" or "onednn"; anything else is an error naming it."""
-    choice = os.environ.get(KERNELS_VARIABLE, "").strip().lower() or "auto"
-    if choice not in KERNELS:
-        raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNELS)}; got {choice!r}.")
-    return choice
+REGIMES = (DECODING, PREFILL, TRAINING)
+
+
+def kernel_setting(regime: str, /) -> str:
+    """HF_SCRATCH_CPU_KERNELS for a regime: "auto" (unset), "native" or "onednn", given for every regime ("native")
+    or per regime ("decoding=onednn,training=native"; a regime not named is "auto"); anything else is an error
+    naming it."""
+    setting = os.environ.get(KERNELS_VARIABLE, "").strip().lower()
+    if "=" not in setting:
+        choices = dict.fromkeys(REGIMES, setting or "auto")
+    else:
+        pairs = [part.partition("=") for part in setting.split(",")]
+        choices = dict.fromkeys(REGIMES, "auto") | {name.strip(): kernel.strip() for name, _, kernel in pairs}
+        if set(choices) != set(REGIMES):
+            raise ValueError(f"{KERNELS_VARIABLE} names regimes {', '.join(REGIMES)}; got {setting!r}.")
+    if not set(choices.values()) <= set(KERNELS):
+        raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNELS)} (for every regime, or per regime "
+                         f"as decoding=onednn,training=native); got {setting!r}.")
+    return choices[regime]
 
 
 # oneDNN computes a one-row product in about 15 us more than the BLAS before reading the weight (AVX-512 AMD EPYC:
@@ -189,7 +204,7 @@ def one_row_kernel(out_features: int, in_features: int) -> str:
     choice = ONE_ROW_KERNELS.get(key)
     if choice is None:
         choice = fp32_kernel(DECODING)
-        if choice == "onednn" and kernel_setting() == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
+        if choice == "onednn" and kernel_setting(DECODING) == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
             native, onednn = time_kernels(DECODING, shape=(out_features, in_features))
             choice = "native" if native < FIXED_COST_RATIO * onednn else "onednn"
         ONE_ROW_KERNELS[key] = choice

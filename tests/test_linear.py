@@ -344,6 +344,22 @@ def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkey
         ScratchLinear(8, 4)(torch.randn(2, 8))
 
 
+def test_kernels_forced_per_regime_leave_the_others_timed(kernels, monkeypatch):
+    timed = []
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: timed.append(regime) or (1.0, 2.0))
+    kernels(" Prefill=oneDNN, training=native ")
+    assert fp32_kernel(scratch_linear.PREFILL) == "onednn"
+    assert fp32_kernel(scratch_linear.TRAINING) == "native"
+    assert timed == []
+    assert fp32_kernel(scratch_linear.DECODING) == "native"  # not named: auto, timed (the BLAS 2x faster here)
+    assert timed == [scratch_linear.DECODING]
+    for wrong, message in (("prefil=onednn", "names regimes decoding, prefill, training; got 'prefil=onednn'"),
+                           ("prefill=fast", "must be one of auto, native, onednn .*got 'prefill=fast'")):
+        kernels(wrong)
+        with pytest.raises(ValueError, match=message):
+            fp32_kernel(scratch_linear.PREFILL)
+
+
 def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernels):
     kernels("auto")
     layer = ScratchLinear(8, 4)

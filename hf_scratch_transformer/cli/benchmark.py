@@ -30,10 +30,13 @@ a ratio whose range straddles 1 is not a measured difference.
   head stays fp32, TorchAoConfig's default). Where torchao is not importable, too old or fails to quantize, the run
   says so and why, and has no int8 row.
 - tokens are input positions: batch x seq, and batch x (source + target) for Marian.
-- peak memory: each side runs in a fresh subprocess (no allocator state shared with the other side), with
+- peak memory: after every timing, each side runs in a fresh subprocess (no allocator state shared with the other
+  side; the two at once, each reading its own process's peak, with the kernels this process chose; the families
+  one after another), with
   MALLOC_MMAP_THRESHOLD_ fixed so freed tensors go back to the OS; before each workload the kernel's peak-RSS
   mark is reset (/proc/self/clear_refs 5) and the result is VmHWM - VmRSS: the memory the workload needs above
-  the loaded weights (training: grads, AdamW state, activations over 2 steps; prefill: the median of 3 forwards).
+  the loaded weights (training: grads, AdamW state, activations over 2 steps, after 2 unmeasured ones: the
+  process's one-time costs count on neither side; prefill: the median of 3 forwards).
 - activation memory: in the same subprocesses, one fp32 forward + backward in train mode with the gradients already
   allocated (zeroed, so they are part of the baseline) and no optimizer: the activations kept for backward plus
   backward's temporaries; the median of 3, without and then with `gradient_checkpointing_enable()` (transformers'
@@ -125,7 +128,7 @@ parser.add_argument("--compiled", action="store_true",
                     help="also batch-1 generate() compiled over a static cache, both sides (inductor: a C++ compiler)")
 parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where both sides run (default cpu); cuda: the GPU, timings synchronized")
-parser.add_argument("--memory-worker", nargs=2, metavar=("FAMILY", "SIDE"), help=argparse.SUPPRESS)
+parser.add_argument("--memory-worker", nargs="+", metavar="SIDE FAMILY", help=argparse.SUPPRESS)  # then families
 parser.add_argument("--no-bf16", action="store_true", help=argparse.SUPPRESS)  # set for the memory workers
 args = parser.parse_args()
 if args.write and (args.quick or args.family != "all"):  # a smoke test or one family would replace a full record
@@ -293,15 +296,23 @@ def peak_above_baseline(workload) -> float:
     return _status()["VmHWM"] - before
 
 
-def memory_worker(family: str, side: str) -> None:
+def memory_worker(side: str, *families: str) -> None:
+    """Prints one JSON line: each family's memory rows for one side, the families one after another."""
+    for regime in (DECODING, PREFILL, TRAINING):  # the parent's choices (measure_memory), made before measuring
+        fp32_kernel(regime)
+    print(json.dumps({family: family_memory(family, side) for family in families}))
+
+
+def family_memory(family: str, side: str) -> dict:
     native = build_native(family)
     model = native if side == "native" else build_ours(native)
     del native
-    for regime in (DECODING, PREFILL, TRAINING):  # chosen before measuring: the timing's tensors are not the workloads'
-        fp32_kernel(regime)
     train, prefill = make_inputs(family, args.batch, args.seq, True), make_inputs(family, args.batch, args.seq, False)
     result = {}
     model.train()
+    # Unmeasured first: a process's first training at this size also pays one-time costs (library buffers, thread
+    # arenas: 20-27 MiB more at the benchmark's size, AVX2 AMD EPYC), which would count for the first family only.
+    train_steps(model, train, False)
     for dtype in training_dtypes():  # a fresh AdamW inside the workload: its state is counted, then freed
         result[f"train {dtype}"] = peak_above_baseline(partial(train_steps, model, train, dtype == "bf16"))
     model.eval()
@@ -318,21 +329,32 @@ def memory_worker(family: str, side: str) -> None:
             model.zero_grad(set_to_none=False)
             samples.append(peak_above_baseline(partial(forward_backward, model, train)))
         result[name] = statistics.median(samples)
-    print(json.dumps(result))
+    return result
 
 
-def measure_memory(family: str) -> dict:
+def measure_memory(families: list[str]) -> dict:
+    """{side: {family: memory rows}}, from one worker per side, the two run at once (each reads its own process's
+    peaks; a worker costs about 10 s of imports). The workers take this process's kernel choices, not timings of
+    their own: timed while the other worker loads the cores, a choice could differ from the timed rows' (training's
+    memory differs by kernel on an AVX-512 AMD EPYC)."""
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
+    if DEVICE.type == "cpu":
+        env[KERNELS_VARIABLE] = ",".join(f"{regime}={fp32_kernel(regime)}" for regime in (DECODING, PREFILL, TRAINING))
+        if not args.no_bf16:  # bf16 rows: the attention kernel the timed bf16 training took
+            env[ATTENTION_VARIABLE] = bf16_training_kernel()
     sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]] + [f"--device={args.device}"]
-    out = {}
-    for side in SIDES:
-        command = [sys.executable, "-m", __spec__.name, "--memory-worker", family, side, f"--seed={args.seed}", *sizes,
-                   *(["--no-bf16"] if args.no_bf16 else [])]
-        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:
-            sys.exit(f"memory worker {family} {side} failed:\n{done.stderr[-3000:]}")
-        out[side] = json.loads(done.stdout.strip().splitlines()[-1])
-    return out
+    workers = {
+        side: subprocess.Popen(
+            [sys.executable, "-m", __spec__.name, "--memory-worker", side, *families, f"--seed={args.seed}", *sizes,
+             *(["--no-bf16"] if args.no_bf16 else [])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for side in SIDES
+    }
+    outputs = {side: worker.communicate() for side, worker in workers.items()}  # (stdout, stderr), both finished
+    for side, worker in workers.items():
+        if worker.returncode != 0:
+            sys.exit(f"memory worker {side} ({', '.join(families)}) failed:\n{outputs[side][1][-3000:]}")
+    return {side: json.loads(stdout.strip().splitlines()[-1]) for side, (stdout, _) in outputs.items()}
 
 
 # ----------------------------------------------------------------------------------------------- timing
@@ -462,12 +484,16 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
         add(f"train {dtype} achieved", "GFLOP/s", "higher", gflops["native"], gflops["ours"], samples=t["samples"])
         add(f"train {dtype} MFU", "% of mm", "higher", *(100 * gflops[side] * 1e9 / peaks[dtype] for side in SIDES),
             samples=t["samples"])
-
-    memory = measure_memory(family)
-    for workload in memory["ours"]:  # peak memory train fp32, train bf16, prefill; activation memory rows
-        name = workload if workload.startswith("activation") else f"peak memory {workload}"
-        add(name, "MiB", "lower", memory["native"][workload], memory["ours"][workload])
     return rows, extra
+
+
+def memory_rows(family: str, memory: dict) -> list[dict]:
+    """The rows of one family's entry of `measure_memory`: peak memory train fp32, train bf16, prefill; activation
+    memory."""
+    names = {workload: workload if workload.startswith("activation") else f"peak memory {workload}"
+             for workload in memory["ours"]}
+    return [row(family, name, "MiB", "lower", memory["native"][workload], memory["ours"][workload])
+            for workload, name in names.items()]
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -567,9 +593,17 @@ def main() -> None:
     report = dict(machine=this_machine, settings={k: getattr(args, k) for k in SIZES["full"]},
                   matmul_gflops={k: v / 1e9 for k, v in peaks.items()},
                   kernels=kernel_choices(this_machine["bf16_native"]), results=[], details={})
-    for family in FAMILIES if args.family == "all" else (args.family,):
-        rows, report["details"][family] = bench_family(family, peaks)
-        report["results"] += rows
+    families = FAMILIES if args.family == "all" else (args.family,)
+    rows = {}
+    for family in families:
+        rows[family], report["details"][family] = bench_family(family, peaks)
+    # After every timing: the memory workers would load the cores the timed rows run on.
+    with_memory = [family for family in families if family != "llama"]  # llama: decode rows only
+    memory = measure_memory(with_memory) if with_memory else {}
+    for family in families:
+        report["results"] += rows[family]
+        if family in with_memory:  # its memory rows after its timed ones
+            report["results"] += memory_rows(family, {side: memory[side][family] for side in SIDES})
     if DEVICE.type == "cpu":  # the weight shapes timed at their first decoding step (scratch_linear.one_row_kernel)
         report["kernels"]["fp32 one-row products on the BLAS"] = [
             f"{out_features}x{in_features}" for (out_features, in_features, _), kernel in ONE_ROW_KERNELS.items()
