@@ -173,10 +173,10 @@ def kernel_setting(regime: str, /) -> str:
     if "=" not in setting:
         choices = dict.fromkeys(REGIMES, setting or "auto")
     else:
-        pairs = [part.partition("=") for part in setting.split(",")]
+        pairs = [part.partition("=") for part in setting.split(",") if part.strip()]
         choices = dict.fromkeys(REGIMES, "auto") | {name.strip(): kernel.strip() for name, _, kernel in pairs}
         if set(choices) != set(REGIMES):
-            raise ValueError(f"{KERNELS_VARIABLE} names regimes {', '.join(REGIMES)}; got {setting!r}.")
+            raise ValueError(f"{KERNELS_VARIABLE} can name the regimes {', '.join(REGIMES)}; got {setting!r}.")
     if not set(choices.values()) <= set(KERNELS):
         raise ValueError(f"{KERNELS_VARIABLE} must be one of {', '.join(KERNELS)} (for every regime, or per regime "
                          f"as decoding=onednn,training=native); got {setting!r}.")

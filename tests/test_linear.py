@@ -353,7 +353,7 @@ def test_kernels_forced_per_regime_leave_the_others_timed(kernels, monkeypatch):
     assert timed == []
     assert fp32_kernel(scratch_linear.DECODING) == "native"  # not named: auto, timed (the BLAS 2x faster here)
     assert timed == [scratch_linear.DECODING]
-    for wrong, message in (("prefil=onednn", "names regimes decoding, prefill, training; got 'prefil=onednn'"),
+    for wrong, message in (("prefil=onednn", "can name the regimes decoding, prefill, training; got 'prefil=onednn'"),
                            ("prefill=fast", "must be one of auto, native, onednn .*got 'prefill=fast'")):
         kernels(wrong)
         with pytest.raises(ValueError, match=message):
