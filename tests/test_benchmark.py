@@ -3,6 +3,7 @@ it exits 0 and its table has one row per family and measurement, with finite pos
 Speed itself is not asserted here (SPEC section 9: the benchmark reports it; timed unit tests do not)."""
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -181,3 +182,34 @@ def test_a_torchao_that_cannot_quantize_skips_the_int8_rows(benchmark_module, mo
         monkeypatch.setattr(type(model), "from_pretrained", _fails(RuntimeError("torchao is too old")))
     result = benchmark_module.load_int8({"ours": model})
     assert isinstance(result, str) and "torchao is too old" in result
+
+
+def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benchmark_module, monkeypatch):
+    """One worker per side for every family, started before either is waited for, each told this process's kernel
+    choices (timed again beside the other worker's load, a choice could differ from the timed rows')."""
+    from hf_scratch_transformer import scratch_linear
+
+    choices = {scratch_linear.DECODING: "onednn", scratch_linear.PREFILL: "native", scratch_linear.TRAINING: "native"}
+    monkeypatch.setattr(benchmark_module, "fp32_kernel", choices.__getitem__)
+    monkeypatch.setattr(benchmark_module, "bf16_training_kernel", lambda: "eager")
+    events = []
+
+    class Worker:
+        def __init__(self, command, env, **kwargs):
+            start = command.index("--memory-worker") + 1
+            self.side, families = command[start], command[start + 1:start + 3]
+            self.returncode = 0
+            events.append(("started", self.side, families, env[scratch_linear.KERNELS_VARIABLE],
+                           env[benchmark_module.ATTENTION_VARIABLE]))
+
+        def communicate(self):
+            events.append(("waited", self.side))
+            return json.dumps({family: {"prefill": 1.0} for family in ("gpt2", "bert")}) + "\n", ""
+
+    monkeypatch.setattr(benchmark_module.subprocess, "Popen", lambda command, **kwargs: Worker(command, **kwargs))
+    monkeypatch.setattr(benchmark_module.args, "no_bf16", False)
+    memory = benchmark_module.measure_memory(["gpt2", "bert"])
+    kernels = "decoding=onednn,prefill=native,training=native"
+    assert events == [("started", side, ["gpt2", "bert"], kernels, "eager") for side in ("native", "ours")] + [
+        ("waited", "native"), ("waited", "ours")]
+    assert memory == {side: {"gpt2": {"prefill": 1.0}, "bert": {"prefill": 1.0}} for side in ("native", "ours")}
