@@ -104,6 +104,7 @@ FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into rea
 DECODING = "decoding"  # up to FEW_ROWS rows
 PREFILL = "prefill"  # more rows, no gradients recorded (prefill, evaluation, pipelines)
 TRAINING = "training"  # more rows, gradients recorded
+REGIMES = (DECODING, PREFILL, TRAINING)
 # oneDNN is taken where its time is under this fraction of the BLAS's: on a tie, or within the timing's noise, the
 # native path. Prefill's timing (one forward over 512 rows, best of 5 rounds) is the steadiest, and what it measures
 # is what a model gets: on an AVX-512 AMD EPYC it read 0.89-0.93 in fresh processes while whole models prefilled
@@ -160,9 +161,6 @@ def onednn_margin(regime: str) -> float:
     """The fraction of the BLAS's time oneDNN must come under to be taken for a regime, on this CPU."""
     avx2_only = torch.backends.cpu.get_cpu_capability() == "AVX2"
     return (AVX2_ONEDNN_MARGINS if avx2_only else ONEDNN_MARGINS)[regime]
-
-
-REGIMES = (DECODING, PREFILL, TRAINING)
 
 
 def kernel_setting(regime: str, /) -> str:

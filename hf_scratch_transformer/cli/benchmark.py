@@ -99,6 +99,7 @@ from hf_scratch_transformer.scratch_linear import (
     KERNELS_VARIABLE,
     ONE_ROW_KERNELS,
     PREFILL,
+    REGIMES,
     TRAINING,
     fp32_kernel,
     onednn_linear,
@@ -297,9 +298,8 @@ def peak_above_baseline(workload) -> float:
 
 
 def memory_worker(side: str, *families: str) -> None:
-    """Prints one JSON line: each family's memory rows for one side, the families one after another."""
-    for regime in (DECODING, PREFILL, TRAINING):  # the parent's choices (measure_memory), made before measuring
-        fp32_kernel(regime)
+    """Prints one JSON line: each family's memory rows for one side, the families one after another. The kernels
+    are the parent's choices (`measure_memory` forces them), so none is timed here."""
     print(json.dumps({family: family_memory(family, side) for family in families}))
 
 
@@ -339,7 +339,7 @@ def measure_memory(families: list[str]) -> dict:
     memory differs by kernel on an AVX-512 AMD EPYC)."""
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
     if DEVICE.type == "cpu":
-        env[KERNELS_VARIABLE] = ",".join(f"{regime}={fp32_kernel(regime)}" for regime in (DECODING, PREFILL, TRAINING))
+        env[KERNELS_VARIABLE] = ",".join(f"{regime}={fp32_kernel(regime)}" for regime in REGIMES)
         if not args.no_bf16:  # bf16 rows: the attention kernel the timed bf16 training took
             env[ATTENTION_VARIABLE] = bf16_training_kernel()
     sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]] + [f"--device={args.device}"]
