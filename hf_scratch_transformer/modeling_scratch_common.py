@@ -29,6 +29,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_scratch import ScratchConfigBase
 from .scratch_attention import MODEL_UPDATES_PAGED_CACHE, ScratchAttention, cache_output, is_paged, resolve_cache
 from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
+from .scratch_linear import mark_working_set
 from .scratch_loss import lm_loss, sequence_classification_loss
 from .scratch_masks import build_cross_attention_mask, build_self_attention_mask
 from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
@@ -160,6 +161,15 @@ class ScratchPreTrainedModel(PreTrainedModel):
                 if corrupt:
                     raise corrupt from error
             raise
+
+    def post_init(self) -> None:
+        super().post_init()
+        mark_working_set(self)  # few-row products choose their kernel by how much the model reads (scratch_linear)
+
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        mark_working_set(self)  # a resized output head reads more or fewer bytes, and a new one is not marked yet
+        return embeddings
 
     def _get_resized_lm_head(self, old_lm_head: nn.Linear, *args, **kwargs) -> nn.Linear:
         """transformers' resize of an untied output head, which builds a plain `nn.Linear`: the new head gets the old

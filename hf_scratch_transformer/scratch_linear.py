@@ -4,10 +4,11 @@ On CPU, PyTorch computes fp32 `F.linear` with its default BLAS (MKL in the x86 w
 products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN ran at twice MKL's rate, on an AVX2
 AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products
 on one thread where oneDNN used both (`docs/performance.md`). So `fp32_kernel` times both on a small layer at the
-first fp32 product of each regime, separately for decoding steps (few rows), prefill (many rows, no gradients: also
-evaluation and pipelines; these two once per thread count) and training (many rows, gradients), and keeps the
-answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto), for every regime or per
-regime ("prefill=onednn,training=native"; a regime not named: auto). Where decoding takes
+first fp32 product of each regime, separately for decoding steps (few rows) of a model whose weights fit in the
+CPU's largest cache and of a larger one (its weights timed as a step reads them: from memory), prefill (many rows,
+no gradients: also evaluation and pipelines; these three once per thread count) and training (many rows,
+gradients), and keeps the answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn forces one (default: auto),
+for every regime or per regime ("prefill=onednn,training=native"; a regime not named: auto). Where decoding takes
 oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about 15 us a call before reading
 the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
@@ -24,6 +25,8 @@ import functools
 import itertools
 import math
 import os
+import pathlib
+import re
 import sys
 import time
 
@@ -101,10 +104,11 @@ FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into rea
 # The three ways a process runs products, each with its own kernel choice: the kernels rank differently in each
 # (AVX-512 AMD EPYC: oneDNN at about half the BLAS's time one row at a time, 0.78-0.93 of it over 512 rows without
 # gradients, by host and hour, within noise of it with the gradient products of training; docs/performance.md).
-DECODING = "decoding"  # up to FEW_ROWS rows
+DECODING = "decoding"  # up to FEW_ROWS rows, of a model whose weights fit in the CPU's largest cache
+DECODING_FROM_MEMORY = "decoding_from_memory"  # up to FEW_ROWS rows, of a model too large for it (below)
 PREFILL = "prefill"  # more rows, no gradients recorded (prefill, evaluation, pipelines)
 TRAINING = "training"  # more rows, gradients recorded
-REGIMES = (DECODING, PREFILL, TRAINING)
+REGIMES = (DECODING, DECODING_FROM_MEMORY, PREFILL, TRAINING)
 # oneDNN is taken where its time is under this fraction of the BLAS's: on a tie, or within the timing's noise, the
 # native path. Prefill's timing (one forward over 512 rows, best of 5 rounds) is the steadiest, and what it measures
 # is what a model gets: on an AVX-512 AMD EPYC it read 0.89-0.93 in fresh processes while whole models prefilled
@@ -115,7 +119,7 @@ REGIMES = (DECODING, PREFILL, TRAINING)
 # with oneDNN (GPT-2 0.98 and BERT 1.06 of the BLAS's speed at the benchmark's size, nanoGPT's size 0.91 on two
 # threads and 1.0 on one): oneDNN must be 20% faster there. Where its products ran at twice the BLAS's rate (the
 # EPYC of 2026-11-21), it trained 1.6-2.1x faster.
-ONEDNN_MARGINS = {DECODING: 0.9, PREFILL: 0.95, TRAINING: 0.8}
+ONEDNN_MARGINS = {DECODING: 0.9, DECODING_FROM_MEMORY: 0.9, PREFILL: 0.95, TRAINING: 0.8}
 # Where ATen's capability is AVX2 (no AVX-512), prefill needs 15%: on an AVX2-only AMD EPYC (2026-11-25) prefill's
 # timing read oneDNN at 0.94-1.16 of the BLAS's time in fresh processes (0.88-0.96 timed again in one process) while
 # whole models prefilled 5% slower with oneDNN (GPT-2 and BERT, forced each way); an AVX-512 EPYC limited to AVX2
@@ -127,17 +131,43 @@ ONEDNN_MARGINS = {DECODING: 0.9, PREFILL: 0.95, TRAINING: 0.8}
 # products at half the BLAS's time, and at 0.67-0.71 of it limited to AVX2 (`TIMED_ROUNDS`), clearing either margin.
 # Training read 1.05-1.29 there (the BLAS).
 AVX2_ONEDNN_MARGINS = ONEDNN_MARGINS | {PREFILL: 0.85, DECODING: 0.8}
+# A decoding step reads each of the model's weights once. Where they fit in the CPU's largest cache they come from it,
+# step after step; where they do not, every step reads them from memory, and the kernels rank differently: on the
+# AVX2-only AMD EPYC (32 MiB L3) oneDNN took 1.15-1.38x the BLAS's time for one-row products with a weight in cache,
+# and 0.72-0.96 of it over 55 MB of weights in turn (MKL keeps a one-row product on one thread, oneDNN uses both);
+# whole models decoded with oneDNN forced at 1.14-1.20 of the BLAS's time a token with 7-16 MB of weights, 0.97 with
+# 26 MB, 0.85-1.03 with 55 MB and 0.80 with 420 MB (GPT-2 124M; 0.64 at batch 8; docs/performance.md). So a model
+# tells its layers how many bytes of weights a step reads (`mark_working_set`), and a model larger than the cache
+# decodes in its own regime, timed over weights streamed from memory.
+DEFAULT_CACHE_BYTES = 32 << 20  # where the cache's size cannot be read (no Linux sysfs): a server CPU's L3
+CACHE_SIZES = pathlib.Path("/sys/devices/system/cpu/cpu0/cache")
 
 
-def regime_of(inputs: torch.Tensor) -> str:
-    """DECODING, PREFILL or TRAINING for a product of these inputs (..., in) under the current grad mode."""
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """The size in bytes of the largest cache of the CPU the process runs on (Linux sysfs), else DEFAULT_CACHE_BYTES."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = []
+    for size_file in CACHE_SIZES.glob("index*/size"):
+        try:
+            match = re.fullmatch(r"(\d+)\s*([KMG]?)", size_file.read_text().strip().upper())
+        except OSError:
+            continue
+        if match:
+            sizes.append(int(match[1]) * units[match[2]])
+    return max(sizes, default=DEFAULT_CACHE_BYTES)
+
+
+def regime_of(inputs: torch.Tensor, working_set: int = 0) -> str:
+    """The regime of a product of these inputs (..., in) under the current grad mode, in a model whose few-row
+    forward reads `working_set` bytes of weights (0: not known, taken as fitting in the cache)."""
     if inputs.numel() <= FEW_ROWS * inputs.shape[-1]:
-        return DECODING
+        return DECODING_FROM_MEMORY if working_set > last_level_cache_bytes() else DECODING
     return TRAINING if torch.is_grad_enabled() else PREFILL
 
 
 def fp32_kernel(regime: str, /) -> str:
-    """"onednn" or "native": the kernel for fp32 CPU products of a regime (DECODING, PREFILL, TRAINING).
+    """"onednn" or "native": the kernel for fp32 CPU products of a regime (one of REGIMES).
     HF_SCRATCH_CPU_KERNELS=native|onednn forces one (for every regime, or per regime: `kernel_setting`); auto (the
     default) times both once per process, at the first product of each regime, on one core for training and once
     per thread count (`torch.set_num_threads`) for the others, whose kernels compare differently on one thread and
@@ -189,24 +219,29 @@ def kernel_setting(regime: str, /) -> str:
 # a product long enough (over 80 us from cache) that the fixed cost cannot weigh that much, and are not timed.
 FIXED_COST_RATIO = 0.5
 MAX_TIMED_WEIGHT = 1 << 20
-# (out, in, threads): a weight's shape and the thread count -> the kernel of its one-row products
+# (out, in, threads): a weight's shape and the thread count -> the kernel of its one-row products where a decoding
+# regime takes oneDNN
 ONE_ROW_KERNELS: dict[tuple[int, int, int], str] = {}
 
 
-def one_row_kernel(out_features: int, in_features: int) -> str:
-    """The kernel for fp32 products of few rows with a weight of this shape, where the process decodes with oneDNN
-    (`fp32_kernel(DECODING)`): "native" if, timed at its first product, the BLAS takes under FIXED_COST_RATIO of
-    oneDNN's time, else "onednn". Forced kernels (HF_SCRATCH_CPU_KERNELS) are not timed; the choice is kept per
-    shape and thread count for the process (`ONE_ROW_KERNELS`)."""
+def one_row_kernel(out_features: int, in_features: int, regime: str = DECODING) -> str:
+    """The kernel for fp32 products of few rows with a weight of this shape in a decoding regime (DECODING or
+    DECODING_FROM_MEMORY): that regime's (`fp32_kernel`), except where it is oneDNN and, timed at the shape's first
+    product, the BLAS takes under FIXED_COST_RATIO of oneDNN's time: "native" then. Forced kernels
+    (HF_SCRATCH_CPU_KERNELS) are not timed; the answer is kept per shape and thread count for the process
+    (`ONE_ROW_KERNELS`, which holds the shapes of regimes that took oneDNN)."""
+    choice = fp32_kernel(regime)
+    if choice != "onednn":
+        return choice
     key = (out_features, in_features, torch.get_num_threads())
-    choice = ONE_ROW_KERNELS.get(key)
-    if choice is None:
-        choice = fp32_kernel(DECODING)
-        if choice == "onednn" and kernel_setting(DECODING) == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
+    kernel = ONE_ROW_KERNELS.get(key)
+    if kernel is None:
+        kernel = "onednn"
+        if kernel_setting(regime) == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
             native, onednn = time_kernels(DECODING, shape=(out_features, in_features))
-            choice = "native" if native < FIXED_COST_RATIO * onednn else "onednn"
-        ONE_ROW_KERNELS[key] = choice
-    return choice
+            kernel = "native" if native < FIXED_COST_RATIO * onednn else "onednn"
+        ONE_ROW_KERNELS[key] = kernel
+    return kernel
 
 
 def clear_kernel_choices() -> None:
@@ -231,21 +266,25 @@ def one_thread():
 # Rows of the timed product per regime: a training step's 64 rows with both gradients, a prefill's 512 rows forward
 # (AVX-512 AMD EPYC, two threads, fresh processes: oneDNN at 0.78-0.84 of the BLAS's time over 512 rows, a steadier
 # answer than 0.86-0.93 over 256), a decoding step's one row.
-TIMED_ROWS = {TRAINING: 64, PREFILL: 512, DECODING: 1}
+TIMED_ROWS = {TRAINING: 64, PREFILL: 512, DECODING: 1, DECODING_FROM_MEMORY: 1}
 # Timed rounds per regime, the best one counting. A decoding round takes about 1 ms, and on two threads one busy core
 # stalls oneDNN's parallel product: with one core of the AMD EPYC kept busy, 3 rounds measured oneDNN at 0.52-1.59 of
 # the BLAS's time (the BLAS taken in 4 of 9 processes, AVX-512 and limited to AVX2), 20 rounds at 0.67-0.71, as quiet.
 # Prefill's 5 rounds (about 3 ms each) hold its narrower margin (ONEDNN_MARGINS), training's 8 (about 5 ms each)
 # narrow its spread (above).
-TIMED_ROUNDS = {TRAINING: 8, PREFILL: 5, DECODING: 20}
+TIMED_ROUNDS = {TRAINING: 8, PREFILL: 5, DECODING: 20, DECODING_FROM_MEMORY: 5}
+# Decoding from memory is timed over weights twice the size of the largest cache, each read once a round (about 10 ms
+# a round for 64 MiB); at most MAX_STREAMED_BYTES, whatever cache a machine reports.
+MAX_STREAMED_BYTES = 256 << 20
 
 
 def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = (1536, 384)) -> tuple[float, float]:
     """Best seconds (native, oneDNN) of a layer with a weight of this shape (out, in) in a regime, the two kernels
     interleaved over `repeats` rounds (default TIMED_ROUNDS) after a warm-up round: forward and both gradients over
-    TIMED_ROWS rows on one core (TRAINING), one forward (PREFILL) or 5 one-row forwards (DECODING) on the process's
-    threads. 15-50 ms at the default 384 -> 1536. A generator of its own leaves the global random state alone (seeded
-    runs stay reproducible), whatever the caller's modes."""
+    TIMED_ROWS rows on one core (TRAINING), one forward (PREFILL), 5 one-row forwards (DECODING) or one one-row forward
+    with each of as many such weights as fill twice the largest cache (DECODING_FROM_MEMORY) on the process's
+    threads. 15-50 ms at the default 384 -> 1536, about 150 ms from memory. A generator of its own leaves the global
+    random state alone (seeded runs stay reproducible), whatever the caller's modes."""
     repeats = TIMED_ROUNDS[regime] if repeats is None else repeats
     generator = torch.Generator().manual_seed(0)
     training = regime == TRAINING
@@ -263,15 +302,21 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
         weight = torch.randn(out_features, in_features, generator=generator, device="cpu", requires_grad=training)
         grad_output = torch.randn(TIMED_ROWS[regime], out_features, generator=generator, device="cpu")
         products = {"native": F.linear, "onednn": _OneDNNLinearFunction.apply if training else onednn_linear}
-        calls = 5 if regime == DECODING else 1
+        weights = [weight] * (5 if regime == DECODING else 1)
+        if regime == DECODING_FROM_MEMORY:
+            streamed = min(2 * last_level_cache_bytes(), MAX_STREAMED_BYTES)
+            count = -(-streamed // weight.nbytes)
+            # (count x out, in) -> count weights (out, in); filled, not drawn (a product's speed does not depend on
+            # the values, and drawing 64 MiB takes longer than the timing)
+            weights = torch.full((count * out_features, in_features), 0.5).split(out_features)
         for repeat in range(repeats + 1):
             for kernel in sorted(best, reverse=repeat % 2 == 1):
                 start = time.perf_counter()
                 if training:
                     torch.autograd.grad(products[kernel](inputs, weight, None), (inputs, weight), grad_output)
                 else:
-                    for _ in range(calls):
-                        products[kernel](inputs, weight, None)
+                    for each_weight in weights:
+                        products[kernel](inputs, each_weight, None)
                 if repeat:  # round 0 warms up (oneDNN builds its primitives at the first call of a shape)
                     best[kernel] = min(best[kernel], time.perf_counter() - start)
     return best["native"], best["onednn"]
@@ -283,8 +328,9 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
 PLAIN_TYPES = (torch.Tensor, nn.Parameter)
 
 
-def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether an eager product takes oneDNN (never while compiling: these checks would put guards in a graph)."""
+def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, working_set: int) -> bool:
+    """Whether an eager product takes oneDNN (never while compiling: these checks would put guards in a graph), in a
+    model whose few-row forward reads `working_set` bytes of weights."""
     if not ONEDNN_AVAILABLE:
         return False
     if type(inputs) not in PLAIN_TYPES or type(weight) not in PLAIN_TYPES:
@@ -293,7 +339,7 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
         return False  # under torch.func, also: timing the kernels there would fail (vmap forbids random draws)
     # The process's choice for this regime (timed once, at its first product). Where the BLAS wins, the usual case
     # (docs/performance.md), every product ends here: the checks below cost about 1.3 us a call, 0.1 ms a forward.
-    products_regime = regime_of(inputs)
+    products_regime = regime_of(inputs, working_set)
     if fp32_kernel(products_regime) != "onednn":
         return False
     return (
@@ -302,7 +348,7 @@ def _takes_onednn_path(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.T
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
-        and (products_regime != DECODING or one_row_kernel(*weight.shape) == "onednn")
+        and (products_regime in (PREFILL, TRAINING) or one_row_kernel(*weight.shape, products_regime) == "onednn")
     )
 
 
@@ -340,6 +386,7 @@ class ScratchLinear(nn.Linear):
 
     fused_sizes: tuple[int, ...] | None = None  # a fused layer's (QKV, gate | up) output sizes of its parts
     quantized_in_parts = False  # a torchao weight of a fused layer computes one product per part (`_torchao_parts`)
+    working_set = 0  # bytes of fp32 weights a few-row forward of the layer's model reads (`mark_working_set`)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         # The parameters' dict: `self.weight` is a failed lookup, then nn.Module.__getattr__ (0.85 us a read in a warm
@@ -351,7 +398,7 @@ class ScratchLinear(nn.Linear):
         if torch.compiler.is_compiling():
             if _compiled_as_row_dot(inputs, weight):
                 return row_dot(inputs, weight, bias)
-        elif _takes_onednn_path(inputs, weight, bias):
+        elif _takes_onednn_path(inputs, weight, bias, self.working_set):
             if torch.is_grad_enabled():
                 return _OneDNNLinearFunction.apply(inputs, weight, bias)
             return onednn_linear(inputs, weight, bias)
@@ -381,3 +428,14 @@ class ScratchLinear(nn.Linear):
 
     def __getstate__(self) -> dict:
         return {name: value for name, value in self.__dict__.items() if name != "_torchao_cache"}
+
+
+def mark_working_set(model: nn.Module) -> None:
+    """Tell every `ScratchLinear` of `model` how many bytes of weights a forward of few rows reads: all of the model's
+    linear weights (a tied one once) as fp32, the only products with a kernel choice. For an encoder-decoder this
+    counts the encoder's too, which a decoding step does not read: an over-estimate that matters only near the
+    cache's size, where the kernels tie. Models call it when built (`post_init`) and when resized."""
+    layers = [module for module in model.modules() if isinstance(module, ScratchLinear)]
+    weights = {id(layer.weight): layer.weight.numel() for layer in layers}
+    for layer in layers:
+        layer.working_set = 4 * sum(weights.values())
