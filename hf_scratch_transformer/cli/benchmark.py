@@ -552,12 +552,12 @@ def markdown(report: dict) -> str:
                    f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
     else:
         blas_shapes = ", ".join(k.get("fp32 one-row products on the BLAS", []))
-        decoding = k["fp32 decoding"] + (f" (the BLAS for the small weights {blas_shapes}: oneDNN's fixed cost a "
-                                         f"call dominates their products)" if blas_shapes else "")
+        small_weights = (f"; where oneDNN decodes, the BLAS for the small weights {blas_shapes}: oneDNN's fixed cost a "
+                         f"call dominates their products" if blas_shapes else "")
         kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernel chosen ({k['setting']}): decoding "
-                   f"steps {decoding} (models up to the {m['cache_mib']} MiB cache), "
-                   f"{k['fp32 decoding from memory']} (larger models), prefill {k['fp32 prefill']}, training "
-                   f"{k['fp32 training']}; CPU "
+                   f"steps {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB cache), "
+                   f"{k['fp32 decoding from memory']} (larger models){small_weights}; prefill {k['fp32 prefill']}, "
+                   f"training {k['fp32 training']}; CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
                    f"dropout (GPT-2's and BERT's) the eager math with our mask, as sdpa computes it there (no choice).")
