@@ -101,7 +101,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 KERNELS_VARIABLE = "HF_SCRATCH_CPU_KERNELS"
 KERNELS = ("auto", "native", "onednn")
 FEW_ROWS = 64  # up to this many rows: a decoding step, whose time goes into reading the weight
-# The three ways a process runs products, each with its own kernel choice: the kernels rank differently in each
+# The ways a process runs products, each with its own kernel choice: the kernels rank differently in each
 # (AVX-512 AMD EPYC: oneDNN at about half the BLAS's time one row at a time, 0.78-0.93 of it over 512 rows without
 # gradients, by host and hour, within noise of it with the gradient products of training; docs/performance.md).
 DECODING = "decoding"  # up to FEW_ROWS rows, of a model whose weights fit in the CPU's largest cache
@@ -133,10 +133,10 @@ ONEDNN_MARGINS = {DECODING: 0.9, DECODING_FROM_MEMORY: 0.9, PREFILL: 0.95, TRAIN
 AVX2_ONEDNN_MARGINS = ONEDNN_MARGINS | {PREFILL: 0.85, DECODING: 0.8}
 # A decoding step reads each of the model's weights once. Where they fit in the CPU's largest cache they come from it,
 # step after step; where they do not, every step reads them from memory, and the kernels rank differently: on the
-# AVX2-only AMD EPYC (32 MiB L3) oneDNN took 1.15-1.38x the BLAS's time for one-row products with a weight in cache,
+# AVX2-only AMD EPYC (32 MiB L3) oneDNN took 1.15-1.45x the BLAS's time for one-row products with a weight in cache,
 # and 0.72-0.96 of it over 55 MB of weights in turn (MKL keeps a one-row product on one thread, oneDNN uses both);
-# whole models decoded with oneDNN forced at 1.14-1.20 of the BLAS's time a token with 7-16 MB of weights, 0.97 with
-# 26 MB, 0.85-1.03 with 55 MB and 0.80 with 420 MB (GPT-2 124M; 0.64 at batch 8; docs/performance.md). So a model
+# whole models decoded with oneDNN forced at 1.14-1.20 of the BLAS's time a token with 7-17 MB of weights, 0.97 with
+# 27 MB, 0.85-0.93 with 55 MB and 0.80 with 494 MB (GPT-2 124M; 0.60 at batch 8; docs/performance.md). So a model
 # tells its layers how many bytes of weights a step reads (`mark_working_set`), and a model larger than the cache
 # decodes in its own regime, timed over weights streamed from memory.
 DEFAULT_CACHE_BYTES = 32 << 20  # where the cache's size cannot be read (no Linux sysfs): a server CPU's L3
