@@ -176,7 +176,8 @@ class ScratchPreTrainedModel(PreTrainedModel):
         one's class back (`ScratchLinear`, its fp32 kernel choice), as the model has it when built or loaded."""
         new_lm_head = super()._get_resized_lm_head(old_lm_head, *args, **kwargs)
         if type(new_lm_head) is nn.Linear and isinstance(old_lm_head, nn.Linear):
-            new_lm_head.__class__ = type(old_lm_head)  # the same parameters: ScratchLinear adds no state of its own
+            # The same parameters: ScratchLinear's only state of its own, the working set, is marked after the resize.
+            new_lm_head.__class__ = type(old_lm_head)
         return new_lm_head
 
     @property

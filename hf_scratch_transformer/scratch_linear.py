@@ -224,7 +224,7 @@ MAX_TIMED_WEIGHT = 1 << 20
 ONE_ROW_KERNELS: dict[tuple[int, int, int], str] = {}
 
 
-def one_row_kernel(out_features: int, in_features: int, regime: str = DECODING) -> str:
+def one_row_kernel(out_features: int, in_features: int, regime: str) -> str:
     """The kernel for fp32 products of few rows with a weight of this shape in a decoding regime (DECODING or
     DECODING_FROM_MEMORY): that regime's (`fp32_kernel`), except where it is oneDNN and, timed at the shape's first
     product, the BLAS takes under FIXED_COST_RATIO of oneDNN's time: "native" then. Forced kernels
@@ -432,10 +432,11 @@ class ScratchLinear(nn.Linear):
 
 def mark_working_set(model: nn.Module) -> None:
     """Tell every `ScratchLinear` of `model` how many bytes of weights a forward of few rows reads: all of the model's
-    linear weights (a tied one once) as fp32, the only products with a kernel choice. For an encoder-decoder this
-    counts the encoder's too, which a decoding step does not read: an over-estimate that matters only near the
-    cache's size, where the kernels tie. Models call it when built (`post_init`) and when resized."""
+    linear weights as fp32, the only products with a kernel choice (no two share a weight: a tied output head shares
+    its with an embedding). For an encoder-decoder this counts the encoder's too, which a decoding step does not
+    read: an over-estimate that matters only near the cache's size, where the kernels tie. Models call it when built
+    (`post_init`) and when resized."""
     layers = [module for module in model.modules() if isinstance(module, ScratchLinear)]
-    weights = {id(layer.weight): layer.weight.numel() for layer in layers}
+    working_set = 4 * sum(layer.weight.numel() for layer in layers)
     for layer in layers:
-        layer.working_set = 4 * sum(weights.values())
+        layer.working_set = working_set

@@ -321,14 +321,13 @@ def test_the_largest_cache_is_read_from_sysfs(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_model_larger_than_the_cache_decodes_in_its_own_regime(family, kernels, onednn_calls, monkeypatch, tmp_path):
-    """Every linear layer of a model knows the bytes of fp32 weights a few-row forward reads (a tied weight once; so
-    when built, loaded, and after the vocabulary is resized); few-row products of a model larger than the largest cache
+    """Every linear layer of a model knows the bytes of fp32 weights a few-row forward reads (when built, loaded,
+    and after the vocabulary is resized); few-row products of a model larger than the largest cache
     take the kernel of DECODING_FROM_MEMORY, of a smaller one DECODING's, and the two give the same outputs to fp32
     rounding."""
     model = tiny_lm(family)
     layers = [module for module in model.modules() if isinstance(module, ScratchLinear)]
-    weights = {id(layer.weight): layer.weight for layer in layers}
-    working_set = 4 * sum(weight.numel() for weight in weights.values())
+    working_set = 4 * sum(layer.weight.numel() for layer in layers)
     assert {layer.working_set for layer in layers} == {working_set}
     model.save_pretrained(tmp_path)
     loaded = type(model).from_pretrained(tmp_path)
