@@ -190,6 +190,7 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
     from hf_scratch_transformer import scratch_linear
 
     choices = {scratch_linear.DECODING: "onednn", scratch_linear.DECODING_FROM_MEMORY: "onednn",
+               scratch_linear.BATCH_DECODING: "transposed", scratch_linear.BATCH_DECODING_FROM_MEMORY: "onednn",
                scratch_linear.PREFILL: "native", scratch_linear.TRAINING: "native"}
     monkeypatch.setattr(benchmark_module, "fp32_kernel", choices.__getitem__)
     monkeypatch.setattr(benchmark_module, "bf16_training_kernel", lambda: "eager")
@@ -210,7 +211,8 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
     monkeypatch.setattr(benchmark_module.subprocess, "Popen", lambda command, **kwargs: Worker(command, **kwargs))
     monkeypatch.setattr(benchmark_module.args, "no_bf16", False)
     memory = benchmark_module.measure_memory(["gpt2", "bert"])
-    kernels = "decoding=onednn,decoding_from_memory=onednn,prefill=native,training=native"
+    kernels = ("decoding=onednn,decoding_from_memory=onednn,batch_decoding=transposed,"
+               "batch_decoding_from_memory=onednn,prefill=native,training=native")
     assert events == [("started", side, ["gpt2", "bert"], kernels, "eager") for side in ("native", "ours")] + [
         ("waited", "native"), ("waited", "ours")]
     assert memory == {side: {"gpt2": {"prefill": 1.0}, "bert": {"prefill": 1.0}} for side in ("native", "ours")}

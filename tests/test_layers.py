@@ -307,7 +307,7 @@ def _sums_out_of_place():
         handle.remove()
 
 
-@pytest.mark.parametrize("kernel", ["native", "onednn"])
+@pytest.mark.parametrize("kernel", ["native", "onednn", "transposed"])
 @pytest.mark.parametrize("use_bias", [False, True])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
@@ -319,8 +319,8 @@ def test_residual_sums_are_written_over_the_projections_with_the_same_logits_and
     which F.linear does not keep for backward), or over the dropout's output: logits and every gradient bit for bit
     those of the sums out of place, cross-attention included. In pre-norm without dropout each block returns its
     last projection's tensor itself: in training where that is no view (F.linear without a bias; with one it
-    returns a view of the 2-D product, and oneDNN's product is a view from its autograd.Function), without
-    gradients always."""
+    returns a view of the 2-D product, and oneDNN's product is a view from its autograd.Function, the transposed
+    product a view of its copy in F.linear's layout), without gradients always."""
     force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, kernel)
     model = tiny_lm(family, norm_position=norm_position, dropout=dropout, use_bias=use_bias).train()
     inputs = lm_inputs(family)

@@ -1,6 +1,6 @@
-"""`ScratchLinear`: each fp32 CPU kernel (native `F.linear`, oneDNN) gives `F.linear`'s values and gradients, the
-machine's choice between them is made once per process and can be forced, and the oneDNN path is the one taken
-when chosen."""
+"""`ScratchLinear`: each fp32 CPU kernel (native `F.linear`, oneDNN, the transposed product) gives `F.linear`'s values
+and gradients, the machine's choice between them is made once per process and can be forced, and the kernel chosen
+is the one taken."""
 
 import pytest
 import torch
@@ -15,6 +15,13 @@ from hf_scratch_transformer.scratch_linear import ScratchLinear, fp32_kernel
 pytestmark = pytest.mark.skipif(not scratch_linear.ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
 ONEDNN_LINEAR = scratch_linear.onednn_linear
 MANY_ROWS = 2 * scratch_linear.FEW_ROWS
+FEW_ROW_REGIMES = (scratch_linear.DECODING, scratch_linear.DECODING_FROM_MEMORY, scratch_linear.BATCH_DECODING,
+                   scratch_linear.BATCH_DECODING_FROM_MEMORY)
+
+
+def seconds(onednn: float, transposed: float = 2.0) -> dict[str, float]:
+    """A timing's answer (`time_kernels`: kernel -> best seconds), the BLAS's F.linear taking 1 s."""
+    return {"native": 1.0, "onednn": onednn, "transposed": transposed}
 
 
 @pytest.fixture
@@ -149,7 +156,7 @@ def test_each_forced_kernel_gives_f_linear_results(rows, kernels, onednn_calls):
     grad_output = torch.randn(rows, 40)
     reference = F.linear(inputs, layer.weight, layer.bias)
     expected = [reference, *torch.autograd.grad(reference, [inputs, *layer.parameters()], grad_output)]
-    for choice, products in [("native", 0), ("onednn", 3)]:
+    for choice, products in [("native", 0), ("onednn", 3), ("transposed", 0)]:
         kernels(choice)
         onednn_calls.clear()
         output = layer(inputs)
@@ -160,27 +167,28 @@ def test_each_forced_kernel_gives_f_linear_results(rows, kernels, onednn_calls):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_models_give_the_same_loss_and_gradients_with_either_kernel(family, kernels):
+def test_models_give_the_same_loss_and_gradients_with_each_kernel(family, kernels):
     model = tiny_lm(family)
     results = {}
-    for choice in ("native", "onednn"):
+    for choice in ("native", "onednn", "transposed"):
         kernels(choice)
         loss = model(**lm_inputs(family)).loss
         results[choice] = [loss, *torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)]
-    for ours, reference in zip(results["onednn"], results["native"], strict=True):
-        if reference is not None:
-            torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-4)
+    for choice in ("onednn", "transposed"):
+        for ours, reference in zip(results[choice], results["native"], strict=True):
+            if reference is not None:
+                torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-4)
 
 
 def test_auto_times_each_regime_once_and_keeps_the_choice(kernels, onednn_calls, monkeypatch):
-    """Decoding steps (few rows), prefill (many rows, no gradients) and training (many rows, gradients) each have
-    their choice, timed at the first product of the regime: oneDNN may win one and lose another."""
+    """Decoding steps (one row, a few rows), prefill (many rows, no gradients) and training (many rows, gradients)
+    each have their choice, timed at the first product of the regime: oneDNN may win one and lose another."""
     timed = []
     faster = {scratch_linear.PREFILL}
 
-    def timing(regime):  # (native, oneDNN) seconds: oneDNN faster for prefill only
+    def timing(regime):  # oneDNN faster for prefill only
         timed.append(regime)
-        return (1.0, 0.5) if regime in faster else (1.0, 2.0)
+        return seconds(0.5) if regime in faster else seconds(2.0)
 
     monkeypatch.setattr(scratch_linear, "time_kernels", timing)
     kernels("auto")
@@ -189,7 +197,8 @@ def test_auto_times_each_regime_once_and_keeps_the_choice(kernels, onednn_calls,
         with torch.set_grad_enabled(grad):
             for rows in (1, MANY_ROWS, 2, MANY_ROWS + 1):
                 layer(torch.randn(rows, 8))
-    assert sorted(timed) == sorted([scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING])
+    assert sorted(timed) == sorted([scratch_linear.DECODING, scratch_linear.BATCH_DECODING, scratch_linear.PREFILL,
+                                    scratch_linear.TRAINING])
     assert [shape[0] for shape in onednn_calls] == [MANY_ROWS, MANY_ROWS + 1] * 2  # the no-grad many-row products
     assert [fp32_kernel(regime) for regime in (scratch_linear.DECODING, scratch_linear.PREFILL,
                                                scratch_linear.TRAINING)] == ["native", "onednn", "native"]
@@ -208,11 +217,11 @@ def test_onednn_must_be_5_percent_faster_for_prefill_10_for_decoding_20_for_trai
     models prefilled 5-14% faster with oneDNN (AVX-512 AMD EPYC); decoding steps keep 10%, from memory too;
     training's timing, the noisiest, read 0.83-1.11 there where whole models tie or lose with oneDNN, so it needs
     20%."""
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, onednn_time))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: seconds(onednn_time))
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     kernels("auto")
     assert fp32_kernel(scratch_linear.PREFILL) == prefill
-    assert fp32_kernel(scratch_linear.DECODING) == fp32_kernel(scratch_linear.DECODING_FROM_MEMORY) == decoding
+    assert {fp32_kernel(regime) for regime in FEW_ROW_REGIMES} == {decoding}
     assert fp32_kernel(scratch_linear.TRAINING) == training
 
 
@@ -222,29 +231,30 @@ def test_an_avx2_only_cpu_takes_onednn_from_15_percent_faster_for_prefill_20_for
     """On an AVX2-only AMD EPYC, prefill's timing read oneDNN down to 0.88 of the BLAS's time and decoding's down to
     0.87, while with oneDNN whole models prefilled 5% slower and decoded within noise: there, and only there,
     oneDNN must be 15% faster for prefill and 20% for decoding; training keeps its 20%. Decoding from memory keeps
-    10% on every class: there oneDNN read 0.72-0.96 of the BLAS's time and models decoded up to 20% faster with it."""
+    10% on every class: there oneDNN read 0.72-0.96 of the BLAS's time and models decoded up to 20% faster with it;
+    so do decoding steps of a few rows, timed over 8 rows at once."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.87))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: seconds(0.87))
     kernels("auto")
     expected = "native" if avx2_only else "onednn"
     assert fp32_kernel(scratch_linear.PREFILL) == fp32_kernel(scratch_linear.DECODING) == expected
-    assert fp32_kernel(scratch_linear.DECODING_FROM_MEMORY) == "onednn"
+    assert {fp32_kernel(regime) for regime in FEW_ROW_REGIMES[1:]} == {"onednn"}
     assert fp32_kernel(scratch_linear.TRAINING) == "native"
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.82))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: seconds(0.82))
     scratch_linear.clear_kernel_choices()
     assert fp32_kernel(scratch_linear.PREFILL) == "onednn"
     assert fp32_kernel(scratch_linear.DECODING) == expected
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: (1.0, 0.78))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime: seconds(0.78))
     scratch_linear.clear_kernel_choices()
     assert fp32_kernel(scratch_linear.DECODING) == "onednn"
 
 
-@pytest.mark.parametrize("regime", ["training", "prefill", "decoding"])
+@pytest.mark.parametrize("regime", ["training", "prefill", "decoding", "batch_decoding"])
 def test_training_products_are_timed_on_one_core_the_others_on_the_process_threads(monkeypatch, regime):
     """Training products are timed on one core (both libraries split them over the threads, so their code for a core
-    decides); prefill and one-row products, whose kernels rank differently on one thread and on two (AVX-512 AMD
+    decides); prefill and decoding products, whose kernels rank differently on one thread and on two (AVX-512 AMD
     EPYC: MKL left a one-row product on one thread where oneDNN split it), with the threads they run on. Each with
-    its own rows, with gradients for training only."""
+    its own rows (a decoding step of several sequences: 8), with gradients for training only."""
     seen, product = [], F.linear
 
     def linear(inputs, weight, bias):
@@ -274,18 +284,21 @@ def test_decoding_is_timed_over_more_rounds(monkeypatch):
         return product(*args)
 
     monkeypatch.setattr(scratch_linear.F, "linear", linear)
-    for regime in (scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING):
+    for regime in (scratch_linear.DECODING, scratch_linear.BATCH_DECODING, scratch_linear.PREFILL,
+                   scratch_linear.TRAINING):
         calls.clear()
         scratch_linear.time_kernels(regime, shape=(16, 8))
-        per_round = 5 if regime == scratch_linear.DECODING else 1
+        per_round = 5 if regime in (scratch_linear.DECODING, scratch_linear.BATCH_DECODING) else 1
         assert len(calls) == (scratch_linear.TIMED_ROUNDS[regime] + 1) * per_round
-    assert scratch_linear.TIMED_ROUNDS == {"decoding": 20, "decoding_from_memory": 5, "prefill": 5, "training": 8}
+    assert scratch_linear.TIMED_ROUNDS == {"decoding": 20, "decoding_from_memory": 5, "batch_decoding": 20,
+                                           "batch_decoding_from_memory": 5, "prefill": 5, "training": 8}
 
 
-def test_decoding_from_memory_is_timed_over_weights_twice_the_cache(monkeypatch):
+@pytest.mark.parametrize("regime", ["decoding_from_memory", "batch_decoding_from_memory"])
+def test_decoding_from_memory_is_timed_over_weights_twice_the_cache(monkeypatch, regime):
     """Decoding a model larger than the cache reads every weight from memory at each step, so its timing reads
-    weights of twice the largest cache's size in turn, each once a round (at most MAX_STREAMED_BYTES), one row at a
-    time on the process's threads."""
+    weights of twice the largest cache's size in turn, each once a round (at most MAX_STREAMED_BYTES), the regime's
+    rows at a time (one, or 8) on the process's threads."""
     seen, product = [], F.linear
 
     def linear(inputs, weight, bias):
@@ -298,10 +311,11 @@ def test_decoding_from_memory_is_timed_over_weights_twice_the_cache(monkeypatch)
         monkeypatch.setattr(scratch_linear, "last_level_cache_bytes", lambda cache=cache: cache)
         monkeypatch.setattr(scratch_linear, "MAX_STREAMED_BYTES", cap)
         seen.clear()
-        scratch_linear.time_kernels(scratch_linear.DECODING_FROM_MEMORY, repeats=2, shape=(16, 8))
+        scratch_linear.time_kernels(regime, repeats=2, shape=(16, 8))
         assert len(seen) == 3 * weights  # a warm-up round and two timed ones
         assert len({pointer for _, pointer, _ in seen}) == weights == min(2 * cache, cap) // weight_bytes
-        assert {(rows, threads) for rows, _, threads in seen} == {(1, torch.get_num_threads())}
+        assert {(rows, threads) for rows, _, threads in seen} == {(scratch_linear.TIMED_ROWS[regime],
+                                                                   torch.get_num_threads())}
 
 
 def test_the_largest_cache_is_read_from_sysfs(monkeypatch, tmp_path):
@@ -336,7 +350,8 @@ def test_a_model_larger_than_the_cache_decodes_in_its_own_regime(family, kernels
     resized = 4 * (working_set // 4 + 8 * model.config.hidden_size)
     assert {module.working_set for module in model.modules() if isinstance(module, ScratchLinear)} == {resized}
 
-    kernels("decoding=native,decoding_from_memory=onednn,prefill=native,training=native")
+    kernels("decoding=native,batch_decoding=native,decoding_from_memory=onednn,batch_decoding_from_memory=onednn,"
+            "prefill=native,training=native")
     inputs = lm_inputs(family, batch=1, length=5)
     outputs = {}
     for cache, products in ((resized, 0), (resized - 1, None)):
@@ -354,9 +369,9 @@ def test_decoding_chooses_again_for_each_thread_count(kernels, onednn_calls, mon
     there; prefill is chosen per thread count too."""
     timed = []
 
-    def timing(regime, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster on two threads only
+    def timing(regime, shape=(1536, 384)):  # oneDNN faster on two threads only
         timed.append((regime, torch.get_num_threads()))
-        return (1.0, 0.5) if torch.get_num_threads() == 2 else (1.0, 2.0)
+        return seconds(0.5) if torch.get_num_threads() == 2 else seconds(2.0)
 
     monkeypatch.setattr(scratch_linear, "time_kernels", timing)
     kernels("auto")
@@ -382,9 +397,9 @@ def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels,
     call), that shape's few-row products take F.linear; larger weights are not timed; many rows are not concerned."""
     timed = []
 
-    def timing(regime, shape=(1536, 384)):  # (native, oneDNN) seconds: oneDNN faster, but for the 4 x 8 weight
+    def timing(regime, shape=(1536, 384)):  # oneDNN faster, but for the 4 x 8 weight
         timed.append((regime, shape))
-        return (1.0, 1 / scratch_linear.FIXED_COST_RATIO + 0.1) if shape == (4, 8) else (1.0, 0.5)
+        return seconds(1 / scratch_linear.FIXED_COST_RATIO + 0.1) if shape == (4, 8) else seconds(0.5)
 
     monkeypatch.setattr(scratch_linear, "time_kernels", timing)
     monkeypatch.setattr(scratch_linear, "MAX_TIMED_WEIGHT", 100)
@@ -395,7 +410,8 @@ def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels,
             for layer in (small, middle, large):
                 inputs = torch.ones(rows, 8)
                 torch.testing.assert_close(layer(inputs), F.linear(inputs, *layer.parameters()))
-    assert timed == [("decoding", (1536, 384)), ("decoding", (4, 8)), ("decoding", (8, 8)), ("prefill", (1536, 384))]
+    assert timed == [("decoding", (1536, 384)), ("decoding", (4, 8)), ("decoding", (8, 8)),
+                     ("batch_decoding", (1536, 384)), ("prefill", (1536, 384))]
     threads = torch.get_num_threads()
     assert scratch_linear.ONE_ROW_KERNELS == {(4, 8, threads): "native", (8, 8, threads): "onednn",
                                               (16, 8, threads): "onednn"}
@@ -404,27 +420,27 @@ def test_where_decoding_takes_onednn_a_small_weight_decodes_on_the_blas(kernels,
 
 def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkeypatch):
     monkeypatch.setattr(scratch_linear, "time_kernels", lambda *args, **kwargs: pytest.fail("timed a forced choice"))
-    for choice in ("native", "onednn"):
+    for choice in ("native", "onednn", "transposed"):
         kernels(choice)
-        one_row = {scratch_linear.one_row_kernel(4, 8, regime) for regime in scratch_linear.REGIMES[:2]}
+        one_row = {scratch_linear.one_row_kernel(4, 8, regime) for regime in FEW_ROW_REGIMES}
         assert {fp32_kernel(regime) for regime in scratch_linear.REGIMES} == one_row == {choice}
     kernels("fastest")
-    with pytest.raises(ValueError, match="HF_SCRATCH_CPU_KERNELS must be one of auto, native, onednn"):
+    with pytest.raises(ValueError, match="HF_SCRATCH_CPU_KERNELS must be one of auto, native, onednn, transposed"):
         ScratchLinear(8, 4)(torch.randn(2, 8))
 
 
 def test_kernels_forced_per_regime_leave_the_others_timed(kernels, monkeypatch):
     timed = []
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: timed.append(regime) or (1.0, 2.0))
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: timed.append(regime) or seconds(2.0))
     kernels(" Prefill=oneDNN, training=native ")
     assert fp32_kernel(scratch_linear.PREFILL) == "onednn"
     assert fp32_kernel(scratch_linear.TRAINING) == "native"
     assert timed == []
     assert fp32_kernel(scratch_linear.DECODING) == "native"  # not named: auto, timed (the BLAS 2x faster here)
     assert timed == [scratch_linear.DECODING]
-    regimes = "decoding, decoding_from_memory, prefill, training"
+    regimes = "decoding, decoding_from_memory, batch_decoding, batch_decoding_from_memory, prefill, training"
     for wrong, message in (("prefil=onednn", f"can name the regimes {regimes}; got 'prefil=onednn'"),
-                           ("prefill=fast", "must be one of auto, native, onednn .*got 'prefill=fast'")):
+                           ("prefill=fast", "must be one of auto, native, onednn, transposed .*got 'prefill=fast'")):
         kernels(wrong)
         with pytest.raises(ValueError, match=message):
             fp32_kernel(scratch_linear.PREFILL)
@@ -437,12 +453,15 @@ def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernel
     with torch.inference_mode():
         output = layer(torch.ones(MANY_ROWS, 8))
         one_row = layer(torch.ones(1, 8))  # where decoding takes oneDNN, this weight's shape is timed too
+        few_rows = layer(torch.ones(3, 8))
         training = fp32_kernel(scratch_linear.TRAINING)  # its timing runs a backward: it needs autograd back
     assert output.shape == (MANY_ROWS, 4)
     torch.testing.assert_close(one_row, output[:1])
+    torch.testing.assert_close(few_rows, output[:3])
     assert torch.equal(torch.get_rng_state(), state)
     regimes = (scratch_linear.DECODING, scratch_linear.PREFILL)
     assert {training, *(fp32_kernel(regime) for regime in regimes)} <= {"native", "onednn"}
+    assert fp32_kernel(scratch_linear.BATCH_DECODING) in {"native", "onednn", "transposed"}
 
 
 def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, monkeypatch):
@@ -455,7 +474,7 @@ def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, mon
     assert onednn_calls == []
 
 
-@pytest.mark.parametrize("kernel", ["native", "onednn"])
+@pytest.mark.parametrize("kernel", ["native", "onednn", "transposed"])
 @pytest.mark.parametrize("moved_by", ["parametrization", "pruning", "functional_call"])
 def test_a_weight_computed_or_swapped_at_each_call_is_the_one_used(moved_by, kernel, kernels):
     """The layer reads its parameters from their dict (a faster read than the attribute); a weight that
@@ -479,3 +498,73 @@ def test_a_weight_computed_or_swapped_at_each_call_is_the_one_used(moved_by, ker
 class _Doubled(torch.nn.Module):
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         return 2 * weight
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(3, 24), (2, 5, 24), (4, 1, 24), (1, 24)])
+def test_the_transposed_product_gives_f_linear_results_in_its_layout(shape, bias):
+    torch.manual_seed(0)
+    layer = ScratchLinear(24, 40, bias=bias)
+    inputs = torch.randn(shape, requires_grad=True)
+    output = scratch_linear.transposed_linear(inputs, layer.weight, layer.bias)
+    reference = F.linear(inputs, layer.weight, layer.bias)
+    assert output.shape == reference.shape and output.is_contiguous()  # F.linear's layout, for the views after it
+    torch.testing.assert_close(output, reference, atol=1e-5, rtol=1e-5)
+    grad_output = torch.randn_like(output)
+    parameters = [inputs, *layer.parameters()]
+    for grad, expected in zip(torch.autograd.grad(output, parameters, grad_output),
+                              torch.autograd.grad(reference, parameters, grad_output), strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, grad, fits, regime", [
+    (0, False, True, "decoding"),
+    (1, True, True, "decoding"),
+    (1, False, False, "decoding_from_memory"),
+    (2, False, True, "batch_decoding"),
+    (scratch_linear.FEW_ROWS, True, True, "batch_decoding"),
+    (8, False, False, "batch_decoding_from_memory"),
+    (scratch_linear.FEW_ROWS + 1, False, False, "prefill"),
+    (scratch_linear.FEW_ROWS + 1, True, True, "training"),
+])
+def test_the_regime_of_a_product(rows, grad, fits, regime):
+    """One row, 2 to FEW_ROWS rows (each from the cache or from memory, by the model's working set), more rows with or
+    without gradients; the rows counted over every leading dimension."""
+    cache = scratch_linear.last_level_cache_bytes()
+    inputs = torch.zeros(rows, 1, 16).transpose(0, 1)  # (1, rows, 16)
+    with torch.set_grad_enabled(grad):
+        assert scratch_linear.regime_of(inputs, cache if fits else cache + 1) == regime
+
+
+@pytest.mark.parametrize("onednn, transposed, expected", [
+    (2.0, 0.5, "transposed"),
+    (2.0, 0.92, "native"),  # within TRANSPOSED_MARGIN of F.linear: a tie keeps F.linear
+    (0.6, 0.7, "onednn"),  # both faster: the fastest
+    (0.8, 0.7, "transposed"),
+])
+def test_a_few_rows_take_the_fastest_kernel_that_beats_f_linear_by_its_margin(onednn, transposed, expected, kernels,
+                                                                              onednn_calls, monkeypatch):
+    """A decoding step of a few rows (2 to FEW_ROWS) times three kernels: F.linear, oneDNN and the BLAS on the
+    transposed product, each taken only where it beats F.linear by its margin; one row and many rows keep their
+    own choices (the transposed product is not timed there), and the kernel chosen is the one that runs."""
+    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: seconds(onednn, transposed))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(scratch_linear, "MAX_TIMED_WEIGHT", 0)  # no weight is small enough for the one-row rule
+    transposed_rows, transposed_linear = [], scratch_linear.transposed_linear
+
+    def counting(inputs, weight, bias):
+        transposed_rows.append(inputs.shape[0])
+        return transposed_linear(inputs, weight, bias)
+
+    monkeypatch.setattr(scratch_linear, "transposed_linear", counting)
+    kernels("auto")
+    layer = ScratchLinear(8, 4)
+    with torch.no_grad():
+        for rows in (1, 2, scratch_linear.FEW_ROWS, MANY_ROWS):
+            inputs = torch.randn(rows, 8)
+            torch.testing.assert_close(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
+    assert fp32_kernel(scratch_linear.BATCH_DECODING) == expected
+    assert transposed_rows == ([2, scratch_linear.FEW_ROWS] if expected == "transposed" else [])
+    few = [2, scratch_linear.FEW_ROWS] if expected == "onednn" else []
+    one_and_many = [1, MANY_ROWS] if onednn < 0.9 else []  # one row and prefill: oneDNN within their margins
+    assert sorted(shape[0] for shape in onednn_calls) == sorted(one_and_many + few)

@@ -48,9 +48,11 @@ a ratio whose range straddles 1 is not a measured difference.
   the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
 - the header names the CPU capability, whether bf16 is native (bf16 products at least half as fast as fp32, the
   test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps
-  (of models whose weights fit in the CPU's largest cache, and of larger ones: read from memory at every step),
-  for prefill (no gradients) and for training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS), and the
-  weights whose one-row products went to the BLAS although decoding took oneDNN (`scratch_linear.one_row_kernel`).
+  of one row and of several (batch 8: 8 rows), each for models whose weights fit in the CPU's largest cache and
+  for larger ones (read from memory at every step), for prefill (no gradients) and for training
+  (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the
+  transposed product), and the weights whose one-row products went to the BLAS although decoding took oneDNN
+  (`scratch_linear.one_row_kernel`).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -96,13 +98,9 @@ from hf_scratch_transformer import training
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 from hf_scratch_transformer.scratch_linear import (
-    DECODING,
-    DECODING_FROM_MEMORY,
     KERNELS_VARIABLE,
     ONE_ROW_KERNELS,
-    PREFILL,
     REGIMES,
-    TRAINING,
     fp32_kernel,
     last_level_cache_bytes,
     onednn_linear,
@@ -528,13 +526,11 @@ def kernel_choices(bf16_native: bool) -> dict:
     """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`,
     `scratch_attention_kernel.bf16_training_kernel`, the latter only where bf16 is native: it times bf16 kernels)."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
-        return {"setting": "-", "fp32 decoding": "F.linear", "fp32 decoding from memory": "F.linear",
-                "fp32 prefill": "F.linear", "fp32 training": "F.linear", "CPU cross-entropy": "-",
-                "bf16 training attention": "-"}
+        return {"setting": "-", **{f"fp32 {regime.replace('_', ' ')}": "F.linear" for regime in REGIMES},
+                "CPU cross-entropy": "-", "bf16 training attention": "-"}
     attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
-            "fp32 decoding": fp32_kernel(DECODING), "fp32 decoding from memory": fp32_kernel(DECODING_FROM_MEMORY),
-            "fp32 prefill": fp32_kernel(PREFILL), "fp32 training": fp32_kernel(TRAINING),
+            **{f"fp32 {regime.replace('_', ' ')}": fp32_kernel(regime) for regime in REGIMES},
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
             "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-"}
 
@@ -555,8 +551,9 @@ def markdown(report: dict) -> str:
         small_weights = (f"; where oneDNN decodes, the BLAS for the small weights {blas_shapes}: oneDNN's fixed cost a "
                          f"call dominates their products" if blas_shapes else "")
         kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernel chosen ({k['setting']}): decoding "
-                   f"steps {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB cache), "
-                   f"{k['fp32 decoding from memory']} (larger models){small_weights}; prefill {k['fp32 prefill']}, "
+                   f"steps of one row {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB cache), "
+                   f"{k['fp32 decoding from memory']} (larger models), of several rows {k['fp32 batch decoding']} "
+                   f"and {k['fp32 batch decoding from memory']}{small_weights}; prefill {k['fp32 prefill']}, "
                    f"training {k['fp32 training']}; CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
