@@ -295,29 +295,37 @@ def one_thread():
 
 # Rows of the timed product per regime: a training step's 64 rows with both gradients, a prefill's 512 rows forward
 # (AVX-512 AMD EPYC, two threads, fresh processes: oneDNN at 0.78-0.84 of the BLAS's time over 512 rows, a steadier
-# answer than 0.86-0.93 over 256), a decoding step's one row, or 8 for several sequences (the transposed product at
-# 0.40-0.76 of F.linear's time over 2-8 rows on the AVX2 AMD EPYC, 0.67-0.82 over 16-64).
-TIMED_ROWS = {TRAINING: 64, PREFILL: 512, DECODING: 1, DECODING_FROM_MEMORY: 1, BATCH_DECODING: 8,
-              BATCH_DECODING_FROM_MEMORY: 8}
+# answer than 0.86-0.93 over 256), a decoding step's one row, or 4 for several sequences (AVX2 AMD EPYC, weights
+# streamed: the transposed product at 0.37-0.44 of F.linear's time over 4 rows, 0.45-0.55 over 2 and 0.65-0.82 over
+# 8, by round and process, where whole models decoded 4-69% faster with it at batch 2 to 32).
+TIMED_ROWS = {TRAINING: 64, PREFILL: 512, DECODING: 1, DECODING_FROM_MEMORY: 1, BATCH_DECODING: 4,
+              BATCH_DECODING_FROM_MEMORY: 4}
 # Timed rounds per regime, the best one counting. A decoding round takes about 1 ms, and on two threads one busy core
 # stalls oneDNN's parallel product: with one core of the AMD EPYC kept busy, 3 rounds measured oneDNN at 0.52-1.59 of
 # the BLAS's time (the BLAS taken in 4 of 9 processes, AVX-512 and limited to AVX2), 20 rounds at 0.67-0.71, as quiet.
 # Prefill's 5 rounds (about 3 ms each) hold its narrower margin (ONEDNN_MARGINS), training's 8 (about 5 ms each)
 # narrow its spread (above).
-TIMED_ROUNDS = {TRAINING: 8, PREFILL: 5, DECODING: 20, DECODING_FROM_MEMORY: 5, BATCH_DECODING: 20,
+TIMED_ROUNDS = {TRAINING: 8, PREFILL: 5, DECODING: 20, DECODING_FROM_MEMORY: 5, BATCH_DECODING: 10,
                 BATCH_DECODING_FROM_MEMORY: 5}
 # Decoding from memory is timed over weights twice the size of the largest cache, each read once a round (about 10 ms
 # a round for 64 MiB); at most MAX_STREAMED_BYTES, whatever cache a machine reports.
 MAX_STREAMED_BYTES = 256 << 20
+# Batch decoding of a model that fits the cache reads each weight once a step from it: timed over weights half the
+# largest cache's size (at most MAX_CACHED_BYTES), each read once a round (about 2 ms for 16 MiB: 10 rounds). One
+# weight read over and over, as the one-row timing reads it, stays in the core's own caches, where the kernels rank
+# otherwise: on the AVX2 AMD EPYC the transposed product took 0.7-1.3x F.linear's time over 2-8 rows there, while
+# whole models of 7-27 MB (in its 32 MiB L3) decoded at batch 2-32 as fast or up to 56% faster with it.
+MAX_CACHED_BYTES = 32 << 20
 
 
 def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = (1536, 384)) -> dict[str, float]:
     """Best seconds of each of the regime's TIMED_KERNELS (a kernel -> seconds) for a layer with a weight of this shape
     (out, in), the kernels interleaved over `repeats` rounds (default TIMED_ROUNDS) after a warm-up round: forward and
-    both gradients over TIMED_ROWS rows on one core (TRAINING), one forward (PREFILL), 5 forwards of a decoding step
-    (DECODING, BATCH_DECODING) or one with each of as many such weights as fill twice the largest cache (FROM_MEMORY)
-    on the process's threads. 15-50 ms at the default 384 -> 1536, about 150 ms from memory. A generator of its own
-    leaves the global random state alone (seeded runs stay reproducible), whatever the caller's modes."""
+    both gradients over TIMED_ROWS rows on one core (TRAINING), one forward (PREFILL), 5 one-row forwards (DECODING)
+    or one forward of a decoding step with each of as many such weights as fill half the largest cache
+    (BATCH_DECODING) or twice it (FROM_MEMORY), on the process's threads. 15-60 ms at the default 384 -> 1536, about
+    150-250 ms from memory. A generator of its own leaves the global random state alone (seeded runs stay
+    reproducible), whatever the caller's modes."""
     repeats = TIMED_ROUNDS[regime] if repeats is None else repeats
     generator = torch.Generator().manual_seed(0)
     training = regime == TRAINING
@@ -336,10 +344,11 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
         grad_output = torch.randn(TIMED_ROWS[regime], out_features, generator=generator, device="cpu")
         products = {"native": F.linear, "onednn": _OneDNNLinearFunction.apply if training else onednn_linear,
                     "transposed": transposed_linear}
-        weights = [weight] * (5 if regime in (DECODING, BATCH_DECODING) else 1)
-        if regime in FROM_MEMORY:
-            streamed = min(2 * last_level_cache_bytes(), MAX_STREAMED_BYTES)
-            count = -(-streamed // weight.nbytes)
+        weights = [weight] * (5 if regime == DECODING else 1)
+        if regime in (BATCH_DECODING, *FROM_MEMORY):
+            cache = last_level_cache_bytes()
+            read = min(cache // 2, MAX_CACHED_BYTES) if regime == BATCH_DECODING else min(2 * cache, MAX_STREAMED_BYTES)
+            count = -(-read // weight.nbytes)
             # (count x out, in) -> count weights (out, in); filled, not drawn (a product's speed does not depend on
             # the values, and drawing 64 MiB takes longer than the timing)
             weights = torch.full((count * out_features, in_features), 0.5).split(out_features)

@@ -48,8 +48,8 @@ a ratio whose range straddles 1 is not a measured difference.
   the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
 - the header names the CPU capability, whether bf16 is native (bf16 products at least half as fast as fp32, the
   test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps
-  of one row and of several (batch 8: 8 rows), each for models whose weights fit in the CPU's largest cache and
-  for larger ones (read from memory at every step), for prefill (no gradients) and for training
+  of one row and of several (batch 8: 8 rows; timed over 4), each for models whose weights fit in the CPU's
+  largest cache and for larger ones (read from memory at every step), for prefill (no gradients) and for training
   (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the
   transposed product), and the weights whose one-row products went to the BLAS although decoding took oneDNN
   (`scratch_linear.one_row_kernel`).
