@@ -2,18 +2,18 @@
 
 On CPU, PyTorch computes fp32 `F.linear` with its default BLAS (MKL in the x86 wheels); oneDNN computes the same
 products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN ran at twice MKL's rate, on an AVX2
-AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products
-on one thread where oneDNN used both (`docs/performance.md`). A product of a few rows (2 to FEW_ROWS: a decoding
-step of several sequences) has a third kernel, the BLAS on the transposed product (`transposed_linear`), which MKL
-ran in 0.35-0.82 of `F.linear`'s time on an AVX2 AMD EPYC. So `fp32_kernel` times the kernels on a small layer at
-the first fp32 product of each regime, separately for decoding steps of one row and of a few rows, each of a model
-whose weights fit in the CPU's largest cache and of a larger one (its weights timed as a step reads them: from
+AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products on
+one thread where oneDNN used both (`docs/performance.md`). A product of a few rows (2 to FEW_ROWS: a decoding step
+of several sequences) has a third kernel, the BLAS on the transposed product (`transposed_linear`), which MKL ran in
+0.33-0.58 of `F.linear`'s time over 4 rows on an AVX2 AMD EPYC. So `fp32_kernel` times the kernels on a small layer
+at the first fp32 product of each regime, separately for decoding steps of one row and of a few rows, each of a
+model whose weights fit in the CPU's largest cache and of a larger one (its weights timed as a step reads them: from
 memory), prefill (more rows, no gradients: also evaluation and pipelines; these five once per thread count) and
 training (more rows, gradients), and keeps the answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn|
 transposed forces one (default: auto), for every regime or per regime ("prefill=onednn,training=native"; a regime
-not named: auto). Where decoding takes
-oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN spends about 15 us a call before reading
-the weight, more than the whole product of a 64-wide layer (`one_row_kernel`).
+not named: auto). Where decoding takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN
+spends about 15 us a call before reading the weight, more than the whole product of a 64-wide layer
+(`one_row_kernel`).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
 a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product of one row (batch-1
 decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product (`row_dot`), inductor
@@ -116,7 +116,8 @@ TRAINING = "training"  # more rows, gradients recorded
 REGIMES = (DECODING, DECODING_FROM_MEMORY, BATCH_DECODING, BATCH_DECODING_FROM_MEMORY, PREFILL, TRAINING)
 FROM_MEMORY = (DECODING_FROM_MEMORY, BATCH_DECODING_FROM_MEMORY)
 # The kernels timed in each regime. The transposed product only over a few rows: over one row it is the same
-# matrix-vector product as F.linear's, and over 512 rows it was within 3% of it (AVX2 AMD EPYC).
+# matrix-vector product as F.linear's, and its lead narrows with the rows (AVX2 AMD EPYC, 55 MB of weights: 0.81-0.97
+# of F.linear's time over 96-512 rows, in passes that favoured it; docs/performance.md).
 TIMED_KERNELS = dict.fromkeys(REGIMES, ("native", "onednn")) | dict.fromkeys(
     (BATCH_DECODING, BATCH_DECODING_FROM_MEMORY), ("native", "onednn", "transposed"))
 # oneDNN is taken where its time is under this fraction of the BLAS's: on a tie, or within the timing's noise, the
@@ -400,8 +401,9 @@ def _eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 def transposed_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear as the transposed product: weight (out, in) x rows^T (in, rows) = (out, rows), handed back in
     F.linear's layout (..., out) (a copy of rows x out values). The same sums; the BLAS runs them faster this way
-    round over a few rows (MKL, AVX2 AMD EPYC: 0.35-0.82 of F.linear's time over 2-64 rows), as it runs GPT-2's
-    `Conv1D` (x @ W with W stored (in, out)) faster than `x @ W.T`."""
+    round over a few rows for most shapes (MKL, AVX2 AMD EPYC: 0.33-0.58 of F.linear's time over 4 rows in
+    `time_kernels`), as it ran GPT-2's `Conv1D` (x @ W with W stored (in, out)) faster than `x @ W.T` over 8 rows on
+    an AVX-512 Intel Xeon."""
     rows = inputs.reshape(-1, inputs.shape[-1]).t()  # (..., in) -> (in, rows)
     product = torch.mm(weight, rows) if bias is None else torch.addmm(bias.unsqueeze(-1), weight, rows)
     return product.t().contiguous().reshape(*inputs.shape[:-1], weight.shape[0])
