@@ -128,6 +128,7 @@ class ScratchFeedForward(nn.Module):
             # (3072 x 384: 210 us against 2 x 65, AVX-512 Intel Xeon; docs/quantization.md): one product per part.
             self.up_proj.quantized_in_parts = True
         self.down_proj = ScratchLinear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.down_proj.materializes_compiled_row = True  # inductor would compute the activation again per weight row
         self.activation_dropout = nn.Dropout(config.activation_dropout_rate)  # a rate, see `scratch_dropout`
 
     def _activate(self, projected: torch.Tensor) -> torch.Tensor:

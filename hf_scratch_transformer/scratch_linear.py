@@ -415,6 +415,16 @@ def row_dot(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return (product if bias is None else product + bias).reshape(*inputs.shape[:-1], -1)
 
 
+def materialized(inputs: torch.Tensor) -> torch.Tensor:
+    """`inputs` (..., in) as a product by one, (n, 1) x (1, 1): the same values (x * 1 is exact), computed by an
+    extern kernel (the BLAS), whose input inductor must write out first. Traced, a row dot's input that is an
+    elementwise result is otherwise inlined into the row dot's loop and computed again for every row of the weight:
+    an exact GELU's erf 1536 x 384 times a layer, where GPT-2 at the benchmark's size decoded 1.57x faster compiled
+    with its activation written out (AVX2 AMD EPYC; docs/performance.md)."""
+    one = torch.ones(1, 1, dtype=inputs.dtype, device=inputs.device)
+    return torch.mm(inputs.reshape(-1, 1), one).view(inputs.shape)
+
+
 def _compiled_as_row_dot(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the product `torch.compile` is tracing is an fp32 CPU product of one row (see the module's
     docstring). Not `torch.export`: an exported graph keeps its linear layers for whatever runs it. One row known from
@@ -444,6 +454,8 @@ class ScratchLinear(nn.Linear):
     fused_sizes: tuple[int, ...] | None = None  # a fused layer's (QKV, gate | up) output sizes of its parts
     quantized_in_parts = False  # a torchao weight of a fused layer computes one product per part (`_torchao_parts`)
     working_set = 0  # bytes of fp32 weights a few-row forward of the layer's model reads (`mark_working_set`)
+    # The input is an activation's output, costly to compute again: a compiled row dot reads it `materialized`.
+    materializes_compiled_row = False
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         # The parameters' dict: `self.weight` is a failed lookup, then nn.Module.__getattr__ (0.85 us a read in a warm
@@ -454,7 +466,7 @@ class ScratchLinear(nn.Linear):
             weight, bias = self.weight, self.bias
         if torch.compiler.is_compiling():
             if _compiled_as_row_dot(inputs, weight):
-                return row_dot(inputs, weight, bias)
+                return row_dot(materialized(inputs) if self.materializes_compiled_row else inputs, weight, bias)
         else:
             kernel = _eager_kernel(inputs, weight, bias, self.working_set)
             if kernel == "onednn":

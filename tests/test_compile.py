@@ -4,9 +4,10 @@ Compilation takes tens of seconds on CPU, so these are marked slow; CI runs them
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import FAMILIES, lm_inputs, tiny_lm
+from tiny_models import FAMILIES, lm_inputs, tiny_config, tiny_lm
 from transformers import CompileConfig
 
+from hf_scratch_transformer.scratch_layers import ScratchFeedForward
 from hf_scratch_transformer.scratch_linear import ScratchLinear
 
 pytestmark = pytest.mark.slow
@@ -92,6 +93,33 @@ def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bia
             torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
         one_row = shape[-2] == 1
         assert ("linear" in graphs[-1], ".sum(" in graphs[-1]) == (not one_row, one_row), graphs[-1]
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_a_compiled_feed_forward_of_one_row_writes_its_activation_out_for_the_down_projection(activation):
+    """Inlined into the down projection's row dot, the activation would be computed again for every row of its weight
+    (an exact GELU's erf, 1536 x 384 times a layer): the row dot reads it written out by an identity product, an
+    extern kernel (`scratch_linear.materialized`); the up projection's row dot reads its input as it comes. More rows
+    have no row dot and no identity product. Values and gradients equal the eager block's."""
+    torch.manual_seed(0)
+    feed_forward = ScratchFeedForward(tiny_config("decoder", hidden_act=activation))
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module.code)
+        return graph_module.forward
+
+    for rows in (1, 3):
+        inputs = torch.randn(1, rows, feed_forward.up_proj.in_features, requires_grad=True)
+        compiled = torch.compile(feed_forward, backend=capture, fullgraph=True)(inputs)
+        eager = feed_forward(inputs)
+        torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+        grads = torch.autograd.grad(compiled.sum(), (inputs, feed_forward.down_proj.weight))
+        expected = torch.autograd.grad(eager.sum(), (inputs, feed_forward.down_proj.weight))
+        for grad, reference in zip(grads, expected, strict=True):
+            torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
+        assert graphs[-1].count("torch.mm(") == (rows == 1), graphs[-1]
+        assert graphs[-1].count(".sum(") == 2 * (rows == 1), graphs[-1]
 
 
 def test_export_and_a_dynamic_row_count_keep_the_linear():

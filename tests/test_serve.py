@@ -109,11 +109,11 @@ def server(request, folder):
 
 
 @contextlib.contextmanager
-def _running(folder, options: list[str], log):
+def _running(folder, options: list[str], log, env: dict | None = None):
     """`hf-scratch serve [FOLDER] OPTIONS` on a free loopback port, its output in `log` (a file: a pipe nobody reads
-    could fill and block it); yields an `openai` client, then stops the server."""
+    could fill and block it), `env` added to its environment; yields an `openai` client, then stops the server."""
     port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with open(log, "w") as output:
         process = subprocess.Popen(_serve_command(folder, port) + options, env=env, stdout=output,
                                    stderr=subprocess.STDOUT)
@@ -173,6 +173,19 @@ def test_plain_completions_equal_generate(server, folder, expected):
     for question in QUESTIONS[:2]:
         response = server.completions.create(model=str(folder), prompt=question, max_tokens=NEW_TOKENS, temperature=0)
         assert response.choices[0].text == expected["plain"][question]
+
+
+def test_compile_compiles_decoding_on_the_cpu_with_the_answers_of_generate(folder, expected, tmp_path):
+    """`--compile` on a CPU: transformers alone would decode eagerly over a static cache; ours compiles the decoding
+    step (inductor writes its kernels into the server's own cache folder), and the answers stay greedy `generate()`'s.
+    One prompt, streamed and not: one compilation."""
+    inductor_cache = tmp_path / "inductor"
+    with _running(folder, ["--compile"], tmp_path / "server.log", {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}
+                  ) as client:
+        question = QUESTIONS[0]
+        assert _chat(client, str(folder), question, stream=False) == expected["chat"][question]
+        assert _chat(client, str(folder), question, stream=True) == expected["chat"][question]
+    assert any(inductor_cache.rglob("*.py")), "nothing was compiled"
 
 
 def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):

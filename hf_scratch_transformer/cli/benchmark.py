@@ -84,7 +84,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import (
     BertConfig,
     BertForMaskedLM,
-    CompileConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -95,6 +94,7 @@ from transformers import (
 )
 
 from hf_scratch_transformer import training
+from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 from hf_scratch_transformer.scratch_linear import (
@@ -235,11 +235,8 @@ def train_steps(model, inputs: dict, bf16: bool, steps: int = 2) -> None:
 
 
 def compiled_decoding() -> dict:
-    """`generate()` options of transformers' compiled decoding: a static cache, its forward compiled; CompileConfig
-    allows the CPU only when told."""
-    config = CompileConfig(mode="default")  # the default "reduce-overhead" means CUDA graphs
-    config._compile_all_devices = True
-    return dict(cache_implementation="static", compile_config=config)
+    """`generate()` options of transformers' compiled decoding: a static cache, its forward compiled, on the CPU too."""
+    return dict(cache_implementation="static", compile_config=cpu_compile_config())
 
 
 def generate(model, inputs: dict, options: dict | None = None) -> torch.Tensor:

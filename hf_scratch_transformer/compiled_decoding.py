@@ -1,0 +1,17 @@
+"""transformers' compiled decoding on a CPU: `generate(..., cache_implementation="static", compile_config=...)`.
+
+transformers compiles `generate()`'s decoding step on accelerators only, unless the `CompileConfig` allows every
+device (`_compile_all_devices`, a switch it keeps private). On a CPU that is where our models decode fastest: traced,
+a one-row product is a row dot (`scratch_linear.row_dot`) that inductor turns into one loop reading the weight at
+nearly the memory's rate, 1.7-2.4x eager decoding once compiled (docs/serving.md, "Faster decoding on a CPU").
+"""
+
+from transformers import CompileConfig
+
+
+def cpu_compile_config() -> CompileConfig:
+    """A `CompileConfig` under which `generate()` with a static cache compiles its decoding step on a CPU too, in
+    inductor's default mode (transformers' default, "reduce-overhead", means CUDA graphs)."""
+    config = CompileConfig(mode="default")
+    config._compile_all_devices = True
+    return config
