@@ -5,22 +5,22 @@ products. Which is faster depends on the machine: on an AVX-512 AMD EPYC oneDNN 
 AMD EPYC and on an AVX-512 Intel Xeon it is slower, and on another AVX-512 AMD EPYC MKL computed one-row products on
 one thread where oneDNN used both (`docs/performance.md`). A product of a few rows (2 to FEW_ROWS: a decoding step
 of several sequences) has a third kernel, the BLAS on the transposed product (`transposed_linear`), which MKL ran in
-0.33-0.58 of `F.linear`'s time over 4 rows on an AVX2 AMD EPYC. So `fp32_kernel` times the kernels on a small layer
-at the first fp32 product of each regime, separately for decoding steps of one row and of a few rows, each of a
-model whose weights fit in the CPU's largest cache and of a larger one (its weights timed as a step reads them: from
-memory), prefill (more rows, no gradients: also evaluation and pipelines; these five once per thread count) and
-training (more rows, gradients), and keeps the answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn|
-transposed forces one (default: auto), for every regime or per regime ("prefill=onednn,training=native"; a regime
-not named: auto). Where decoding takes oneDNN, a small weight's one-row product can still go to the BLAS: oneDNN
-spends about 15 us a call before reading the weight, more than the whole product of a 64-wide layer
-(`one_row_kernel`).
+0.33-0.58 of `F.linear`'s time over 4 rows on an AVX2 AMD EPYC. So `fp32_kernel` times the kernels at the first
+fp32 product of each regime: decoding steps of one row and of a few rows, each of a model whose weights fit in the
+CPU's largest cache and of a larger one (its weights timed as a step reads them: from memory), once per weight shape
+(a few-row product's kernels rank by the weight's shape as much as by the machine), prefill (more rows, no gradients:
+also evaluation and pipelines; these five once per thread count) and training (more rows, gradients), on a small
+layer for the last two, and keeps the answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn|transposed
+forces one (default: auto), for every regime or per regime ("prefill=onednn,training=native"; a regime not named:
+auto).
 bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
 a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product of one row (batch-1
 decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product (`row_dot`), inductor
 turns it into a loop that reads the weight once at nearly the memory's rate, where it would call the BLAS's
-matrix-vector product, which read it at a third of that on an AVX-512 AMD EPYC (docs/performance.md). oneDNN's
-results are the same products in fp32 (IEEE, no reduced-precision accumulation), summed in a different order: they
-agree with `F.linear` to fp32 rounding, not bit for bit.
+matrix-vector product, which read it at a third of that on an AVX-512 AMD EPYC (docs/performance.md); where the
+BLAS reads one row as fast as a plain sum (an Intel Xeon), traced products stay `F.linear` (`blas_reads_rows_slowly`).
+oneDNN's results are the same products in fp32 (IEEE, no reduced-precision accumulation), summed in a different
+order: they agree with `F.linear` to fp32 rounding, not bit for bit.
 """
 
 import contextlib
@@ -115,6 +115,17 @@ PREFILL = "prefill"  # more rows, no gradients recorded (prefill, evaluation, pi
 TRAINING = "training"  # more rows, gradients recorded
 REGIMES = (DECODING, DECODING_FROM_MEMORY, BATCH_DECODING, BATCH_DECODING_FROM_MEMORY, PREFILL, TRAINING)
 FROM_MEMORY = (DECODING_FROM_MEMORY, BATCH_DECODING_FROM_MEMORY)
+FEW_ROW_REGIMES = (DECODING, DECODING_FROM_MEMORY, BATCH_DECODING, BATCH_DECODING_FROM_MEMORY)
+# A few-row product reads its weight once, at a rate that depends on the weight's shape as much as on the machine:
+# on an Intel Xeon (AVX-512, 260 MiB L3), over 4 rows and GPT-2 small's weights streamed, oneDNN took 0.76-0.86 of
+# F.linear's time for the 768-wide ones and 1.18 for 768 x 768, and 1.36 for the 1536 x 384 on which the regimes had
+# been timed: GPT-2 small decoded at batch 8 at 0.90x the native model on F.linear, 1.17-1.26x on oneDNN. So the
+# few-row regimes choose per weight shape; a weight over MAX_TIMED_WEIGHT_BYTES is timed on its first rows.
+# Prefill and training (many rows: compute, not reading) are timed on one layer of TIMED_SHAPE.
+TIMED_SHAPE = (1536, 384)
+MAX_TIMED_WEIGHT_BYTES = 16 << 20
+# (regime, weight shape, threads) -> the kernel `fp32_kernel` answered: a memo of the timed choices (`_timed_kernel`)
+KERNEL_CHOICES: dict[tuple[str, tuple[int, int], int], str] = {}
 # The kernels timed in each regime. The transposed product only over a few rows: over one row it is the same
 # matrix-vector product as F.linear's, and its lead narrows with the rows (AVX2 AMD EPYC, 55 MB of weights: 0.81-0.97
 # of F.linear's time over 96-512 rows, in passes that favoured it; docs/performance.md).
@@ -181,19 +192,31 @@ def regime_of(inputs: torch.Tensor, working_set: int = 0) -> str:
     return BATCH_DECODING_FROM_MEMORY if from_memory else BATCH_DECODING
 
 
-def fp32_kernel(regime: str, /) -> str:
-    """"native", "onednn" or "transposed": the kernel for fp32 CPU products of a regime (one of REGIMES).
-    HF_SCRATCH_CPU_KERNELS=native|onednn|transposed forces one (for every regime, or per regime: `kernel_setting`);
-    auto (the default) times the regime's TIMED_KERNELS once per process, at the first product of each regime, on
-    one core for training and once per thread count (`torch.set_num_threads`) for the others, whose kernels compare
-    differently on one thread and on several (see `time_kernels`), and takes the fastest of those that beat the
-    BLAS's `F.linear` by their margin (`kernel_margin`), else `F.linear`.
-    `clear_kernel_choices()` makes the choices again."""
-    return _timed_kernel(regime, 1 if regime == TRAINING else torch.get_num_threads())
+def fp32_kernel(regime: str, /, shape: tuple[int, int] = TIMED_SHAPE) -> str:
+    """"native", "onednn" or "transposed": the kernel for fp32 CPU products of a regime (one of REGIMES), with a weight
+    of this shape (out, in) in a few-row regime (FEW_ROW_REGIMES; prefill and training have one choice for every
+    shape, timed on TIMED_SHAPE). HF_SCRATCH_CPU_KERNELS=native|onednn|transposed forces one (for every regime, or
+    per regime: `kernel_setting`); auto (the default) times the regime's TIMED_KERNELS once per process, at the first
+    product of each regime and shape, on one core for training and once per thread count (`torch.set_num_threads`)
+    for the others, whose kernels compare differently on one thread and on several (see `time_kernels`), and takes
+    the fastest of those that beat the BLAS's `F.linear` by their margin (`kernel_margin`), else `F.linear`. The
+    answers are kept in KERNEL_CHOICES; `clear_kernel_choices()` makes them again."""
+    key = (regime, shape, torch.get_num_threads())  # a torch.Size finds its tuple's entry
+    kernel = KERNEL_CHOICES.get(key)
+    if kernel is None:
+        threads, shape = key[2], tuple(shape)
+        if regime in FEW_ROW_REGIMES:  # a tall weight timed on its first rows: its product splits by rows
+            out_features, in_features = shape
+            timed_rows = max(1, min(out_features, MAX_TIMED_WEIGHT_BYTES // (4 * in_features)))
+            kernel = _timed_kernel(regime, (timed_rows, in_features), threads)
+        else:
+            kernel = _timed_kernel(regime, TIMED_SHAPE, 1 if regime == TRAINING else threads)
+        KERNEL_CHOICES[regime, shape, threads] = kernel
+    return kernel
 
 
 @functools.cache
-def _timed_kernel(regime: str, threads: int, /) -> str:  # positional: the cache keys on how it is called
+def _timed_kernel(regime: str, shape: tuple[int, int], threads: int, /) -> str:  # positional: the cache's keys
     choice = kernel_setting(regime)
     if choice == "onednn" and not ONEDNN_AVAILABLE:
         return "native"
@@ -202,7 +225,7 @@ def _timed_kernel(regime: str, threads: int, /) -> str:  # positional: the cache
     candidates = [kernel for kernel in TIMED_KERNELS[regime] if kernel != "onednn" or ONEDNN_AVAILABLE]
     if candidates == ["native"]:
         return "native"
-    seconds = time_kernels(regime)
+    seconds = time_kernels(regime, shape=shape)
     faster = [kernel for kernel in candidates
               if kernel == "native" or seconds[kernel] < kernel_margin(regime, kernel) * seconds["native"]]
     return min(faster, key=seconds.__getitem__)
@@ -242,43 +265,11 @@ def kernel_setting(regime: str, /) -> str:
     return choices[regime]
 
 
-# oneDNN computes a one-row product in about 15 us more than the BLAS before reading the weight (AVX-512 AMD EPYC:
-# 17 against 4 us for a 64 x 192 weight), and at most about twice the BLAS's rate once it reads: so where the BLAS
-# computes a one-row product in under half of oneDNN's time with the weight in cache, oneDNN's fixed cost is most of
-# it and a weight read from memory would not win it back. Such weights (a small model's: 0.83x the native decoding
-# at 64 wide, 1.25x with these on the BLAS) decode on the BLAS; weights of more than MAX_TIMED_WEIGHT elements take
-# a product long enough (over 80 us from cache) that the fixed cost cannot weigh that much, and are not timed.
-FIXED_COST_RATIO = 0.5
-MAX_TIMED_WEIGHT = 1 << 20
-# (out, in, threads): a weight's shape and the thread count -> the kernel of its one-row products where a decoding
-# regime takes oneDNN
-ONE_ROW_KERNELS: dict[tuple[int, int, int], str] = {}
-
-
-def one_row_kernel(out_features: int, in_features: int, regime: str) -> str:
-    """The kernel for fp32 products of few rows with a weight of this shape in a decoding regime (one row or a few,
-    from the cache or from memory): that regime's (`fp32_kernel`), except where it is oneDNN and, timed at the shape's
-    first product, the BLAS takes under FIXED_COST_RATIO of oneDNN's time: "native" then. Forced kernels
-    (HF_SCRATCH_CPU_KERNELS) are not timed; the answer is kept per shape and thread count for the process
-    (`ONE_ROW_KERNELS`, which holds the shapes of regimes that took oneDNN)."""
-    choice = fp32_kernel(regime)
-    if choice != "onednn":
-        return choice
-    key = (out_features, in_features, torch.get_num_threads())
-    kernel = ONE_ROW_KERNELS.get(key)
-    if kernel is None:
-        kernel = "onednn"
-        if kernel_setting(regime) == "auto" and out_features * in_features <= MAX_TIMED_WEIGHT:
-            seconds = time_kernels(DECODING, shape=(out_features, in_features))
-            kernel = "native" if seconds["native"] < FIXED_COST_RATIO * seconds["onednn"] else "onednn"
-        ONE_ROW_KERNELS[key] = kernel
-    return kernel
-
-
 def clear_kernel_choices() -> None:
     """Forget the process's choices: the next products choose again (after HF_SCRATCH_CPU_KERNELS changed)."""
+    KERNEL_CHOICES.clear()
     _timed_kernel.cache_clear()
-    ONE_ROW_KERNELS.clear()
+    _row_read_seconds.cache_clear()
 
 
 @contextlib.contextmanager
@@ -319,7 +310,7 @@ MAX_STREAMED_BYTES = 256 << 20
 MAX_CACHED_BYTES = 32 << 20
 
 
-def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = (1536, 384)) -> dict[str, float]:
+def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = TIMED_SHAPE) -> dict[str, float]:
     """Best seconds of each of the regime's TIMED_KERNELS (a kernel -> seconds) for a layer with a weight of this shape
     (out, in), the kernels interleaved over `repeats` rounds (default TIMED_ROUNDS) after a warm-up round: forward and
     both gradients over TIMED_ROWS rows on one core (TRAINING), one forward (PREFILL), 5 one-row forwards (DECODING)
@@ -381,8 +372,8 @@ def _eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         return "native"  # under torch.func, also: timing the kernels there would fail (vmap forbids random draws)
     # The process's choice for this regime (timed once, at its first product). Where the BLAS wins, the usual case
     # (docs/performance.md), every product ends here: the checks below cost about 1.3 us a call, 0.1 ms a forward.
-    products_regime = regime_of(inputs, working_set)
-    kernel = fp32_kernel(products_regime)
+    regime, shape = regime_of(inputs, working_set), weight.shape
+    kernel = KERNEL_CHOICES.get((regime, shape, torch.get_num_threads())) or fp32_kernel(regime, shape)
     if kernel == "native":
         return kernel
     if not (
@@ -393,8 +384,6 @@ def _eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         and inputs.numel() > 0
     ):
         return "native"
-    if kernel == "onednn" and products_regime not in (PREFILL, TRAINING):
-        return one_row_kernel(*weight.shape, products_regime)
     return kernel
 
 
@@ -427,8 +416,9 @@ def materialized(inputs: torch.Tensor) -> torch.Tensor:
 
 def _compiled_as_row_dot(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the product `torch.compile` is tracing is an fp32 CPU product of one row (see the module's
-    docstring). Not `torch.export`: an exported graph keeps its linear layers for whatever runs it. One row known from
-    the shapes alone: a dynamic size gets no guard (a `mark_dynamic` dimension must not be specialized)."""
+    docstring), on a CPU whose BLAS reads a weight one row at a time slowly (`blas_reads_rows_slowly`). Not
+    `torch.export`: an exported graph keeps its linear layers for whatever runs it. One row known from the shapes
+    alone: a dynamic size gets no guard (a `mark_dynamic` dimension must not be specialized)."""
     return (
         not torch.compiler.is_exporting()
         and statically_known_true(inputs.numel() == inputs.shape[-1])
@@ -436,7 +426,53 @@ def _compiled_as_row_dot(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
         and inputs.is_cpu
         and type(weight) in PLAIN_TYPES
         and not torch.is_autocast_enabled("cpu")
+        and blas_reads_rows_slowly()
     )
+
+
+# Inductor's row dot reads a weight at about a plain `sum`'s rate. The BLAS's one-row product read it at a third to
+# half of that on the AMD EPYCs (AVX-512: 10.3 against 31-39 GB/s; AVX2: 6.7-8.3 against 16.6-22), where compiled
+# decoding with the row dot ran 1.5-2.4x as fast as the native model compiled; on an Intel Xeon (AVX-512) it reads
+# at the sum's rate (47-51 against 46-51 GB/s), and compiled GPT-2 with the row dot tied or trailed the same with the
+# BLAS's product (0.87-1.10 against 1.01-1.18 of the native model compiled, 2026-11-28). So the row dot is written
+# only where F.linear takes ROW_DOT_MARGIN times a sum's time over the same weights.
+ROW_DOT_MARGIN = 1.3
+
+
+@torch.compiler.assume_constant_result  # traced: called, not traced, and its answer is a constant of the graph
+def blas_reads_rows_slowly() -> bool:
+    """Whether this CPU's BLAS computes a one-row fp32 product over ROW_DOT_MARGIN times slower than a plain `sum`
+    reads the same weights (`time_row_reads`), timed once per process and thread count (about 20 ms)."""
+    blas, plain_sum = _row_read_seconds(torch.get_num_threads())
+    return blas > ROW_DOT_MARGIN * plain_sum
+
+
+@functools.cache
+def _row_read_seconds(threads: int, /) -> tuple[float, float]:  # positional: the cache keys on how it is called
+    return time_row_reads()
+
+
+def time_row_reads(repeats: int = 10) -> tuple[float, float]:
+    """Best seconds of `F.linear` over one row and of `sum(-1)` over distinct TIMED_SHAPE weights filling half the
+    largest cache (at most MAX_CACHED_BYTES: a decoding step's weights, read once a round), interleaved over
+    `repeats` rounds after a warm-up round, on the process's threads."""
+    out_features, in_features = TIMED_SHAPE
+    read = min(last_level_cache_bytes() // 2, MAX_CACHED_BYTES)
+    count = -(-read // (4 * out_features * in_features))
+    best = [math.inf, math.inf]
+    with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
+        # (count x out, in) -> count weights (out, in); filled, not drawn: the global random state stays as it was
+        weights = torch.full((count * out_features, in_features), 0.5).split(out_features)
+        row = torch.full((1, in_features), 0.5)
+        reads = (lambda weight: F.linear(row, weight), lambda weight: weight.sum(-1))
+        for repeat in range(repeats + 1):
+            for index in (0, 1) if repeat % 2 else (1, 0):
+                start = time.perf_counter()
+                for weight in weights:
+                    reads[index](weight)
+                if repeat:  # round 0 warms up
+                    best[index] = min(best[index], time.perf_counter() - start)
+    return best[0], best[1]
 
 
 def is_torchao_weight(weight: torch.Tensor) -> bool:

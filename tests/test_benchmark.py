@@ -186,12 +186,11 @@ def test_a_torchao_that_cannot_quantize_skips_the_int8_rows(benchmark_module, mo
 
 def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benchmark_module, monkeypatch):
     """One worker per side for every family, started before either is waited for, each told this process's kernel
-    choices (timed again beside the other worker's load, a choice could differ from the timed rows')."""
+    choices for prefill and training (timed again beside the other worker's load, a choice could differ from the
+    timed rows'); they do not decode."""
     from hf_scratch_transformer import scratch_linear
 
-    choices = {scratch_linear.DECODING: "onednn", scratch_linear.DECODING_FROM_MEMORY: "onednn",
-               scratch_linear.BATCH_DECODING: "transposed", scratch_linear.BATCH_DECODING_FROM_MEMORY: "onednn",
-               scratch_linear.PREFILL: "native", scratch_linear.TRAINING: "native"}
+    choices = {scratch_linear.PREFILL: "onednn", scratch_linear.TRAINING: "native"}
     monkeypatch.setattr(benchmark_module, "fp32_kernel", choices.__getitem__)
     monkeypatch.setattr(benchmark_module, "bf16_training_kernel", lambda: "eager")
     events = []
@@ -211,8 +210,7 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
     monkeypatch.setattr(benchmark_module.subprocess, "Popen", lambda command, **kwargs: Worker(command, **kwargs))
     monkeypatch.setattr(benchmark_module.args, "no_bf16", False)
     memory = benchmark_module.measure_memory(["gpt2", "bert"])
-    kernels = ("decoding=onednn,decoding_from_memory=onednn,batch_decoding=transposed,"
-               "batch_decoding_from_memory=onednn,prefill=native,training=native")
+    kernels = "prefill=onednn,training=native"  # the workers do not decode
     assert events == [("started", side, ["gpt2", "bert"], kernels, "eager") for side in ("native", "ours")] + [
         ("waited", "native"), ("waited", "ours")]
     assert memory == {side: {"gpt2": {"prefill": 1.0}, "bert": {"prefill": 1.0}} for side in ("native", "ours")}

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from tiny_models import FAMILIES, lm_inputs, tiny_config, tiny_lm
 from transformers import CompileConfig
 
+from hf_scratch_transformer import scratch_linear
 from hf_scratch_transformer.scratch_layers import ScratchFeedForward
 from hf_scratch_transformer.scratch_linear import ScratchLinear
 
@@ -18,6 +19,13 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def slow_blas_rows(monkeypatch):
+    """A CPU whose BLAS reads one row slowly (the AMD EPYCs), where traced one-row products are row dots: whatever
+    CPU the tests run on."""
+    monkeypatch.setattr(scratch_linear, "blas_reads_rows_slowly", lambda: True)
 
 
 def _assert_compiled_step_matches_eager(eager_model, compiled_model, inputs: dict) -> None:
@@ -58,7 +66,7 @@ def test_compiled_checkpointed_training_step_of_a_bidirectional_stack(family):
 
 @pytest.mark.parametrize("batch", [1, 2], ids=["batch-1", "batch-2"])  # batch 1: products of one row (row_dot)
 @pytest.mark.parametrize("family", ["decoder", "seq2seq"])
-def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch):
+def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch, slow_blas_rows):
     model = tiny_lm(family, position_embedding_type="rope")
     ids = torch.randint(3, 99, (batch, 5), generator=torch.Generator().manual_seed(0))
     reference = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
@@ -70,11 +78,14 @@ def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch):
     assert torch.equal(compiled, reference)
 
 
+@pytest.mark.parametrize("slow_rows", [True, False], ids=["blas-slow-over-a-row", "blas-at-a-sums-rate"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bias):
+def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bias, slow_rows, monkeypatch):
     """Traced by torch.compile, a one-row fp32 CPU product is written as a sum of products, which inductor turns into
-    a loop reading the weight once (docs/performance.md); more rows stay `F.linear`. Values and gradients equal the
+    a loop reading the weight once (docs/performance.md), where the BLAS reads one row slowly; where it reads it at a
+    plain sum's rate (an Intel Xeon), and for more rows, the product stays `F.linear`. Values and gradients equal the
     eager layer's."""
+    monkeypatch.setattr(scratch_linear, "blas_reads_rows_slowly", lambda: slow_rows)
     layer = ScratchLinear(48, 40, bias=bias)
     graphs = []
 
@@ -91,12 +102,13 @@ def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bia
         expected = torch.autograd.grad(eager.sum(), (inputs, layer.weight))
         for grad, reference in zip(grads, expected, strict=True):
             torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
-        one_row = shape[-2] == 1
-        assert ("linear" in graphs[-1], ".sum(" in graphs[-1]) == (not one_row, one_row), graphs[-1]
+        row_dot = shape[-2] == 1 and slow_rows
+        assert ("linear" in graphs[-1], ".sum(" in graphs[-1]) == (not row_dot, row_dot), graphs[-1]
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-def test_a_compiled_feed_forward_of_one_row_writes_its_activation_out_for_the_down_projection(activation):
+def test_a_compiled_feed_forward_of_one_row_writes_its_activation_out_for_the_down_projection(activation,
+                                                                                                 slow_blas_rows):
     """Inlined into the down projection's row dot, the activation would be computed again for every row of its weight
     (an exact GELU's erf, 1536 x 384 times a layer): the row dot reads it written out by an identity product, an
     extern kernel (`scratch_linear.materialized`); the up projection's row dot reads its input as it comes. More rows
@@ -138,3 +150,26 @@ def test_export_and_a_dynamic_row_count_keep_the_linear():
     torch._dynamo.mark_dynamic(rows, 0)
     torch.testing.assert_close(torch.compile(layer, backend=capture)(rows), layer(rows))
     assert "linear" in graphs[-1] and ".sum(" not in graphs[-1], graphs[-1]
+
+
+@pytest.mark.parametrize("blas, expected", [(1.4, True), (1.25, False), (1.0, False)])
+def test_the_row_dot_is_taken_where_the_blas_reads_a_row_30_percent_slower_than_a_sum(monkeypatch, blas, expected):
+    """`blas_reads_rows_slowly`: F.linear over one row against a plain `sum` over the same weights, timed once per
+    process and thread count (AMD EPYCs: 2-3x a sum's time; an Intel Xeon: 1.0x, where the row dot gained nothing)."""
+    timed = []
+    monkeypatch.setattr(scratch_linear, "time_row_reads", lambda: timed.append(1) or (blas, 1.0))
+    scratch_linear.clear_kernel_choices()
+    try:
+        assert scratch_linear.blas_reads_rows_slowly() is expected
+        assert scratch_linear.blas_reads_rows_slowly() is expected
+        assert timed == [1]
+    finally:
+        scratch_linear.clear_kernel_choices()
+
+
+def test_timing_row_reads_measures_both_and_leaves_the_random_state_alone():
+    state = torch.get_rng_state()
+    with torch.inference_mode():
+        blas, plain_sum = scratch_linear.time_row_reads(repeats=1)
+    assert blas > 0 and plain_sum > 0
+    assert torch.equal(torch.get_rng_state(), state)

@@ -47,12 +47,11 @@ a ratio whose range straddles 1 is not a measured difference.
   here (best of 8 products of square --mm-size matrices after a warm-up, fp32 and bf16, through torch.mm, i.e.
   the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
 - the header names the CPU capability, whether bf16 is native (bf16 products at least half as fast as fp32, the
-  test `--bf16` makes before training) and the fp32 kernel ScratchLinear chose in this process for decoding steps
+  test `--bf16` makes before training) and the fp32 kernels ScratchLinear chose in this process for decoding steps
   of one row and of several (batch 8: 8 rows; timed over 4), each for models whose weights fit in the CPU's
-  largest cache and for larger ones (read from memory at every step), for prefill (no gradients) and for training
-  (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the
-  transposed product), and the weights whose one-row products went to the BLAS although decoding took oneDNN
-  (`scratch_linear.one_row_kernel`).
+  largest cache and for larger ones (read from memory at every step), by weight shape (out x in), and for prefill
+  (no gradients) and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS: "native" is F.linear,
+  "transposed" the BLAS on the transposed product).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -98,9 +97,12 @@ from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 from hf_scratch_transformer.scratch_linear import (
+    FEW_ROW_REGIMES,
+    KERNEL_CHOICES,
     KERNELS_VARIABLE,
-    ONE_ROW_KERNELS,
+    PREFILL,
     REGIMES,
+    TRAINING,
     fp32_kernel,
     last_level_cache_bytes,
     onednn_linear,
@@ -332,12 +334,12 @@ def family_memory(family: str, side: str) -> dict:
 
 def measure_memory(families: list[str]) -> dict:
     """{side: {family: memory rows}}, from one worker per side, the two run at once (each reads its own process's
-    peaks; a worker costs about 10 s of imports). The workers take this process's kernel choices, not timings of
-    their own: timed while the other worker loads the cores, a choice could differ from the timed rows' (training's
-    memory differs by kernel on an AVX-512 AMD EPYC)."""
+    peaks; a worker costs about 10 s of imports). The workers take this process's kernel choices for training and
+    prefill (they do not decode), not timings of their own: timed while the other worker loads the cores, a choice
+    could differ from the timed rows' (training's memory differs by kernel on an AVX-512 AMD EPYC)."""
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
     if DEVICE.type == "cpu":
-        env[KERNELS_VARIABLE] = ",".join(f"{regime}={fp32_kernel(regime)}" for regime in REGIMES)
+        env[KERNELS_VARIABLE] = ",".join(f"{regime}={fp32_kernel(regime)}" for regime in (PREFILL, TRAINING))
         if not args.no_bf16:  # bf16 rows: the attention kernel the timed bf16 training took
             env[ATTENTION_VARIABLE] = bf16_training_kernel()
     sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]] + [f"--device={args.device}"]
@@ -521,15 +523,27 @@ def machine_class(machine: dict) -> str:
 
 def kernel_choices(bf16_native: bool) -> dict:
     """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`,
-    `scratch_attention_kernel.bf16_training_kernel`, the latter only where bf16 is native: it times bf16 kernels)."""
+    `scratch_attention_kernel.bf16_training_kernel`, the latter only where bf16 is native: it times bf16 kernels);
+    for decoding steps, those its products took by weight shape: call it after the runs."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
         return {"setting": "-", **{f"fp32 {regime.replace('_', ' ')}": "F.linear" for regime in REGIMES},
                 "CPU cross-entropy": "-", "bf16 training attention": "-"}
     attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
-            **{f"fp32 {regime.replace('_', ' ')}": fp32_kernel(regime) for regime in REGIMES},
+            **{f"fp32 {regime.replace('_', ' ')}": few_row_kernels(regime) for regime in FEW_ROW_REGIMES},
+            **{f"fp32 {regime}": fp32_kernel(regime) for regime in (PREFILL, TRAINING)},
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
             "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-"}
+
+
+def few_row_kernels(regime: str) -> str:
+    """The kernels this process's products of a decoding regime took, by weight shape (out x in): "native (384x384,
+    1536x384), onednn (8192x384)"; "none run" where the runs had no such product."""
+    shapes = {}
+    for (name, (out_features, in_features), threads), kernel in KERNEL_CHOICES.items():
+        if name == regime and threads == torch.get_num_threads():
+            shapes.setdefault(kernel, []).append(f"{out_features}x{in_features}")
+    return ", ".join(f"{kernel} ({', '.join(sorted(names))})" for kernel, names in sorted(shapes.items())) or "none run"
 
 
 def _number(value: float) -> str:
@@ -544,14 +558,11 @@ def markdown(report: dict) -> str:
         kernels = (f"GPU {m['gpu']}, CUDA {m['cuda']}: both sides run PyTorch's CUDA kernels (cuBLAS products, fp32 "
                    f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
     else:
-        blas_shapes = ", ".join(k.get("fp32 one-row products on the BLAS", []))
-        small_weights = (f"; where oneDNN decodes, the BLAS for the small weights {blas_shapes}: oneDNN's fixed cost a "
-                         f"call dominates their products" if blas_shapes else "")
-        kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernel chosen ({k['setting']}): decoding "
-                   f"steps of one row {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB cache), "
-                   f"{k['fp32 decoding from memory']} (larger models), of several rows {k['fp32 batch decoding']} "
-                   f"and {k['fp32 batch decoding from memory']}{small_weights}; prefill {k['fp32 prefill']}, "
-                   f"training {k['fp32 training']}; CPU "
+        kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernels chosen ({k['setting']}), by weight "
+                   f"shape for decoding steps: of one row {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB "
+                   f"cache), {k['fp32 decoding from memory']} (larger models); of several rows "
+                   f"{k['fp32 batch decoding']} and {k['fp32 batch decoding from memory']}; prefill "
+                   f"{k['fp32 prefill']}, training {k['fp32 training']}; CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
                    f"dropout (GPT-2's and BERT's) the eager math with our mask, as sdpa computes it there (no choice).")
@@ -591,8 +602,7 @@ def main() -> None:
         print(f"bf16 is not native on this {args.device.upper()} (bf16 products at "
               f"{peaks['bf16'] / peaks['fp32']:.3f}x the fp32 rate): no bf16 training rows.")
     report = dict(machine=this_machine, settings={k: getattr(args, k) for k in SIZES["full"]},
-                  matmul_gflops={k: v / 1e9 for k, v in peaks.items()},
-                  kernels=kernel_choices(this_machine["bf16_native"]), results=[], details={})
+                  matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, results=[], details={})
     families = FAMILIES if args.family == "all" else (args.family,)
     rows = {}
     for family in families:
@@ -604,10 +614,7 @@ def main() -> None:
         report["results"] += rows[family]
         if family in with_memory:  # its memory rows after its timed ones
             report["results"] += memory_rows(family, {side: memory[side][family] for side in SIDES})
-    if DEVICE.type == "cpu":  # the weight shapes timed at their first decoding step (scratch_linear.one_row_kernel)
-        report["kernels"]["fp32 one-row products on the BLAS"] = [
-            f"{out_features}x{in_features}" for (out_features, in_features, _), kernel in ONE_ROW_KERNELS.items()
-            if kernel == "native"]
+    report["kernels"] = kernel_choices(this_machine["bf16_native"])
     text = markdown(report)
     print(text)
     if args.write:  # one file per machine class: a run on one class never replaces another's figures
