@@ -322,7 +322,7 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
                       f"It still takes less memory; for speed, train in fp32 (without {option}).", stacklevel=2)
         return None
     reason = (f"bf16 mixed precision would slow training down on this CPU ({torch.backends.cpu.get_cpu_capability()}"
-              f", no native bf16): {rates}. Train in fp32 (without {option})")
+              f"; bf16 products not native, or slow): {rates}. Train in fp32 (without {option})")
     if force:
         warnings.warn(f"{reason}; training in bf16 anyway, as --force-bf16 asks.", stacklevel=2)
         return None
