@@ -370,8 +370,9 @@ def _eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         return "native"  # a subclass (int8, DTensor, fake) carries its own product
     if inputs.dtype != torch.float32 or not inputs.is_cpu or inside_torch_func():
         return "native"  # under torch.func, also: timing the kernels there would fail (vmap forbids random draws)
-    # The process's choice for this regime (timed once, at its first product). Where the BLAS wins, the usual case
-    # (docs/performance.md), every product ends here: the checks below cost about 1.3 us a call, 0.1 ms a forward.
+    # The process's choice for this regime and weight shape (timed once, at its first product; the memo looked up
+    # here first, as a call costs). Where the BLAS wins, the usual case (docs/performance.md), every product ends
+    # here: the checks below cost about 1.3 us a call, 0.1 ms a forward.
     regime, shape = regime_of(inputs, working_set), weight.shape
     kernel = KERNEL_CHOICES.get((regime, shape, torch.get_num_threads())) or fp32_kernel(regime, shape)
     if kernel == "native":
