@@ -32,6 +32,7 @@ import pathlib
 import re
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -321,7 +322,6 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
     repeats = TIMED_ROUNDS[regime] if repeats is None else repeats
     generator = torch.Generator().manual_seed(0)
     training = regime == TRAINING
-    best = dict.fromkeys(TIMED_KERNELS[regime], math.inf)
     # Both libraries split a training product of many rows over the threads, so their code for a core decides, timed
     # on one core (where the load of the moment matters less). Without gradients they rank differently on one
     # thread and on two (AVX-512 AMD EPYC: 512 rows, oneDNN at 0.78-0.84 of the BLAS's time on two threads, 0.92-0.95
@@ -338,22 +338,40 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
                     "transposed": transposed_linear}
         weights = [weight] * (5 if regime == DECODING else 1)
         if regime in (BATCH_DECODING, *FROM_MEMORY):
-            cache = last_level_cache_bytes()
-            read = min(cache // 2, MAX_CACHED_BYTES) if regime == BATCH_DECODING else min(2 * cache, MAX_STREAMED_BYTES)
-            count = -(-read // weight.nbytes)
-            # (count x out, in) -> count weights (out, in); filled, not drawn (a product's speed does not depend on
-            # the values, and drawing 64 MiB takes longer than the timing)
-            weights = torch.full((count * out_features, in_features), 0.5).split(out_features)
-        for repeat in range(repeats + 1):
-            for kernel in sorted(best, reverse=repeat % 2 == 1):
-                start = time.perf_counter()
-                if training:
-                    torch.autograd.grad(products[kernel](inputs, weight, None), (inputs, weight), grad_output)
-                else:
-                    for each_weight in weights:
-                        products[kernel](inputs, each_weight, None)
-                if repeat:  # round 0 warms up (oneDNN builds its primitives at the first call of a shape)
-                    best[kernel] = min(best[kernel], time.perf_counter() - start)
+            weights = weights_read_once(shape, from_memory=regime in FROM_MEMORY)
+
+        def run(kernel: str) -> None:
+            if training:
+                torch.autograd.grad(products[kernel](inputs, weight, None), (inputs, weight), grad_output)
+            else:
+                for each_weight in weights:
+                    products[kernel](inputs, each_weight, None)
+
+        return best_interleaved({kernel: functools.partial(run, kernel) for kernel in TIMED_KERNELS[regime]}, repeats)
+
+
+def weights_read_once(shape: tuple[int, int], from_memory: bool) -> tuple[torch.Tensor, ...]:
+    """Distinct (out, in) weights to read once a round, as a decoding step reads a model's: as many as fill half the
+    largest cache (at most MAX_CACHED_BYTES), or twice it (`from_memory`, at most MAX_STREAMED_BYTES). Views of one
+    filled block, not drawn: a product's speed does not depend on the values, and drawing 64 MiB takes longer than
+    the timing."""
+    out_features, in_features = shape
+    cache = last_level_cache_bytes()
+    read = min(2 * cache, MAX_STREAMED_BYTES) if from_memory else min(cache // 2, MAX_CACHED_BYTES)
+    count = -(-read // (4 * out_features * in_features))
+    return torch.full((count * out_features, in_features), 0.5).split(out_features)  # (count x out, in) -> (out, in)s
+
+
+def best_interleaved(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best seconds of each of `runs` (a name -> a call), interleaved over `repeats` rounds, the order reversed every
+    other round, after a warm-up round (oneDNN builds its primitives at the first call of a shape)."""
+    best = dict.fromkeys(runs, math.inf)
+    for repeat in range(repeats + 1):
+        for name in sorted(runs, reverse=repeat % 2 == 1):
+            start = time.perf_counter()
+            runs[name]()
+            if repeat:
+                best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -443,7 +461,7 @@ ROW_DOT_MARGIN = 1.3
 @torch.compiler.assume_constant_result  # traced: called, not traced, and its answer is a constant of the graph
 def blas_reads_rows_slowly() -> bool:
     """Whether this CPU's BLAS computes a one-row fp32 product over ROW_DOT_MARGIN times slower than a plain `sum`
-    reads the same weights (`time_row_reads`), timed once per process and thread count (about 20 ms)."""
+    reads the same weights (`time_row_reads`), timed once per process and thread count (20-60 ms)."""
     blas, plain_sum = _row_read_seconds(torch.get_num_threads())
     return blas > ROW_DOT_MARGIN * plain_sum
 
@@ -454,26 +472,15 @@ def _row_read_seconds(threads: int, /) -> tuple[float, float]:  # positional: th
 
 
 def time_row_reads(repeats: int = 10) -> tuple[float, float]:
-    """Best seconds of `F.linear` over one row and of `sum(-1)` over distinct TIMED_SHAPE weights filling half the
-    largest cache (at most MAX_CACHED_BYTES: a decoding step's weights, read once a round), interleaved over
-    `repeats` rounds after a warm-up round, on the process's threads."""
-    out_features, in_features = TIMED_SHAPE
-    read = min(last_level_cache_bytes() // 2, MAX_CACHED_BYTES)
-    count = -(-read // (4 * out_features * in_features))
-    best = [math.inf, math.inf]
+    """Best seconds of `F.linear` over one row and of `sum(-1)` over TIMED_SHAPE weights read once a round from the
+    cache (`weights_read_once`), interleaved (`best_interleaved`), on the process's threads. Nothing drawn: the
+    global random state stays as it was."""
     with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
-        # (count x out, in) -> count weights (out, in); filled, not drawn: the global random state stays as it was
-        weights = torch.full((count * out_features, in_features), 0.5).split(out_features)
-        row = torch.full((1, in_features), 0.5)
-        reads = (lambda weight: F.linear(row, weight), lambda weight: weight.sum(-1))
-        for repeat in range(repeats + 1):
-            for index in (0, 1) if repeat % 2 else (1, 0):
-                start = time.perf_counter()
-                for weight in weights:
-                    reads[index](weight)
-                if repeat:  # round 0 warms up
-                    best[index] = min(best[index], time.perf_counter() - start)
-    return best[0], best[1]
+        weights = weights_read_once(TIMED_SHAPE, from_memory=False)
+        row = torch.full((1, TIMED_SHAPE[1]), 0.5)
+        best = best_interleaved({"F.linear": lambda: [F.linear(row, weight) for weight in weights],
+                                 "sum": lambda: [weight.sum(-1) for weight in weights]}, repeats)
+    return best["F.linear"], best["sum"]
 
 
 def is_torchao_weight(weight: torch.Tensor) -> bool:
