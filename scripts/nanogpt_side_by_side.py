@@ -22,7 +22,6 @@ nanoGPT is not vendored: pass a checkout of github.com/karpathy/nanoGPT.
 
 import argparse
 import json
-import random
 import re
 import shutil
 import statistics
@@ -101,6 +100,7 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
+    from hf_scratch_transformer.cli.paired_ratios import median_interval
     from hf_scratch_transformer.presets import get_preset
 
     torch.manual_seed(0)
@@ -150,15 +150,8 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
         print(f"round {round_ + 1}: ms per step ours {ours:.1f}, nanoGPT {nanogpt:.1f}, transformers' GPT-2 "
               f"{gpt2:.1f}; ours / nanoGPT {ours / nanogpt:.3f}, GPT-2 / nanoGPT {gpt2 / nanogpt:.3f}")
     print("all rounds, median of the paired steps' ratios [95% bootstrap interval]: " + ", ".join(
-        f"{name} / nanoGPT {statistics.median(values):.3f} {bootstrap_interval(values)}"
+        f"{name} / nanoGPT {statistics.median(values):.3f} [{', '.join(f'{x:.3f}' for x in median_interval(values))}]"
         for name, values in ratios.items()))
-
-
-def bootstrap_interval(values: list[float], draws: int = 1000) -> str:
-    """The 2.5th and 97.5th percentiles of the median over resamples of `values` (seeded: the same text each run)."""
-    generator = random.Random(0)
-    medians = sorted(statistics.median(generator.choices(values, k=len(values))) for _ in range(draws))
-    return f"[{medians[int(0.025 * draws)]:.3f}, {medians[int(0.975 * draws) - 1]:.3f}]"
 
 
 def main() -> None:

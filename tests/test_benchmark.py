@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_scratch_transformer.cli.paired_ratios import median_interval, verdict
 from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,22 +84,38 @@ def expected_rows(stdout: str) -> dict[str, set]:
 
 def table_rows(stdout: str) -> dict[str, set]:
     """The measurements of the printed table per family, each row checked: finite positive numbers, the ratio of
-    them, a range of paired ratios for the timed rows, no row twice."""
+    them, for the timed rows a range of paired ratios and an interval of their median inside it, no row twice; and
+    the line under the table sorts every throughput row once by its interval."""
     lines = [line for line in stdout.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    assert header == ["family", "measurement", "unit", "better", "native", "ours", "ours/native", "paired"]
+    assert header == ["family", "measurement", "unit", "better", "native", "ours", "ours/native", "paired",
+                      "95% interval"]
     found: dict[str, set] = {family: set() for family in EXPECTED}
+    throughput = {"faster": 0, "tied": [], "slower": []}
     for line in lines[2:]:
-        family, measurement, unit, better, *numbers, paired = (cell.strip() for cell in line.strip("|").split("|"))
+        family, measurement, unit, better, *numbers, paired, interval = (
+            cell.strip() for cell in line.strip("|").split("|"))
         assert better in ("higher", "lower") and unit, line
         native, ours, ratio = map(float, numbers)
-        if measurement.startswith(("prefill", "decode", "train")):  # timed rows: the range of paired ratios
+        if measurement.startswith(("prefill", "decode", "train")):  # timed rows: paired ratios
             low, high = map(float, paired.split("-"))
-            assert 0 < low <= high, line
+            median_low, median_high = map(float, interval.split("-"))
+            assert 0 < low <= median_low <= median_high <= high, line
+            if unit == "tok/s":
+                if median_low > 1:
+                    throughput["faster"] += 1
+                else:
+                    throughput["tied" if median_high >= 1 else "slower"].append(f"{family} {measurement}")
+        else:
+            assert paired == interval == "-", line
         assert all(math.isfinite(x) and x > 0 for x in (native, ours, ratio)), line
         assert ratio == pytest.approx(ours / native, rel=0.05, abs=2e-3), line  # printed values are rounded
         assert measurement not in found[family], f"duplicate row: {line}"
         found[family].add(measurement)
+    summary = [f"faster in {throughput['faster']}"] + [
+        f"{name} in {len(rows)}" + (f" ({', '.join(rows)})" if rows else "") for name, rows in throughput.items()
+        if name != "faster"]
+    assert f"by their 95% interval: {'; '.join(summary)}." in stdout
     return found
 
 
@@ -135,6 +152,44 @@ def test_device_cuda_without_a_gpu_is_refused_before_measuring(tmp_path):
     result = run_benchmark("--device", "cuda", "--write", cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and "--device cuda needs a CUDA GPU" in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_the_median_interval_holds_the_median_and_narrows_with_more_pairs():
+    """A bootstrap interval of the median: around it, the same for the same samples, zero-wide for equal ones,
+    narrower for more pairs drawn alike; no pairs is an error, not an interval."""
+    import random
+    import statistics
+
+    draw = random.Random(1)
+    few, many = ([draw.gauss(1.1, 0.1) for _ in range(count)] for count in (7, 70))
+    for ratios in (few, many):
+        low, high = median_interval(ratios)
+        assert low <= statistics.median(ratios) <= high and median_interval(ratios) == (low, high)
+    assert median_interval([1.2] * 5) == (1.2, 1.2)
+    assert median_interval(many)[1] - median_interval(many)[0] < median_interval(few)[1] - median_interval(few)[0]
+    with pytest.raises(ValueError, match="at least one paired ratio"):
+        median_interval([])
+
+
+@pytest.mark.parametrize(("interval", "expected"), [((1.01, 1.3), "faster"), ((0.7, 0.99), "slower"),
+                                                    ((0.9, 1.1), "tied"), ((1.0, 1.2), "tied"), ((0.8, 1.0), "tied")])
+def test_a_row_is_faster_or_slower_only_where_its_interval_excludes_one(interval, expected):
+    assert verdict(interval) == expected
+
+
+def test_the_verdict_line_names_the_tied_and_slower_throughput_rows(benchmark_module):
+    """Only tok/s rows count (GFLOP/s and MFU repeat the training samples; memory rows have none)."""
+    def timed(measurement, native, ours, unit="tok/s"):
+        return benchmark_module.row("gpt2", measurement, unit, "higher", 1.0, 1.0, {"native": native, "ours": ours})
+
+    results = [timed("prefill", [2.0, 2.1, 1.9], [1.0, 1.0, 1.0]),  # 2x faster in every pair
+               timed("train fp32", [1.0, 1.1, 0.9], [1.0, 1.0, 1.0]),  # around 1
+               timed("train fp32 MFU", [1.0, 1.1, 0.9], [1.0, 1.0, 1.0], unit="% of mm"),
+               timed("decode batch 1", [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]),  # twice the time
+               benchmark_module.row("gpt2", "peak memory prefill", "MiB", "lower", 100.0, 50.0)]
+    assert benchmark_module.verdicts(results) == (
+        "Throughput rows against the native model, by their 95% interval: faster in 1; tied in 1 (gpt2 train "
+        "fp32); slower in 1 (gpt2 decode batch 1).")
 
 
 def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_module):

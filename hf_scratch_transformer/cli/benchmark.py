@@ -11,8 +11,9 @@ the chosen size from a fixed seed and ours is `conversion.from_hf(native)`: the 
 splits --layers into encoder and decoder halves (6 -> 3 + 3). Every timing is A/B interleaved in one process after
 --warmup runs of each side (the order alternates: native, ours, ours, native, ...) and reported as the median; the
 ratio is ours / native of the medians (above 1 is faster for throughput; below 1 is smaller for memory), and
-"paired" is the range of the per-repetition ratios of adjacent native/ours runs: this 2-core machine is noisy, and
-a ratio whose range straddles 1 is not a measured difference.
+"paired" is the range of the per-repetition ratios of adjacent native/ours runs, "95% interval" a bootstrap interval
+of their median (`paired_ratios.median_interval`): this 2-core machine is noisy, and a row whose interval holds 1 is
+a tie, not a measured difference. The line under the table sorts the tok/s rows so: faster, tied, slower.
 
 - training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
   labels (causal LM on the inputs; MLM with 15% masked positions; seq2seq with seq-long targets), in fp32 and
@@ -93,6 +94,7 @@ from transformers import (
 )
 
 from hf_scratch_transformer import training
+from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
@@ -409,9 +411,12 @@ def train_flops(model, inputs: dict) -> int:
 
 
 def row(family, measurement, unit, better, native, ours, samples=None) -> dict:
+    """One line of the table; `samples` (seconds per side, interleaved) for a timed row: its paired ratios are
+    native / ours times, ours / native in throughput."""
     paired = [n / o for n, o in zip(samples["native"], samples["ours"], strict=True)] if samples else None
     return dict(family=family, measurement=measurement, unit=unit, better=better, native=native, ours=ours,
-                ratio=ours / native if native else float("nan"), paired_ratios=paired, samples=samples)
+                ratio=ours / native if native else float("nan"), paired_ratios=paired,
+                paired_interval=median_interval(paired) if paired else None, samples=samples)
 
 
 def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str = "", options: dict | None = None
@@ -580,14 +585,28 @@ def markdown(report: dict) -> str:
         f"decode: prompt {s['prompt']}, {s['new_tokens']} new tokens; {s['warmup']} warm-up, "
         f"median of {s['repeats']} interleaved repetitions. Written by `hf-scratch benchmark`; method:", "",
         __doc__[__doc__.index("Every timing"):].strip(), "",
-        "| family | measurement | unit | better | native | ours | ours/native | paired |",
-        "|---|---|---|---|---:|---:|---:|---:|",
+        f"| family | measurement | unit | better | native | ours | ours/native | paired | {CONFIDENCE:.0%} interval |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         paired = f"{min(r['paired_ratios']):.2f}-{max(r['paired_ratios']):.2f}" if r["paired_ratios"] else "-"
+        interval = "{:.2f}-{:.2f}".format(*r["paired_interval"]) if r["paired_interval"] else "-"
         lines.append(f"| {r['family']} | {r['measurement']} | {r['unit']} | {r['better']} | {_number(r['native'])} "
-                     f"| {_number(r['ours'])} | {r['ratio']:.3f} | {paired} |")
-    return "\n".join(lines) + "\n"
+                     f"| {_number(r['ours'])} | {r['ratio']:.3f} | {paired} | {interval} |")
+    return "\n".join(lines) + "\n\n" + verdicts(report["results"]) + "\n"
+
+
+def verdicts(results: list[dict]) -> str:
+    """The throughput rows (tok/s; the GFLOP/s and MFU rows repeat the training rows' samples) sorted by where their
+    interval lies against 1.0; the tied and slower ones named."""
+    rows = {"faster": [], "tied": [], "slower": []}
+    for r in results:
+        if r["unit"] == "tok/s":
+            rows[verdict(r["paired_interval"])].append(f"{r['family']} {r['measurement']}")
+    counts = [f"faster in {len(rows['faster'])}"]
+    counts += [f"{name} in {len(names)}" + (f" ({', '.join(names)})" if names else "")
+               for name, names in rows.items() if name != "faster"]
+    return f"Throughput rows against the native model, by their {CONFIDENCE:.0%} interval: {'; '.join(counts)}."
 
 
 def main() -> None:
