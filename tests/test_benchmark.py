@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,14 +85,14 @@ def expected_rows(stdout: str) -> dict[str, set]:
 
 def table_rows(stdout: str) -> dict[str, set]:
     """The measurements of the printed table per family, each row checked: finite positive numbers, the ratio of
-    them, for the timed rows a range of paired ratios and an interval of their median inside it, no row twice; and
+    them, for the timed rows a range of paired ratios and their median with an interval inside it, no row twice; and
     the line under the table sorts every throughput row once by its interval."""
     lines = [line for line in stdout.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == ["family", "measurement", "unit", "better", "native", "ours", "ours/native", "paired",
-                      "95% interval"]
+                      "paired median (95% interval)"]
     found: dict[str, set] = {family: set() for family in EXPECTED}
-    throughput = {"faster": 0, "tied": [], "slower": []}
+    throughput = {}  # tok/s row -> its printed interval
     for line in lines[2:]:
         family, measurement, unit, better, *numbers, paired, interval = (
             cell.strip() for cell in line.strip("|").split("|"))
@@ -99,24 +100,40 @@ def table_rows(stdout: str) -> dict[str, set]:
         native, ours, ratio = map(float, numbers)
         if measurement.startswith(("prefill", "decode", "train")):  # timed rows: paired ratios
             low, high = map(float, paired.split("-"))
-            median_low, median_high = map(float, interval.split("-"))
-            assert 0 < low <= median_low <= median_high <= high, line
+            median, median_low, median_high = map(float, re.fullmatch(r"([\d.]+) \(([\d.]+)-([\d.]+)\)",
+                                                                      interval).groups())
+            rounding = 0.005  # the range and the interval are printed to 2 decimals, the median to 3
+            assert 0 < low <= high and low - rounding <= median_low <= median_high <= high + rounding, line
+            assert median_low - rounding <= median <= median_high + rounding, line
             if unit == "tok/s":
-                if median_low > 1:
-                    throughput["faster"] += 1
-                else:
-                    throughput["tied" if median_high >= 1 else "slower"].append(f"{family} {measurement}")
+                throughput[f"{family} {measurement}"] = median_low, median_high
         else:
             assert paired == interval == "-", line
         assert all(math.isfinite(x) and x > 0 for x in (native, ours, ratio)), line
         assert ratio == pytest.approx(ours / native, rel=0.05, abs=2e-3), line  # printed values are rounded
         assert measurement not in found[family], f"duplicate row: {line}"
         found[family].add(measurement)
-    summary = [f"faster in {throughput['faster']}"] + [
-        f"{name} in {len(rows)}" + (f" ({', '.join(rows)})" if rows else "") for name, rows in throughput.items()
-        if name != "faster"]
-    assert f"by their 95% interval: {'; '.join(summary)}." in stdout
+    check_verdicts(stdout, throughput)
     return found
+
+
+def check_verdicts(stdout: str, intervals: dict[str, tuple[float, float]]) -> None:
+    """The line under the table counts every throughput row once, naming the tied and slower ones, each where its
+    printed interval (rounded to 2 decimals) lies against 1.0."""
+    summary = re.search(r"by their 95% interval: faster in (\d+); tied in (\d+)(?: \((.*?)\))?; slower in (\d+)"
+                        r"(?: \((.*?)\))?\.$", stdout, re.MULTILINE)
+    assert summary, stdout[-2000:]
+    faster, tied_count, tied, slower_count, slower = summary.groups()
+    tied, slower = (names.split(", ") if names else [] for names in (tied, slower))
+    assert (len(tied), len(slower)) == (int(tied_count), int(slower_count))
+    assert int(faster) + len(tied) + len(slower) == len(intervals) and not set(tied) & set(slower)
+    for name, (low, high) in intervals.items():
+        if name in slower:
+            assert high <= 1.0, name
+        elif name in tied:
+            assert low <= 1.0 <= high, name
+        else:
+            assert low >= 1.0, name
 
 
 def run_benchmark(*options: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -11,9 +11,10 @@ the chosen size from a fixed seed and ours is `conversion.from_hf(native)`: the 
 splits --layers into encoder and decoder halves (6 -> 3 + 3). Every timing is A/B interleaved in one process after
 --warmup runs of each side (the order alternates: native, ours, ours, native, ...) and reported as the median; the
 ratio is ours / native of the medians (above 1 is faster for throughput; below 1 is smaller for memory), and
-"paired" is the range of the per-repetition ratios of adjacent native/ours runs, "95% interval" a bootstrap interval
-of their median (`paired_ratios.median_interval`): this 2-core machine is noisy, and a row whose interval holds 1 is
-a tie, not a measured difference. The line under the table sorts the tok/s rows so: faster, tied, slower.
+"paired" is the range of the per-repetition ratios of adjacent native/ours runs, then their median with a 95%
+bootstrap interval (`paired_ratios.median_interval`; pairs cancel the machine's drift, which can move the ratio of
+the two medians off it): this 2-core machine is noisy, and a row whose interval holds 1 is a tie, not a measured
+difference. The line under the table sorts the tok/s rows so: faster, tied, slower.
 
 - training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
   labels (causal LM on the inputs; MLM with 15% masked positions; seq2seq with seq-long targets), in fp32 and
@@ -585,12 +586,14 @@ def markdown(report: dict) -> str:
         f"decode: prompt {s['prompt']}, {s['new_tokens']} new tokens; {s['warmup']} warm-up, "
         f"median of {s['repeats']} interleaved repetitions. Written by `hf-scratch benchmark`; method:", "",
         __doc__[__doc__.index("Every timing"):].strip(), "",
-        f"| family | measurement | unit | better | native | ours | ours/native | paired | {CONFIDENCE:.0%} interval |",
+        "| family | measurement | unit | better | native | ours | ours/native | paired | paired median "
+        f"({CONFIDENCE:.0%} interval) |",
         "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         paired = f"{min(r['paired_ratios']):.2f}-{max(r['paired_ratios']):.2f}" if r["paired_ratios"] else "-"
-        interval = "{:.2f}-{:.2f}".format(*r["paired_interval"]) if r["paired_interval"] else "-"
+        interval = "{:.3f} ({:.2f}-{:.2f})".format(statistics.median(r["paired_ratios"]), *r["paired_interval"]
+                                                  ) if r["paired_ratios"] else "-"
         lines.append(f"| {r['family']} | {r['measurement']} | {r['unit']} | {r['better']} | {_number(r['native'])} "
                      f"| {_number(r['ours'])} | {r['ratio']:.3f} | {paired} | {interval} |")
     return "\n".join(lines) + "\n\n" + verdicts(report["results"]) + "\n"
