@@ -591,9 +591,11 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
-        paired = f"{min(r['paired_ratios']):.2f}-{max(r['paired_ratios']):.2f}" if r["paired_ratios"] else "-"
-        interval = "{:.3f} ({:.2f}-{:.2f})".format(statistics.median(r["paired_ratios"]), *r["paired_interval"]
-                                                  ) if r["paired_ratios"] else "-"
+        paired = interval = "-"
+        if r["paired_ratios"]:
+            ratios, (low, high) = r["paired_ratios"], r["paired_interval"]
+            paired = f"{min(ratios):.2f}-{max(ratios):.2f}"
+            interval = f"{statistics.median(ratios):.3f} ({low:.2f}-{high:.2f})"
         lines.append(f"| {r['family']} | {r['measurement']} | {r['unit']} | {r['better']} | {_number(r['native'])} "
                      f"| {_number(r['ours'])} | {r['ratio']:.3f} | {paired} | {interval} |")
     return "\n".join(lines) + "\n\n" + verdicts(report["results"]) + "\n"
