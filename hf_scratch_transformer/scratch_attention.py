@@ -93,8 +93,8 @@ def eager_attention_forward(
         return ALL_ATTENTION_FUNCTIONS["paged|eager"](
             module, query, key, value, attention_mask, scaling=scaling, cache=cache, **kwargs
         )
-    key = repeat_kv(key, module.num_key_value_groups)
-    value = repeat_kv(value, module.num_key_value_groups)
+    if module.num_key_value_groups > 1:
+        key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, T, S)
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -123,12 +123,12 @@ def sdpa_attention_forward(
         return ALL_ATTENTION_FUNCTIONS["sdpa"](
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, cache=cache, **kwargs
         )
-    if takes_eager_math(query, key, module.training, dropout):  # sdpa's own math, or its flash the slower here
+    if module.training and takes_eager_math(query, key, dropout):  # sdpa's own math, or its flash the slower here
         if attention_mask is None and module.is_causal and query.shape[2] > 1:
             attention_mask = causal_mask(query.shape[2], key.shape[2], query.device)
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)[0], None
-    key = repeat_kv(key, module.num_key_value_groups)
-    value = repeat_kv(value, module.num_key_value_groups)
+    if module.num_key_value_groups > 1:
+        key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
     # A `None` mask on a causal layer means "plain causal": let the kernel build it. With one query token
     # (decoding) there is nothing to hide.
     is_causal = module.is_causal and attention_mask is None and query.shape[2] > 1
@@ -161,7 +161,6 @@ class ScratchAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = nn.Dropout(config.attention_dropout)  # a rate, see `scratch_dropout`
         q_size, kv_size = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-        self.q_size, self.kv_size = q_size, kv_size
         if is_cross_attention:
             self.q_proj = ScratchLinear(config.hidden_size, q_size, bias=config.use_bias)
             self.kv_proj = ScratchLinear(config.hidden_size, 2 * kv_size, bias=config.use_bias)
@@ -174,13 +173,16 @@ class ScratchAttention(nn.Module):
             # (docs/quantization.md).
         self.o_proj = ScratchLinear(q_size, config.hidden_size, bias=config.use_bias)
 
-    def _split_heads(self, projected: torch.Tensor) -> torch.Tensor:
-        """(B, T, heads * D) -> (B, heads, T, D)."""
-        return projected.view(*projected.shape[:-1], -1, self.head_dim).transpose(1, 2)
+    def _split_heads(self, projected: torch.Tensor, *head_counts: int) -> tuple[torch.Tensor, ...]:
+        """(B, T, sum(head_counts) * D) -> one view (B, heads, T, D) per count: one view and one transpose for the
+        fused projection's parts, not one of each per part."""
+        heads = projected.view(*projected.shape[:-1], -1, self.head_dim).transpose(1, 2)
+        return heads.split(head_counts, dim=1)
 
     def _self_attention_states(self, hidden_states, position_embeddings, past_key_values):
-        query, key, value = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        query, key, value = self._split_heads(query), self._split_heads(key), self._split_heads(value)
+        query, key, value = self._split_heads(
+            self.qkv_proj(hidden_states), self.num_heads, self.num_key_value_heads, self.num_key_value_heads
+        )
         if position_embeddings is not None:  # rotary
             cos, sin = position_embeddings
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
@@ -201,13 +203,14 @@ class ScratchAttention(nn.Module):
         return query, key, value
 
     def _cross_attention_states(self, hidden_states, encoder_hidden_states, past_key_values):
-        query = self._split_heads(self.q_proj(hidden_states))
+        (query,) = self._split_heads(self.q_proj(hidden_states), self.num_heads)
         cache = past_key_values.cross_attention_cache if past_key_values is not None else None
         if cache is not None and past_key_values.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its keys and values are computed once.
             return query, cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
-        key, value = self.kv_proj(encoder_hidden_states).split([self.kv_size, self.kv_size], dim=-1)
-        key, value = self._split_heads(key), self._split_heads(value)
+        key, value = self._split_heads(
+            self.kv_proj(encoder_hidden_states), self.num_key_value_heads, self.num_key_value_heads
+        )
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
             past_key_values.is_updated[self.layer_idx] = True

@@ -88,14 +88,15 @@ def causal_mask(query_length: int, key_length: int, device: torch.device) -> tor
     return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril_(key_length - query_length)
 
 
-def takes_eager_math(query: torch.Tensor, key: torch.Tensor, training: bool, dropout: float) -> bool:
+def takes_eager_math(query: torch.Tensor, key: torch.Tensor, dropout: float) -> bool:
     """Whether sdpa attention over query (B, H, T, D) and key (B, K, S, D) computes the eager math instead, on CPU:
     - with attention dropout on (training): PyTorch's CPU flash kernel has no dropout, so sdpa computes this same
       math there and draws its mask with `bernoulli_`; ours draws it with `scratch_dropout.keep_mask`, 2.5x cheaper;
     - a bf16 layer in training mode, over at most EAGER_MAX_KEYS keys, where this machine's flash kernel is slower.
     Training mode, not gradient mode, decides: reentrant gradient checkpointing runs the forward without gradients
-    and again with them, and both runs must compute (and drop out) alike."""
-    if not training or not query.is_cpu or (dropout == 0 and query.dtype != torch.bfloat16):
+    and again with them, and both runs must compute (and drop out) alike. Asked in training mode only: the caller
+    checks the mode, a call less per layer at every decoding step."""
+    if not query.is_cpu or (dropout == 0 and query.dtype != torch.bfloat16):
         return False  # the usual fp32 step without attention dropout asks no more (each call costs, docs/nanogpt.md)
     if torch.compiler.is_compiling() or inside_torch_func():
         return False

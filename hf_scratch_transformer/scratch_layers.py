@@ -15,6 +15,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as module_hooks
 from transformers.activations import ACT2FN
@@ -72,10 +73,16 @@ class ScratchRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if hidden_states.dtype == weight.dtype == torch.float32 and hidden_states.is_cpu:
+            # On CPU PyTorch's op runs the lines below in C++: the same ops, so the same values and gradients bit for
+            # bit, and 7 Python calls less, each costly between a decoding step's products (docs/performance.md,
+            # "Python between the products"). CUDA's is a fused kernel of other rounding than the native models'.
+            return F.rms_norm(hidden_states, weight.shape, weight, self.eps)
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.float()
         hidden_states = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * hidden_states.to(input_dtype)
+        return weight * hidden_states.to(input_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -155,7 +162,9 @@ class ScratchFeedForward(nn.Module):
             hidden_states = self._activate(gate) * up
         else:
             hidden_states = self._activate(hidden_states)
-        return self.down_proj(dropout(hidden_states, self.activation_dropout.p, self.training))
+        if self.training:  # a call less per layer when not (docs/performance.md, "Python between the products")
+            hidden_states = dropout(hidden_states, self.activation_dropout.p, True)
+        return self.down_proj(hidden_states)
 
 
 class ScratchMLMTransform(nn.Module):
@@ -187,9 +196,6 @@ class ScratchBlock(GradientCheckpointingLayer):
         self.mlp_norm = make_norm(config)
         self.residual_dropout = nn.Dropout(config.dropout)
 
-    def _sublayer_input(self, hidden_states: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        return norm(hidden_states) if self.pre_norm else hidden_states
-
     def _add_residual(
         self,
         residual: torch.Tensor,
@@ -205,7 +211,8 @@ class ScratchBlock(GradientCheckpointingLayer):
         its output, for backward: the same values and gradients, bit for bit. On the AVX2-only AMD EPYC (the one
         class measured) a training step at nanoGPT's size (no biases) took 0.7-0.8% less; at the benchmark's GPT-2
         size a tie (docs/nanogpt.md)."""
-        update = dropout(update, self.residual_dropout.p, self.training)
+        if self.training:
+            update = dropout(update, self.residual_dropout.p, True)
         if (
             type(projection) is ScratchLinear  # another module (an adapter's) may keep its output for backward
             and update.dtype == residual.dtype
@@ -226,32 +233,35 @@ class ScratchBlock(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        """(B, T, hidden) -> (B, T, hidden). Masks come prepared by the stack (see `scratch_masks.py`)."""
-        attention = self.self_attn
+        """(B, T, hidden) -> (B, T, hidden). Masks come prepared by the stack (see `scratch_masks.py`).
+        Submodules are read from `_modules` once each: between a decoding step's products every lookup and call costs
+        several times what it costs in a warm loop (docs/performance.md, "Python between the products")."""
+        modules = self._modules
+        attention, norm = modules["self_attn"], modules["attn_norm"]
         update, _ = attention(
-            self._sublayer_input(hidden_states, self.attn_norm),
+            norm(hidden_states) if self.pre_norm else hidden_states,
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             past_key_values=past_key_values,
             **kwargs,
         )
         # The layer whose output the sublayer returns (None where a sublayer of another kind was swapped in)
-        projection = getattr(attention, "o_proj", None)
-        hidden_states = self._add_residual(hidden_states, update, self.attn_norm, attention, projection)
+        projection = attention._modules.get("o_proj")
+        hidden_states = self._add_residual(hidden_states, update, norm, attention, projection)
         if self.cross_attn is not None:
-            attention = self.cross_attn
+            attention, norm = modules["cross_attn"], modules["cross_attn_norm"]
             update, _ = attention(
-                self._sublayer_input(hidden_states, self.cross_attn_norm),
+                norm(hidden_states) if self.pre_norm else hidden_states,
                 attention_mask=encoder_attention_mask,
                 past_key_values=past_key_values,
                 encoder_hidden_states=encoder_hidden_states,
                 **kwargs,
             )
-            projection = getattr(attention, "o_proj", None)
-            hidden_states = self._add_residual(hidden_states, update, self.cross_attn_norm, attention, projection)
-        mlp = self.mlp
-        update = mlp(self._sublayer_input(hidden_states, self.mlp_norm))
-        return self._add_residual(hidden_states, update, self.mlp_norm, mlp, getattr(mlp, "down_proj", None))
+            projection = attention._modules.get("o_proj")
+            hidden_states = self._add_residual(hidden_states, update, norm, attention, projection)
+        mlp, norm = modules["mlp"], modules["mlp_norm"]
+        update = mlp(norm(hidden_states) if self.pre_norm else hidden_states)
+        return self._add_residual(hidden_states, update, norm, mlp, mlp._modules.get("down_proj"))
 
 
 def value_range(tensor: torch.Tensor) -> tuple[int, int] | None:

@@ -185,10 +185,11 @@ def last_level_cache_bytes() -> int:
 def regime_of(inputs: torch.Tensor, working_set: int = 0) -> str:
     """The regime of a product of these inputs (..., in) under the current grad mode, in a model whose few-row
     forward reads `working_set` bytes of weights (0: not known, taken as fitting in the cache)."""
-    if inputs.numel() > FEW_ROWS * inputs.shape[-1]:
+    elements, width = inputs.numel(), inputs.shape[-1]
+    if elements > FEW_ROWS * width:
         return TRAINING if torch.is_grad_enabled() else PREFILL
     from_memory = working_set > last_level_cache_bytes()
-    if inputs.numel() <= inputs.shape[-1]:  # one row (or none)
+    if elements <= width:  # one row (or none)
         return DECODING_FROM_MEMORY if from_memory else DECODING
     return BATCH_DECODING_FROM_MEMORY if from_memory else BATCH_DECODING
 

@@ -98,15 +98,12 @@ class ScratchRotaryEmbedding(nn.Module):
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys (batch, heads, seq, head_dim) by the tables (batch, seq, head_dim)."""
+    """Rotate queries or keys (batch, heads, seq, head_dim) by the tables (batch, seq, head_dim):
+    x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x2, x1) for the halves (x1, x2) of the head."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

@@ -188,6 +188,26 @@ def test_rms_norm_formula():
     torch.testing.assert_close(norm(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight)
 
 
+def test_rms_norm_fp32_op_is_llamas_formula_bit_for_bit():
+    """In fp32 on CPU the norm is PyTorch's `rms_norm` op; it must equal the formula it replaces (LlamaRMSNorm's, still
+    run in other dtypes) to the bit, values and both gradients."""
+    norm = ScratchRMSNorm(384, eps=1e-6)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(2, 5, 384, requires_grad=True)
+    grad = torch.randn(2, 5, 384)
+
+    def llama_formula(x):
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return norm.weight * normed.to(x.dtype)
+
+    ours, reference = norm(x), llama_formula(x)
+    assert torch.equal(ours, reference)
+    assert all(map(torch.equal, torch.autograd.grad(ours, (x, norm.weight), grad),
+                   torch.autograd.grad(reference, (x, norm.weight), grad)))
+    half = x.detach().bfloat16()  # the formula's own path, in bf16
+    torch.testing.assert_close(norm(half), llama_formula(half), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_block_layout(norm_position):
     """Pre-norm: x + f(norm(x)); post-norm: norm(x + f(x)) (checked on one block with attention switched off)."""
