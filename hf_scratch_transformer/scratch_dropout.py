@@ -29,10 +29,11 @@ def dropout(inputs: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Zero each element with probability p and scale the rest by 1 / (1 - p) when training; the input itself when
     not (eval, or p = 0). A function of the module's `training` flag and a rate, as in transformers' Llama, not a
     module call: a forward calls it about 13 times, and a module call costs more than the dropout it skips
-    (docs/nanogpt.md); the per-layer calls are made in training mode only (a decoding step's Python costs:
-    docs/performance.md, "Python between the products"). The rate is the `p` of an `nn.Dropout` the layer holds and never calls, so
-    that what switches dropout off by setting `p = 0` on every `nn.Dropout` (TRL's `disable_dropout_in_model`, on by
-    default in its DPO and reward trainers) reaches ours, as it reaches GPT-2's and BERT's."""
+    (docs/nanogpt.md); the layers call it in training mode only (between a decoding step's products every call costs:
+    docs/performance.md, "Python between the products"). The rate is the `p` of an `nn.Dropout` the layer holds and
+    never calls, so that what switches dropout off by setting `p = 0` on every `nn.Dropout` (TRL's
+    `disable_dropout_in_model`, on by default in its DPO and reward trainers) reaches ours, as it reaches GPT-2's and
+    BERT's."""
     if not training or p == 0:
         return inputs
     if inputs.is_cpu and 0 < p < 1 and not torch.compiler.is_compiling() and not inside_torch_func():
