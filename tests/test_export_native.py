@@ -239,6 +239,33 @@ def test_llama_rope_scaling_types_convert(rope):
                        native.generate(ids[:, :12], max_new_tokens=24, min_new_tokens=24, do_sample=False))
 
 
+def test_llama_gradients_match():
+    """Training a converted Llama computes the native model's gradients: through the rotary pass over the fused queries
+    and keys, grouped-query attention, the fp32 RMSNorm op and the fused gate | up (each compared as its parts)."""
+    native = perturbed(llama()).train()
+    ours = from_hf(native).train()
+    ids = torch.randint(3, VOCAB, (2, 24), generator=torch.Generator().manual_seed(4))
+    embeds = {}
+    for name, model in (("native", native), ("ours", ours)):
+        embeds[name] = model.get_input_embeddings()(ids).detach().requires_grad_()
+        model(inputs_embeds=embeds[name], labels=ids).loss.backward()
+    torch.testing.assert_close(embeds["ours"].grad, embeds["native"].grad, atol=1e-5, rtol=1e-4)
+    ours_layer, native_layer = ours.model.layers[1], native.model.layers[1]
+    native_attention, native_mlp = native_layer.self_attn, native_layer.mlp
+    expected = {
+        "self_attn.qkv_proj": torch.cat([native_attention.q_proj.weight.grad, native_attention.k_proj.weight.grad,
+                                         native_attention.v_proj.weight.grad]),
+        "self_attn.o_proj": native_attention.o_proj.weight.grad,
+        "mlp.up_proj": torch.cat([native_mlp.gate_proj.weight.grad, native_mlp.up_proj.weight.grad]),
+        "mlp.down_proj": native_mlp.down_proj.weight.grad,
+        "attn_norm": native_layer.input_layernorm.weight.grad,
+        "mlp_norm": native_layer.post_attention_layernorm.weight.grad,
+    }
+    for name, gradient in expected.items():
+        torch.testing.assert_close(ours_layer.get_submodule(name).weight.grad, gradient, atol=1e-5, rtol=1e-4,
+                                   msg=lambda message, name=name: f"{name}: {message}")
+
+
 @pytest.mark.parametrize("cast", ["from_pretrained", "to"])
 def test_rotary_frequencies_keep_the_precision_of_the_source(cast, tmp_path):
     """`from_pretrained(dtype=torch.bfloat16)` keeps Llama's rotary frequencies in float32, `.to(torch.bfloat16)`
