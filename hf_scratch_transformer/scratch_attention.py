@@ -183,7 +183,8 @@ class ScratchAttention(nn.Module):
         num_heads, kv_heads = self.num_heads, self.num_key_value_heads
         if position_embeddings is not None:
             # Rotary: the queries and keys are adjacent heads, rotated in one pass (the same values and gradients,
-            # half the ops: decoding 3% faster, docs/performance.md "Python between the products").
+            # half the ops: decoding 3% faster on an AVX-512 Intel Xeon, docs/performance.md "Python between the
+            # products").
             cos, sin = position_embeddings
             query, key = apply_rotary(heads[:, : num_heads + kv_heads], cos, sin).split([num_heads, kv_heads], dim=1)
             value = heads[:, num_heads + kv_heads :]
