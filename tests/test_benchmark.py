@@ -73,6 +73,10 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
     else:
         assert attention.split()[0] in ("eager", "sdpa"), attention
     assert table_rows(result.stdout) == expected_rows(result.stdout)
+    assert re.search(r"^Batch-1 `generate\(\)` against the native model's eager decoding \(target 1.5x\): gpt2 ours "
+                     r"[\d.]+x eager; marian ours [\d.]+x eager; llama ours [\d.]+x eager\. At or above the "
+                     r"target: .+\.$",
+                     result.stdout, re.MULTILINE), result.stdout[-2000:]
 
 
 def expected_rows(stdout: str) -> dict[str, set]:
@@ -147,6 +151,8 @@ def test_compiled_adds_a_row_of_batch_1_decoding_compiled_over_a_static_cache():
     result = run_benchmark("--quick", "--family", "gpt2", "--compiled")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert table_rows(result.stdout)["gpt2"] == expected_rows(result.stdout)["gpt2"] | {"decode batch 1 compiled"}
+    assert re.search(r": gpt2 ours [\d.]+x eager, [\d.]+x compiled \(native compiled [\d.]+x\)\. At or above",
+                     result.stdout), result.stdout[-2000:]
 
 
 @pytest.mark.cuda
@@ -207,6 +213,24 @@ def test_the_verdict_line_names_the_tied_and_slower_throughput_rows(benchmark_mo
     assert benchmark_module.verdicts(results) == (
         "Throughput rows against the native model, by their 95% interval: faster in 1; tied in 1 (gpt2 train "
         "fp32); slower in 1 (gpt2 decode batch 1).")
+
+
+def test_the_batch_1_line_sets_every_decoding_against_the_native_eager_one(benchmark_module):
+    """Compiled rates divide by the eager row's native rate; only ours can reach the target, and where none of ours
+    does the fastest of either model is named; the int8 row and other families' rows stay out."""
+    def rates(family, measurement, native, ours):
+        return benchmark_module.row(family, measurement, "tok/s", "higher", native, ours)
+
+    results = [rates("gpt2", "decode batch 1", 100.0, 120.0), rates("gpt2", "decode batch 1 compiled", 160.0, 140.0),
+               rates("gpt2", "decode batch 8", 100.0, 300.0), rates("llama", "decode batch 1", 50.0, 40.0),
+               rates("llama", "decode batch 1 int8 weight-only", 10.0, 100.0)]
+    assert benchmark_module.batch_1_target(results) == (
+        "Batch-1 `generate()` against the native model's eager decoding (target 1.5x): gpt2 ours 1.20x eager, 1.40x "
+        "compiled (native compiled 1.60x); llama ours 0.80x eager. At or above the target: none (the fastest "
+        "measured here: gpt2 native compiled 1.60x).")
+    results[1] = rates("gpt2", "decode batch 1 compiled", 160.0, 190.0)
+    assert benchmark_module.batch_1_target(results).endswith("At or above the target: gpt2 ours compiled 1.90x.")
+    assert benchmark_module.batch_1_target([rates("bert", "prefill", 1.0, 2.0)]) == ""
 
 
 def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_module):
