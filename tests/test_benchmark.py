@@ -77,6 +77,10 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
                      r"[\d.]+x eager; marian ours [\d.]+x eager; llama ours [\d.]+x eager\. At or above the "
                      r"target: .+\.$",
                      result.stdout, re.MULTILINE), result.stdout[-2000:]
+    bf16_line = re.search(r"^bf16 training against the native model \(target 1.1x where bf16 is native\): gpt2 "
+                          r"[\d.]+x, bert [\d.]+x, marian [\d.]+x\. Below the target: .+\.$", result.stdout,
+                          re.MULTILINE)
+    assert bool(bf16_line) == ("bf16 not native" not in result.stdout), result.stdout[-2000:]
 
 
 def expected_rows(stdout: str) -> dict[str, set]:
@@ -231,6 +235,19 @@ def test_the_batch_1_line_sets_every_decoding_against_the_native_eager_one(bench
     results[1] = rates("gpt2", "decode batch 1 compiled", 160.0, 190.0)
     assert benchmark_module.batch_1_target(results).endswith("At or above the target: gpt2 ours compiled 1.90x.")
     assert benchmark_module.batch_1_target([rates("bert", "prefill", 1.0, 2.0)]) == ""
+
+
+def test_the_bf16_line_names_the_families_below_the_target(benchmark_module):
+    def rates(family, measurement, native, ours):
+        return benchmark_module.row(family, measurement, "tok/s", "higher", native, ours)
+
+    results = [rates("gpt2", "train bf16", 100.0, 120.0), rates("gpt2", "train fp32", 100.0, 90.0),
+               rates("marian", "train bf16", 100.0, 105.0)]
+    assert benchmark_module.bf16_training_target(results) == (
+        "bf16 training against the native model (target 1.1x where bf16 is native): gpt2 1.20x, marian 1.05x. Below "
+        "the target: marian.")
+    assert benchmark_module.bf16_training_target(results[:2]).endswith("gpt2 1.20x. Below the target: none.")
+    assert benchmark_module.bf16_training_target(results[1:2]) == ""  # no bf16 rows: bf16 not native
 
 
 def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_module):
