@@ -14,7 +14,7 @@ from transformers import GenerationMixin
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchSeq2SeqConfig
 from .modeling_scratch_common import (
@@ -120,7 +120,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: tuple | BaseModelOutput | None = None,
+        encoder_outputs: tuple | ModelOutput | None = None,
         past_key_values: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
@@ -143,7 +143,9 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
                 return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
                 **kwargs,
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple, from `return_dict=False`
+        # Any output object is read by name (ours is the stack's `BaseModelOutputWithPastAndCrossAttentions`, which
+        # `generate()` passes back at every step); a tuple, from `return_dict=False`, is named here.
+        elif not isinstance(encoder_outputs, ModelOutput):
             encoder_outputs = BaseModelOutput(
                 last_hidden_state=encoder_outputs[0],
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
@@ -198,7 +200,7 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Gene
         attention_mask: torch.Tensor | None = None,
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: tuple | BaseModelOutput | None = None,
+        encoder_outputs: tuple | ModelOutput | None = None,
         past_key_values: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,

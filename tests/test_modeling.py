@@ -588,6 +588,29 @@ def test_seq2seq_source_position_ids_go_to_the_encoder():
     assert not torch.allclose(reversed_positions, expected)  # the encoder reads them
 
 
+def test_seq2seq_reads_given_encoder_outputs_in_every_form_without_encoding_again(monkeypatch):
+    """`encoder_outputs` as the encoder returns them (what `generate()` passes at every step), as a tuple
+    (`return_dict=False`) and as another output class (a native `BaseModelOutput`) all give the logits of a forward
+    from the source ids, and the encoder does not run again."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    model = tiny_lm("seq2seq")
+    inputs = lm_inputs("seq2seq")
+    expected = model(**inputs).logits
+    encoded = model.get_encoder()(input_ids=inputs["input_ids"])
+    forms = {"the encoder's": encoded, "tuple": model.get_encoder()(input_ids=inputs["input_ids"], return_dict=False),
+             "BaseModelOutput": BaseModelOutput(last_hidden_state=encoded.last_hidden_state)}
+
+    def encoder_runs(*args, **kwargs):
+        raise AssertionError("the encoder ran again")
+
+    monkeypatch.setattr(model.get_encoder(), "forward", encoder_runs)
+    for form, encoder_outputs in forms.items():
+        given = model(encoder_outputs=encoder_outputs, labels=inputs["labels"], return_dict=True)
+        torch.testing.assert_close(given.logits, expected, msg=form)
+        assert given.encoder_last_hidden_state is encoded.last_hidden_state or form == "tuple", form
+
+
 def test_token_types_on_a_model_without_them_are_a_clear_error():
     model = tiny_lm("decoder")
     ids = torch.randint(3, VOCAB, (1, 4))
