@@ -219,12 +219,18 @@ def test_the_verdict_line_names_the_tied_and_slower_throughput_rows(benchmark_mo
         "fp32); slower in 1 (gpt2 decode batch 1).")
 
 
+def untimed_rates(benchmark_module):
+    """rates(family, measurement, native, ours): a row of tok/s, without samples, as the target lines read them."""
+    def rates(family: str, measurement: str, native: float, ours: float) -> dict:
+        return benchmark_module.row(family, measurement, "tok/s", "higher", native, ours)
+
+    return rates
+
+
 def test_the_batch_1_line_sets_every_decoding_against_the_native_eager_one(benchmark_module):
     """Compiled rates divide by the eager row's native rate; only ours can reach the target, and where none of ours
     does the fastest of either model is named; the int8 row and other families' rows stay out."""
-    def rates(family, measurement, native, ours):
-        return benchmark_module.row(family, measurement, "tok/s", "higher", native, ours)
-
+    rates = untimed_rates(benchmark_module)
     results = [rates("gpt2", "decode batch 1", 100.0, 120.0), rates("gpt2", "decode batch 1 compiled", 160.0, 140.0),
                rates("gpt2", "decode batch 8", 100.0, 300.0), rates("llama", "decode batch 1", 50.0, 40.0),
                rates("llama", "decode batch 1 int8 weight-only", 10.0, 100.0)]
@@ -238,9 +244,7 @@ def test_the_batch_1_line_sets_every_decoding_against_the_native_eager_one(bench
 
 
 def test_the_bf16_line_names_the_families_below_the_target(benchmark_module):
-    def rates(family, measurement, native, ours):
-        return benchmark_module.row(family, measurement, "tok/s", "higher", native, ours)
-
+    rates = untimed_rates(benchmark_module)
     results = [rates("gpt2", "train bf16", 100.0, 120.0), rates("gpt2", "train fp32", 100.0, 90.0),
                rates("marian", "train bf16", 100.0, 105.0)]
     assert benchmark_module.bf16_training_target(results) == (
