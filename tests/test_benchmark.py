@@ -261,6 +261,16 @@ def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_mo
     assert benchmark_module.machine_class(cpu | {"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
 
 
+def test_compiled_decoding_is_what_transformers_does_on_the_device(benchmark_module, monkeypatch):
+    """On a CPU the step compiles only under a CompileConfig that allows every device (inductor's default mode); on
+    a GPU transformers compiles by itself, with its own CompileConfig (CUDA graphs), as a user gets it."""
+    cpu = benchmark_module.compiled_decoding()
+    assert cpu["cache_implementation"] == "static"
+    assert cpu["compile_config"]._compile_all_devices and cpu["compile_config"].mode == "default"
+    monkeypatch.setattr(benchmark_module.args, "device", "cuda")
+    assert benchmark_module.compiled_decoding() == {"cache_implementation": "static"}
+
+
 @pytest.mark.parametrize("options", [["--quick"], ["--family", "gpt2"]], ids=["quick", "one-family"])
 def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_path):
     """docs/benchmarks keeps one full run per machine class: `--write` with a smoke test or one family would replace

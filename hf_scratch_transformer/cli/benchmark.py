@@ -30,7 +30,8 @@ target, where the run has bf16 rows.
   (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
 - --compiled (GPT-2, Marian): also batch-1 decoding as transformers compiles it, `generate(...,
   cache_implementation="static", compile_config=CompileConfig(mode="default"))` allowed on the CPU, both sides;
-  compilation (a C++ compiler, tens of seconds a side) happens in the first calls, before the timed ones.
+  compilation (a C++ compiler, tens of seconds a side) happens in the first calls, before the timed ones. On a GPU,
+  transformers' own compiled decoding: the static cache alone, its default CompileConfig (CUDA graphs).
 - int8 decode (family llama): batch-1 decode tokens/s as above, in fp32 and after each side is saved and loaded
   back with `from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` (torchao; the LM
   head stays fp32, TorchAoConfig's default). Where torchao is not importable, too old or fails to quantize, the run
@@ -246,7 +247,10 @@ def train_steps(model, inputs: dict, bf16: bool, steps: int = 2) -> None:
 
 
 def compiled_decoding() -> dict:
-    """`generate()` options of transformers' compiled decoding: a static cache, its forward compiled, on the CPU too."""
+    """`generate()` options of transformers' compiled decoding: a static cache, its forward compiled, on the CPU too.
+    On a GPU transformers compiles by itself, in "reduce-overhead" mode (CUDA graphs): what a user gets there."""
+    if args.device == "cuda":
+        return dict(cache_implementation="static")
     return dict(cache_implementation="static", compile_config=cpu_compile_config())
 
 
