@@ -16,8 +16,9 @@ bootstrap interval (`paired_ratios.median_interval`; pairs cancel the machine's 
 the two medians off it): this 2-core machine is noisy, and a row whose interval holds 1 is a tie, not a measured
 difference. The line under the table sorts the tok/s rows so: faster, tied, slower. The next one sets batch-1
 decoding, eager and (--compiled) compiled, against the native model's eager decoding, the reference of the 1.5x
-target, and names what reaches it, or else the fastest decoding of either model measured (the compiled ratios
-divide medians of two separate runs: less sure than a paired ratio); the last sets bf16 training against its 1.1x
+target, and names what reaches it, or else the fastest decoding of either model measured: the compiled row times the
+native model's eager decoding alongside its two sides (native, ours, native eager, then the reverse order), so
+that every figure of the line is a paired ratio with its interval; the last sets bf16 training against its 1.1x
 target, where the run has bf16 rows.
 
 - training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
@@ -126,6 +127,7 @@ SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly w
 }
 CUDA_MM_SIZE = 8192  # a GPU's peak needs far larger products than a CPU's
 BATCH_1_TARGET = 1.5  # batch-1 generate() against the native model's eager decoding (issue 13, item 5)
+TARGET_REFERENCE = "native eager"  # that decoding, timed in the compiled row alongside its two sides
 BF16_TRAINING_TARGET = 1.1  # bf16 training against the native model, where bf16 is native (the same item)
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
 
@@ -377,14 +379,15 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def interleaved(run, warmup: int, repeats: int) -> dict:
-    """Median seconds of `run(side)` per side: warm-up, then native/ours in alternating order."""
+def interleaved(run, warmup: int, repeats: int, sides: tuple[str, ...] = SIDES) -> dict:
+    """Median seconds of `run(side)` per side: warm-up, then the sides in alternating order (native, ours; ours,
+    native; ...)."""
     for _ in range(warmup):
-        for side in SIDES:
+        for side in sides:
             run(side)
-    samples = {side: [] for side in SIDES}
+    samples = {side: [] for side in sides}
     for repeat in range(repeats):
-        for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
+        for side in sides if repeat % 2 == 0 else sides[::-1]:
             synchronize()
             start = time.perf_counter()
             run(side)
@@ -433,16 +436,34 @@ def row(family, measurement, unit, better, native, ours, samples=None) -> dict:
 def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str = "", options: dict | None = None
                ) -> dict:
     """`generate(**options)` tokens/s of both sides at `batch`; whether they generate the same tokens goes into
-    `extra`."""
+    `extra`. With `options` (compiled decoding), the native model's eager decoding is timed alongside, the batch-1
+    target's reference: `reference` holds its rate and each side's paired ratios against it."""
     prompt = make_inputs(family, batch, args.prompt, labels=False)
     prompt.pop("decoder_input_ids", None)
     outputs = {side: generate(models[side], prompt, options) for side in SIDES}
     extra[f"same_generate_output_batch{batch}{variant.replace(' ', '_')}"] = torch.equal(*outputs.values())
-    t = interleaved(lambda side: generate(models[side], prompt, options), args.warmup,
-                    DECODE_REPEAT_FACTOR * args.repeats)
+
+    def run(side: str) -> torch.Tensor:
+        if side == TARGET_REFERENCE:
+            return generate(models["native"], prompt)
+        return generate(models[side], prompt, options)
+
+    sides = SIDES + (TARGET_REFERENCE,) if options else SIDES
+    t = interleaved(run, args.warmup, DECODE_REPEAT_FACTOR * args.repeats, sides)
     tokens = batch * args.new_tokens
-    return row(family, f"decode batch {batch}{variant}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"],
-               t["samples"])
+    result = row(family, f"decode batch {batch}{variant}", "tok/s", "higher", tokens / t["native"],
+                 tokens / t["ours"], {side: t["samples"][side] for side in SIDES})
+    if options:
+        result["reference"] = against_reference(t["samples"], tokens)
+    return result
+
+
+def against_reference(samples: dict, tokens: int) -> dict:
+    """The batch-1 target's reference timed in a row (seconds in `samples`, beside each side's): its rate and the
+    interval of each side's paired throughput ratios against it."""
+    reference = samples[TARGET_REFERENCE]
+    return dict(name=TARGET_REFERENCE, rate=tokens / statistics.median(reference), samples=reference) | {
+        side: median_interval([r / s for r, s in zip(reference, samples[side], strict=True)]) for side in SIDES}
 
 
 def bench_int8_decode() -> tuple[list, dict]:
@@ -627,22 +648,27 @@ def verdicts(results: list[dict]) -> str:
 
 def batch_1_target(results: list[dict]) -> str:
     """Each family's batch-1 decoding against the native model's eager decoding, the target's reference: ours eager
-    and, with --compiled, both sides compiled (ratios of medians of separate interleaved runs); then the decodings of
-    ours that reach the target, or where none does, the fastest of either model measured here: what this machine
-    allows at batch 1 as far as measured. Empty without a batch-1 decoding row."""
+    (its row) and, with --compiled, both sides compiled (against the reference timed in the compiled row), each with
+    its paired interval; then the decodings of ours that reach the target, or where none does, the fastest of either
+    model measured here: what this machine allows at batch 1 as far as measured. Empty without a batch-1 decoding
+    row."""
+    def interval(low_high) -> str:
+        return f"{low_high[0]:.2f}-{low_high[1]:.2f}"
+
     rows = {(r["family"], r["measurement"]): r for r in results}
     parts, speeds = [], {}  # speeds: (family, side, "eager" | "compiled") -> rate / the native model's eager rate
     for (family, measurement), eager in rows.items():
         if measurement != "decode batch 1":
             continue
         speeds[family, "ours", "eager"] = eager["ratio"]
-        part = f"{family} ours {eager['ratio']:.2f}x eager"
+        part = f"{family} ours {eager['ratio']:.2f}x eager ({interval(eager['paired_interval'])})"
         compiled = rows.get((family, "decode batch 1 compiled"))
         if compiled:
+            reference = compiled["reference"]
             for side in SIDES:
-                speeds[family, side, "compiled"] = compiled[side] / eager["native"]
-            part += (f", {speeds[family, 'ours', 'compiled']:.2f}x compiled (native compiled "
-                     f"{speeds[family, 'native', 'compiled']:.2f}x)")
+                speeds[family, side, "compiled"] = compiled[side] / reference["rate"]
+            part += (f", {speeds[family, 'ours', 'compiled']:.2f}x compiled ({interval(reference['ours'])}; native "
+                     f"compiled {speeds[family, 'native', 'compiled']:.2f}x ({interval(reference['native'])}))")
         parts.append(part)
     if not parts:
         return ""
