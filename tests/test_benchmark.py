@@ -236,7 +236,8 @@ def decoding(benchmark_module, family: str, measurement: str, native: list, ours
     result = benchmark_module.row(family, measurement, "tok/s", "higher", 1 / statistics.median(native),
                                   1 / statistics.median(ours), samples)
     if reference:
-        result["reference"] = benchmark_module.against_reference(samples | {"native eager": reference}, 1)
+        with_reference = samples | {benchmark_module.TARGET_REFERENCE: reference}
+        result["reference"] = benchmark_module.against_reference(with_reference, 1)
     return result
 
 
