@@ -31,7 +31,7 @@ from .scratch_attention import MODEL_UPDATES_PAGED_CACHE, ScratchAttention, cach
 from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
 from .scratch_linear import mark_working_set
 from .scratch_loss import lm_loss, sequence_classification_loss
-from .scratch_masks import build_cross_attention_mask, build_self_attention_mask
+from .scratch_masks import build_cross_attention_mask, build_self_attention_mask, mask_for_generate
 from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
 
 LOSSES = {
@@ -123,6 +123,8 @@ class ScratchPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
+    # generate()'s mask over a static cache: ours builds it inside the (compiled) step, from the 2D mask.
+    create_masks_for_generate = staticmethod(mask_for_generate)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -3,11 +3,19 @@ every case where keys must stay hidden still gets one, and the shortcut gives th
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny_models import VOCAB, tiny_config, tiny_lm
 from transformers import DynamicCache, StaticCache
+from transformers.masking_utils import create_masks_for_generate
 
 from hf_scratch_transformer import scratch_masks
-from hf_scratch_transformer.scratch_masks import build_cross_attention_mask, build_self_attention_mask
+from hf_scratch_transformer.scratch_masks import (
+    build_cross_attention_mask,
+    build_self_attention_mask,
+    mask_for_generate,
+)
+from hf_scratch_transformer.scratch_positions import ScratchAlibiBias
 
 HIDDEN = 32
 
@@ -89,3 +97,61 @@ def test_given_positions_that_restart_keep_packed_sequences_apart(implementation
         packed = model(input_ids=torch.cat([first, second], 1), position_ids=positions, use_cache=False).logits
         alone = model(input_ids=second).logits
     torch.testing.assert_close(packed[:, 3:], alone, atol=1e-5, rtol=1e-5)
+
+
+def _static_cache(config, past: int, max_cache_len: int = 16) -> StaticCache:
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    keys = torch.zeros(1, config.num_key_value_heads, past, config.head_dim)
+    for layer in range(config.num_hidden_layers):
+        cache.update(keys, keys, layer)
+    return cache
+
+
+@settings(max_examples=30, deadline=None)
+@given(past=st.integers(0, 12), padding=st.integers(0, 4), query=st.integers(1, 3),
+       implementation=st.sampled_from(["sdpa", "eager"]), alibi=st.booleans())
+def test_generate_passes_a_static_cache_the_2d_mask_that_builds_transformers_mask(past, padding, query,
+                                                                                   implementation, alibi):
+    """Over a static cache `generate()` asks the model for its mask (`create_masks_for_generate`); ours is the 2D mask
+    padded to the cache's length, a shape fixed for the whole generation, from which the stack builds the mask that
+    transformers' 4D one gives: the same keys hidden, for any padding, cache fill and query length."""
+    config = tiny_config("decoder", position_embedding_type="alibi" if alibi else "learned")
+    config._attn_implementation = implementation
+    cache = _static_cache(config, past)
+    attention_mask = torch.ones(1, past + query, dtype=torch.long)
+    attention_mask[0, : min(padding, past)] = 0
+    embeds = torch.zeros(1, query, HIDDEN)
+    ours = mask_for_generate(config, torch.empty(1, query, 0), attention_mask, cache)
+    assert ours.shape == (1, 16) and torch.equal(ours[:, : past + query], attention_mask)
+    assert not ours[:, past + query :].any()
+    transformers_mask = create_masks_for_generate(config, torch.empty(1, query, 0), attention_mask, cache)
+    bias = ScratchAlibiBias(config.num_attention_heads) if alibi else None
+    built = build_self_attention_mask(config, embeds, ours, cache, None, is_causal=True, alibi=bias)
+    expected = build_self_attention_mask(config, embeds, transformers_mask, cache, None, is_causal=True, alibi=bias)
+    torch.testing.assert_close(built, expected, atol=0, rtol=0)
+
+
+def test_generate_without_a_mask_over_a_static_cache_leaves_it_to_the_stack():
+    """A decoder's steps in an encoder-decoder `generate()` come without a mask: none is built outside the step."""
+    config = tiny_config("seq2seq")
+    config._attn_implementation = "sdpa"
+    assert mask_for_generate(config, torch.empty(1, 1, 0), None, _static_cache(config, 3)) is None
+
+
+@pytest.mark.parametrize("case", [dict(sliding_window=3), dict(implementation="flex_attention")])
+def test_generate_takes_transformers_mask_for_a_sliding_window_or_another_back_end(case):
+    """A sliding window's keys move along the cache (a 2D mask of fixed length cannot follow them); other back-ends
+    may want a mask object of their own."""
+    config = tiny_config("decoder", **{key: value for key, value in case.items() if key != "implementation"})
+    config._attn_implementation = case.get("implementation", "sdpa")
+    cache = _static_cache(config, 5)
+    mask = mask_for_generate(config, torch.empty(1, 1, 0), torch.ones(1, 6, dtype=torch.long), cache)
+    assert not isinstance(mask, torch.Tensor) or mask.dim() == 4
+
+
+def test_a_2d_mask_of_neither_the_inputs_nor_the_static_caches_length_is_refused():
+    config = tiny_config("decoder")
+    config._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match=r"\(batch_size, 6\).* or \(batch_size, 16\), the static cache's length"):
+        build_self_attention_mask(config, torch.zeros(1, 1, HIDDEN), torch.ones(1, 9), _static_cache(config, 5), None,
+                                  is_causal=True, alibi=None)
