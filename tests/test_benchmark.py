@@ -279,11 +279,12 @@ def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_mo
 
 
 def test_compiled_decoding_is_what_transformers_does_on_the_device(benchmark_module, monkeypatch):
-    """On a CPU the step compiles only under a CompileConfig that allows every device (inductor's default mode); on
-    a GPU transformers compiles by itself, with its own CompileConfig (CUDA graphs), as a user gets it."""
+    """On a CPU the step compiles only under a CompileConfig that allows every device (ours: inductor's default mode,
+    with its C++ wrapper); on a GPU transformers compiles by itself, with its own CompileConfig (CUDA graphs), as a
+    user gets it."""
     cpu = benchmark_module.compiled_decoding()
     assert cpu["cache_implementation"] == "static"
-    assert cpu["compile_config"]._compile_all_devices and cpu["compile_config"].mode == "default"
+    assert cpu["compile_config"]._compile_all_devices and cpu["compile_config"].options == {"cpp_wrapper": True}
     monkeypatch.setattr(benchmark_module.args, "device", "cuda")
     assert benchmark_module.compiled_decoding() == {"cache_implementation": "static"}
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import FAMILIES, lm_inputs, tiny_config, tiny_lm
-from transformers import CompileConfig
 
 from hf_scratch_transformer import scratch_linear
+from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.scratch_layers import ScratchFeedForward
 from hf_scratch_transformer.scratch_linear import ScratchLinear
 
@@ -70,10 +70,8 @@ def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch, slo
     model = tiny_lm(family, position_embedding_type="rope")
     ids = torch.randint(3, 99, (batch, 5), generator=torch.Generator().manual_seed(0))
     reference = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
-    compile_config = CompileConfig(fullgraph=True, mode="default")
-    compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
     compiled = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, cache_implementation="static",
-                              compile_config=compile_config)
+                              compile_config=cpu_compile_config())
     assert hasattr(model, "_compiled_call"), "generate() did not compile the forward"
     assert torch.equal(compiled, reference)
 

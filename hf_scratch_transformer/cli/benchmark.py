@@ -30,9 +30,10 @@ target, where the run has bf16 rows.
   --new-tokens so both sides decode the same count; rate = batch x new tokens / wall time of the whole call
   (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
 - --compiled (GPT-2, Marian): also batch-1 decoding as transformers compiles it, `generate(...,
-  cache_implementation="static", compile_config=CompileConfig(mode="default"))` allowed on the CPU, both sides;
-  compilation (a C++ compiler, tens of seconds a side) happens in the first calls, before the timed ones. On a GPU,
-  transformers' own compiled decoding: the static cache alone, its default CompileConfig (CUDA graphs).
+  cache_implementation="static", compile_config=cpu_compile_config())` on the CPU (inductor's default mode with its
+  C++ wrapper), both sides; compilation (a C++ compiler, tens of seconds a side) happens in the first calls, before
+  the timed ones. On a GPU, transformers' own compiled decoding: the static cache alone, its default CompileConfig
+  (CUDA graphs).
 - int8 decode (family llama): batch-1 decode tokens/s as above, in fp32 and after each side is saved and loaded
   back with `from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` (torchao; the LM
   head stays fp32, TorchAoConfig's default). Where torchao is not importable, too old or fails to quantize, the run
