@@ -3,6 +3,7 @@ it exits 0 and its table has one row per family and measurement, with finite pos
 Speed itself is not asserted here (SPEC section 9: the benchmark reports it; timed unit tests do not)."""
 
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import re
 import statistics
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -359,3 +361,20 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
     assert events == [("started", side, ["gpt2", "bert"], kernels, "eager") for side in ("native", "ours")] + [
         ("waited", "native"), ("waited", "ours")]
     assert memory == {side: {"gpt2": {"prefill": 1.0}, "bert": {"prefill": 1.0}} for side in ("native", "ours")}
+
+
+@pytest.mark.parametrize("sides", [("native", "ours"), ("native", "ours", "native eager")], ids=["two", "three"])
+def test_interleaved_sides_rotate_so_none_runs_after_itself_more_often(benchmark_module, monkeypatch, sides):
+    """A side that runs right after itself finds its weights in the caches: with two sides both do so equally often
+    (native, ours; ours, native; ...); with three, none does (a reversed order favoured the two outer sides). Every
+    side opens and closes as many rounds as every other."""
+    order = []
+    monkeypatch.setattr(benchmark_module, "synchronize", lambda: None)
+    benchmark_module.interleaved(order.append, warmup=0, repeats=2 * len(sides) * 3, sides=sides)
+    rounds = [order[start:start + len(sides)] for start in range(0, len(order), len(sides))]
+    assert all(sorted(round_) == sorted(sides) for round_ in rounds)
+    after_itself = Counter(first for first, then in itertools.pairwise(order) if first == then)
+    assert (len(sides) == 2) == bool(after_itself)
+    assert max(after_itself.values(), default=0) - min(after_itself.values(), default=0) <= 1
+    assert set(Counter(round_[0] for round_ in rounds).values()) == {len(rounds) // len(sides)}
+    assert set(Counter(round_[-1] for round_ in rounds).values()) == {len(rounds) // len(sides)}

@@ -17,9 +17,9 @@ the two medians off it): this 2-core machine is noisy, and a row whose interval 
 difference. The line under the table sorts the tok/s rows so: faster, tied, slower. The next one sets batch-1
 decoding, eager and (--compiled) compiled, against the native model's eager decoding, the reference of the 1.5x
 target, and names what reaches it, or else the fastest decoding of either model measured: the compiled row times the
-native model's eager decoding alongside its two sides (native, ours, native eager, then the reverse order), so
-that every figure of the line is a paired ratio with its interval; the last sets bf16 training against its 1.1x
-target, where the run has bf16 rows.
+native model's eager decoding alongside its two sides (native, ours, native eager; then ours, native eager, native;
+...), so that every figure of the line is a paired ratio with its interval; the last sets bf16 training against its
+1.1x target, where the run has bf16 rows.
 
 - training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
   labels (causal LM on the inputs; MLM with 15% masked positions; seq2seq with seq-long targets), in fp32 and
@@ -381,14 +381,16 @@ def synchronize() -> None:
 
 
 def interleaved(run, warmup: int, repeats: int, sides: tuple[str, ...] = SIDES) -> dict:
-    """Median seconds of `run(side)` per side: warm-up, then the sides in alternating order (native, ours; ours,
-    native; ...)."""
+    """Median seconds of `run(side)` per side: warm-up, then the sides in rotating order (native, ours; ours,
+    native; ... and for three, a, b, c; b, c, a; c, a, b): every side starts and ends rounds equally often, and
+    none runs right after itself where there are more than two (a reversed order would give the two outer sides
+    their own warm caches at every other round: 1-3% on a 2-core Xeon, 2026-11-28)."""
     for _ in range(warmup):
         for side in sides:
             run(side)
     samples = {side: [] for side in sides}
     for repeat in range(repeats):
-        for side in sides if repeat % 2 == 0 else sides[::-1]:
+        for side in sides[repeat % len(sides):] + sides[:repeat % len(sides)]:
             synchronize()
             start = time.perf_counter()
             run(side)
