@@ -152,15 +152,19 @@ def build_self_attention_mask(
     return _combine_with_bias(mask, bias, inputs_embeds.dtype)
 
 
-def mask_for_generate(config, inputs_embeds, attention_mask, cache, position_ids=None, **kwargs):
+def mask_for_generate(config, inputs_embeds, attention_mask, cache=None, position_ids=None, *, past_key_values=None,
+                      **kwargs):
     """The self-attention mask `generate()` passes our forward over a static cache (as a model's
     `create_masks_for_generate`, which transformers calls at every step). transformers builds the 4D mask there,
-    outside the compiled step, token after token: about 0.1-0.3 ms of a 2-3 ms compiled CPU token. Our stack builds
+    outside the compiled step, token after token (compiled CPU decoding ran 1.02-1.05x faster without it: Intel Xeon,
+    docs/performance.md, "Compiled decoding's own overhead"). Our stack builds
     the same mask from the 2D one (`build_self_attention_mask`), inside the step where inductor fuses it, so the 2D
     mask goes on, padded to the cache's length as `masking_utils` pads it: a shape fixed for the whole generation, so
     the step compiles once. A sliding window (whose key span moves), and attention back-ends other than ours, take
     transformers' 4D mask. inputs_embeds: (batch, q_len, 0), only its sizes are read; attention_mask: (batch, past
-    + q_len) or None -> (batch, cache length) or None."""
+    + q_len) or None -> (batch, cache length) or None. transformers before 5.24 passes the cache as `past_key_values`
+    (transformers' function takes it by position under either name)."""
+    cache = cache if cache is not None else past_key_values
     key_length, key_offset = cache.get_mask_sizes(inputs_embeds.shape[1], 0)
     padding = key_length + key_offset - (attention_mask.shape[-1] if attention_mask is not None else 0)
     if getattr(config, "sliding_window", None) or config._attn_implementation not in ("sdpa", "eager") or padding < 0:

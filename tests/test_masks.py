@@ -131,6 +131,16 @@ def test_generate_passes_a_static_cache_the_2d_mask_that_builds_transformers_mas
     torch.testing.assert_close(built, expected, atol=0, rtol=0)
 
 
+def test_generate_of_transformers_before_5_24_passes_the_cache_as_past_key_values():
+    """transformers 5.23's `generate()` calls `create_masks_for_generate(..., past_key_values=cache)`."""
+    config = tiny_config("decoder")
+    config._attn_implementation = "sdpa"
+    cache, attention_mask = _static_cache(config, 5), torch.ones(1, 6, dtype=torch.long)
+    by_new_name = mask_for_generate(config, torch.empty(1, 1, 0), attention_mask, cache=cache)
+    by_old_name = mask_for_generate(config, torch.empty(1, 1, 0), attention_mask, past_key_values=cache)
+    assert by_new_name.shape == (1, 16) and torch.equal(by_old_name, by_new_name)
+
+
 def test_generate_without_a_mask_over_a_static_cache_leaves_it_to_the_stack():
     """A decoder's steps in an encoder-decoder `generate()` come without a mask: none is built outside the step."""
     config = tiny_config("seq2seq")
