@@ -162,6 +162,19 @@ def test_generate_takes_transformers_mask_for_a_sliding_window_or_another_back_e
 def test_a_2d_mask_of_neither_the_inputs_nor_the_static_caches_length_is_refused():
     config = tiny_config("decoder")
     config._attn_implementation = "sdpa"
-    with pytest.raises(ValueError, match=r"\(batch_size, 6\).* or \(batch_size, 16\), the static cache's length"):
+    with pytest.raises(ValueError, match=r"\(batch_size, 6\).* or \(batch_size, 16\), the static cache's length, got"):
         build_self_attention_mask(config, torch.zeros(1, 1, HIDDEN), torch.ones(1, 9), _static_cache(config, 5), None,
+                                  is_causal=True, alibi=None)
+
+
+def test_a_2d_mask_of_a_sliding_windows_length_is_refused():
+    """A sliding window's cache holds the last keys, not the sequence's first positions: a 2D mask of its length
+    would mark the wrong tokens, so only the inputs' length is accepted there."""
+    config = tiny_config("decoder", sliding_window=4)
+    config._attn_implementation = "sdpa"
+    cache = _static_cache(config, 7)
+    key_length = cache.get_mask_sizes(1, 0)[0]
+    assert key_length != 8
+    with pytest.raises(ValueError, match=r"\(batch_size, 8\).*the inputs \(past and current tokens\), got"):
+        build_self_attention_mask(config, torch.zeros(1, 1, HIDDEN), torch.ones(1, key_length), cache, None,
                                   is_causal=True, alibi=None)
