@@ -110,15 +110,14 @@ def build_self_attention_mask(
     key_length = past_key_values.get_mask_sizes(q_len, 0)[0] if past_key_values is not None else q_len
     scores_shape = (batch_size, config.num_attention_heads, q_len, key_length)
     sliding_window = getattr(config, "sliding_window", None)
+    dynamic_cache = past_key_values is None or not past_key_values.is_compileable
     # A static cache's length (`mask_for_generate`); a sliding window's keys are not the sequence's positions.
-    static = past_key_values is not None and past_key_values.is_compileable and not sliding_window
-    static_length = key_length if static else None
+    static_length = key_length if not dynamic_cache and not sliding_window else None
     check_padding_mask("attention_mask", attention_mask, batch_size, past_length + q_len, scores_shape, static_length)
     # Where the kernel needs no mask, `masking_utils` would answer `None` through a longer path (about 20 us): one
     # new token over an unpadded dynamic cache sees every key, and sdpa's own causal flag is the whole mask of an
     # unpadded forward from position 0 whose positions cannot restart (training). Static and sliding-window caches
     # hold keys a query must not see; ALiBi adds its bias through the mask; given positions may mark packed sequences.
-    dynamic_cache = past_key_values is None or not past_key_values.is_compileable
     plain = is_causal and alibi is None and not sliding_window and dynamic_cache
     if plain and _every_key_visible(config, attention_mask):
         from_start = past_length == 0 and position_ids is None and config._attn_implementation == "sdpa"

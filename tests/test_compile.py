@@ -70,8 +70,10 @@ def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch, slo
     model = tiny_lm(family, position_embedding_type="rope")
     ids = torch.randint(3, 99, (batch, 5), generator=torch.Generator().manual_seed(0))
     reference = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+    compile_config = cpu_compile_config()
+    compile_config.fullgraph = True  # a graph break would raise
     compiled = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, cache_implementation="static",
-                              compile_config=cpu_compile_config())
+                              compile_config=compile_config)
     assert hasattr(model, "_compiled_call"), "generate() did not compile the forward"
     assert torch.equal(compiled, reference)
 
