@@ -13,12 +13,15 @@ also evaluation and pipelines; these five once per thread count) and training (m
 layer for the last two, and keeps the answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn|transposed
 forces one (default: auto), for every regime or per regime ("prefill=onednn,training=native"; a regime not named:
 auto).
-bf16 products (autocast) and CUDA's are PyTorch's own, so only fp32 on CPU has the choice. Traced by `torch.compile`,
-a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product of one row (batch-1
-decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product (`row_dot`), inductor
-turns it into a loop that reads the weight once at nearly the memory's rate, where it would call the BLAS's
-matrix-vector product, which read it at a third of that on an AVX-512 AMD EPYC (docs/performance.md); where the
-BLAS reads one row as fast as a plain sum (an Intel Xeon), traced products stay `F.linear` (`blas_reads_rows_slowly`).
+bf16 products of many rows under CPU autocast have a choice of their own (`bf16_kernel`): autocast's, or the same sums
+of the operands widened to fp32 through the BLAS, the faster where bf16 products are slower than fp32 ones; CUDA's
+products and other bf16 ones are PyTorch's own.
+Traced by `torch.compile`, a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product
+of one row (batch-1 decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product
+(`row_dot`), inductor turns it into a loop that reads the weight once at nearly the memory's rate, where it would call
+the BLAS's matrix-vector product, which read it at a third of that on an AVX-512 AMD EPYC (docs/performance.md);
+where the BLAS reads one row as fast as a plain sum (an Intel Xeon), traced products stay `F.linear`
+(`blas_reads_rows_slowly`).
 oneDNN's results are the same products in fp32 (IEEE, no reduced-precision accumulation), summed in a different
 order: they agree with `F.linear` to fp32 rounding, not bit for bit.
 """
@@ -272,6 +275,7 @@ def clear_kernel_choices() -> None:
     KERNEL_CHOICES.clear()
     _timed_kernel.cache_clear()
     _row_read_seconds.cache_clear()
+    bf16_kernel.cache_clear()
 
 
 @contextlib.contextmanager
@@ -407,6 +411,28 @@ def _eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return kernel
 
 
+FLOATS_AUTOCAST_NARROWS = (torch.float32, torch.bfloat16)  # autocast leaves float64 products in float64
+
+
+def _widens_bf16(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether an eager product under CPU autocast is computed widened (`autocast_bf16_linear`): bf16 autocast, plain
+    fp32 or bf16 CPU tensors of many rows, outside `torch.func` transforms, on a CPU whose choice is "fp32"
+    (`bf16_kernel`)."""
+    return (
+        inputs.is_cpu
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        and inputs.numel() > FEW_ROWS * inputs.shape[-1]
+        and type(inputs) in PLAIN_TYPES
+        and type(weight) in PLAIN_TYPES
+        and (bias is None or type(bias) in PLAIN_TYPES)
+        and inputs.dtype in FLOATS_AUTOCAST_NARROWS
+        and weight.dtype in FLOATS_AUTOCAST_NARROWS
+        and weight.is_cpu
+        and not inside_torch_func()
+        and bf16_kernel() == "fp32"
+    )
+
+
 def transposed_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear as the transposed product: weight (out, in) x rows^T (in, rows) = (out, rows), handed back in
     F.linear's layout (..., out) (a copy of rows x out values). The same sums; the BLAS runs them faster this way
@@ -416,6 +442,111 @@ def transposed_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     rows = inputs.reshape(-1, inputs.shape[-1]).t()  # (..., in) -> (in, rows)
     product = torch.mm(weight, rows) if bias is None else torch.addmm(bias.unsqueeze(-1), weight, rows)
     return product.t().contiguous().reshape(*inputs.shape[:-1], weight.shape[0])
+
+
+# bf16 products under CPU autocast. A bf16 product (autocast's: bf16 operands, fp32 sums, a bf16 result) is the same
+# arithmetic as the fp32 BLAS's product of the operands widened to fp32: a product of two bf16 numbers (8 significant
+# bits each) is exact in fp32 (24), and both sum in fp32; only the order of the sums differs, as between any two
+# kernels. Where the CPU's bf16 products are slower than its fp32 ones (AVX-512 BF16 without AMX: an Intel Xeon at
+# 0.55x; AVX2, which has no bf16 instructions: 0.007x), the widened product is the faster way to the same result:
+# 0.65-0.73 of autocast's time for a layer's forward and backward over 2048 rows on that Xeon (docs/performance.md).
+# Where bf16 products are native and fast (AMX, an AVX-512 AMD EPYC) autocast's own is faster. So, as for fp32,
+# `bf16_kernel` times both at the first bf16 product of many rows (a few rows would spend their time widening the
+# weight: those keep autocast's) and keeps the answer; HF_SCRATCH_CPU_BF16_PRODUCTS=native|fp32 forces one.
+BF16_PRODUCTS_VARIABLE = "HF_SCRATCH_CPU_BF16_PRODUCTS"
+BF16_PRODUCTS = ("auto", "native", "fp32")
+# Widening costs in proportion to the operands and the result, the product to their product: a layer of a model at
+# 2048 rows spends a smaller share of its time widening than this timed one, which favours autocast's own product.
+BF16_TIMED_SHAPE = (384, 384)  # small: on AVX2 autocast's round takes about 0.2 s (1.3 GFLOP/s)
+BF16_TIMED_ROWS = 256
+BF16_TIMED_ROUNDS = 8  # 5 rounds read the widened product at 0.70-0.85 of autocast's time on an Intel Xeon
+BF16_FP32_MARGIN = 0.85  # the widened product must be 15% faster: on a tie, or within noise, autocast's own
+BF16_CLEAR_LEAD = 3.0  # autocast's this many times slower (no bf16 instructions): decided after two rounds
+
+
+def bf16_by_fp32_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A bf16 product through the fp32 BLAS: inputs (..., in), weight (out, in), bias (out,), bf16 values (in bf16, or
+    already widened to fp32; the weight may be a strided view) -> (..., out) in bf16, the sums in fp32 (see
+    BF16_PRODUCTS_VARIABLE's comment)."""
+    with torch.autocast("cpu", enabled=False):  # else F.linear would narrow the widened operands again
+        widened_bias = None if bias is None else bias.float()
+        return F.linear(inputs.float(), weight.float(), widened_bias).to(torch.bfloat16)
+
+
+class _Bf16ByFp32LinearFunction(torch.autograd.Function):
+    """`bf16_by_fp32_linear` with its two gradient products computed the same way; it keeps the bf16 inputs and
+    weight for backward, as autocast's product does (the memory bf16 saves), and widens them again there."""
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(inputs, weight)
+        ctx.has_bias = bias is not None
+        return bf16_by_fp32_linear(inputs, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        # Recorded (double backward), the gradient products go through this function again, as in
+        # `_OneDNNLinearFunction.backward`; otherwise the gradient is widened once for both products.
+        recorded = torch.is_grad_enabled()
+        product = _Bf16ByFp32LinearFunction.apply if recorded else bf16_by_fp32_linear
+        inputs, weight = ctx.saved_tensors
+        rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (rows, out), bf16
+        if not recorded:
+            rows_grad = rows_grad.float()  # exact; bf16_by_fp32_linear leaves an fp32 operand as it is
+        grad_inputs = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_inputs = product(rows_grad, weight.t(), None).reshape(inputs.shape)  # (rows, out) x (out, in)
+        if ctx.needs_input_grad[1]:
+            grad_weight = product(rows_grad.t(), inputs.reshape(-1, inputs.shape[-1]).t(), None)  # (out, rows) x ...
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = rows_grad.sum(0).to(torch.bfloat16)  # summed in fp32, as autocast's addmm sums its bias's
+        return grad_inputs, grad_weight, grad_bias
+
+
+def autocast_bf16_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear as CPU autocast computes it in bf16, through the fp32 BLAS: the operands narrowed to bf16 as autocast
+    narrows them (a cast that autograd records: the fp32 weight gets an fp32 gradient), then the product."""
+    operands = [None if tensor is None else tensor.to(torch.bfloat16) for tensor in (inputs, weight, bias)]
+    if torch.is_grad_enabled():
+        return _Bf16ByFp32LinearFunction.apply(*operands)
+    return bf16_by_fp32_linear(*operands)
+
+
+@functools.cache
+def bf16_kernel() -> str:
+    """"native" (autocast's bf16 product) or "fp32" (`autocast_bf16_linear`): the kernel for bf16 CPU products of many
+    rows under autocast (training, and prefill: the same two kernels, which rank alike). HF_SCRATCH_CPU_BF16_PRODUCTS=
+    native|fp32 forces one; auto (the default) times both once per process (`time_bf16_kernels`) and takes the
+    widened product where it beats autocast's by BF16_FP32_MARGIN. `clear_kernel_choices()` makes the choice again."""
+    choice = os.environ.get(BF16_PRODUCTS_VARIABLE, "").strip().lower() or "auto"
+    if choice not in BF16_PRODUCTS:
+        raise ValueError(f"{BF16_PRODUCTS_VARIABLE} must be one of {', '.join(BF16_PRODUCTS)}; got {choice!r}.")
+    if choice != "auto":
+        return choice
+    seconds = time_bf16_kernels()
+    return "fp32" if seconds["fp32"] < BF16_FP32_MARGIN * seconds["native"] else "native"
+
+
+def time_bf16_kernels(repeats: int = BF16_TIMED_ROUNDS) -> dict[str, float]:
+    """Best seconds of autocast's bf16 product ("native") and the widened one ("fp32"), forward and both gradients of a
+    BF16_TIMED_SHAPE layer over BF16_TIMED_ROWS rows on one core (as `time_kernels` times training), interleaved
+    (`best_interleaved`). Where autocast's takes BF16_CLEAR_LEAD times the other's in the first two rounds (a CPU
+    without bf16 instructions, where it is 100 times slower), those answer. A generator of its own leaves the global
+    random state alone."""
+    generator = torch.Generator().manual_seed(0)
+    with one_thread(), torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", torch.bfloat16):
+        out_features, in_features = BF16_TIMED_SHAPE
+        inputs = torch.randn(BF16_TIMED_ROWS, in_features, generator=generator, requires_grad=True)
+        weight = torch.randn(out_features, in_features, generator=generator, requires_grad=True)
+        grad_output = torch.randn(BF16_TIMED_ROWS, out_features, generator=generator).bfloat16()
+        products = {"native": F.linear, "fp32": autocast_bf16_linear}
+        runs = {kernel: functools.partial(
+            lambda product: torch.autograd.grad(product(inputs, weight, None), (inputs, weight), grad_output), product)
+            for kernel, product in products.items()}
+        first = best_interleaved(runs, 2)
+        if first["native"] > BF16_CLEAR_LEAD * first["fp32"]:
+            return first
+        return best_interleaved(runs, repeats)
 
 
 def row_dot(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -512,6 +643,9 @@ class ScratchLinear(nn.Linear):
         if torch.compiler.is_compiling():
             if _compiled_as_row_dot(inputs, weight):
                 return row_dot(materialized(inputs) if self.materializes_compiled_row else inputs, weight, bias)
+        elif torch.is_autocast_enabled("cpu"):
+            if _widens_bf16(inputs, weight, bias):
+                return autocast_bf16_linear(inputs, weight, bias)
         else:
             kernel = _eager_kernel(inputs, weight, bias, self.working_set)
             if kernel == "onednn":

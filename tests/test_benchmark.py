@@ -69,12 +69,14 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
         assert "CPU capability AVX2; bf16 not native" in result.stdout
     elif AVX2_HOST:
         assert "CPU capability AVX2;" in result.stdout
-    # The header names the machine-dependent choices; the bf16 attention one is timed only where bf16 is native.
+    # The header names the machine-dependent choices; the bf16 ones are timed only where bf16 is native.
     attention = result.stdout.split(f"bf16 training attention up to {EAGER_MAX_KEYS} keys ", 1)[1].split(",")[0]
+    products = result.stdout.split("bf16 products of many rows ", 1)[1].split(" (scratch_linear")[0]
     if "bf16 not native" in result.stdout:
-        assert attention == "-"
+        assert attention == products == "-"
     else:
         assert attention.split()[0] in ("eager", "sdpa"), attention
+        assert re.fullmatch(r"(native|fp32) \(HF_SCRATCH_CPU_BF16_PRODUCTS=auto\)", products), products
     assert table_rows(result.stdout) == expected_rows(result.stdout)
     eager = r"[\d.]+x eager \([\d.]+-[\d.]+\)"
     assert re.search(rf"^Batch-1 `generate\(\)` against the native model's eager decoding \(target 1.5x\): gpt2 ours "

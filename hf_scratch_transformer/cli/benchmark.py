@@ -60,7 +60,9 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   of one row and of several (batch 8: 8 rows; timed over 4), each for models whose weights fit in the CPU's
   largest cache and for larger ones (read from memory at every step), by weight shape (out x in), and for prefill
   (no gradients) and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS: "native" is F.linear,
-  "transposed" the BLAS on the transposed product).
+  "transposed" the BLAS on the transposed product), and, where bf16 is native, the kernel of bf16 products of many
+  rows under autocast ("native": autocast's; "fp32": the operands widened to fp32 for the BLAS, the same sums;
+  `scratch_linear.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -107,12 +109,14 @@ from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 from hf_scratch_transformer.scratch_linear import (
+    BF16_PRODUCTS_VARIABLE,
     FEW_ROW_REGIMES,
     KERNEL_CHOICES,
     KERNELS_VARIABLE,
     PREFILL,
     REGIMES,
     TRAINING,
+    bf16_kernel,
     fp32_kernel,
     last_level_cache_bytes,
     onednn_linear,
@@ -356,8 +360,9 @@ def measure_memory(families: list[str]) -> dict:
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
     if DEVICE.type == "cpu":
         env[KERNELS_VARIABLE] = ",".join(f"{regime}={fp32_kernel(regime)}" for regime in (PREFILL, TRAINING))
-        if not args.no_bf16:  # bf16 rows: the attention kernel the timed bf16 training took
+        if not args.no_bf16:  # bf16 rows: the attention kernel and products the timed bf16 training took
             env[ATTENTION_VARIABLE] = bf16_training_kernel()
+            env[BF16_PRODUCTS_VARIABLE] = bf16_kernel()
     sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]] + [f"--device={args.device}"]
     workers = {
         side: subprocess.Popen(
@@ -563,17 +568,20 @@ def machine_class(machine: dict) -> str:
 
 def kernel_choices(bf16_native: bool) -> dict:
     """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`,
-    `scratch_attention_kernel.bf16_training_kernel`, the latter only where bf16 is native: it times bf16 kernels);
+    `scratch_linear.bf16_kernel` and `scratch_attention_kernel.bf16_training_kernel`, the last two only where bf16 is
+    native: they time bf16 kernels);
     for decoding steps, those its products took by weight shape: call it after the runs."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
         return {"setting": "-", **{f"fp32 {regime.replace('_', ' ')}": "F.linear" for regime in REGIMES},
-                "CPU cross-entropy": "-", "bf16 training attention": "-"}
+                "CPU cross-entropy": "-", "bf16 training attention": "-", "bf16 products": "-"}
     attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
+    bf16_products = f"{BF16_PRODUCTS_VARIABLE}={os.environ.get(BF16_PRODUCTS_VARIABLE) or 'auto'}"
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
             **{f"fp32 {regime.replace('_', ' ')}": few_row_kernels(regime) for regime in FEW_ROW_REGIMES},
             **{f"fp32 {regime}": fp32_kernel(regime) for regime in (PREFILL, TRAINING)},
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
-            "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-"}
+            "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-",
+            "bf16 products": f"{bf16_kernel()} ({bf16_products})" if bf16_native else "-"}
 
 
 def few_row_kernels(regime: str) -> str:
@@ -603,7 +611,8 @@ def markdown(report: dict) -> str:
                    f"cache), {k['fp32 decoding from memory']} (larger models); of several rows "
                    f"{k['fp32 batch decoding']} and {k['fp32 batch decoding from memory']}; prefill "
                    f"{k['fp32 prefill']}, training {k['fp32 training']}; CPU "
-                   f"cross-entropy {k['CPU cross-entropy']}; bf16 training attention up to {EAGER_MAX_KEYS} keys "
+                   f"cross-entropy {k['CPU cross-entropy']}; bf16 products of many rows {k['bf16 products']} "
+                   f"(scratch_linear.bf16_kernel); bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
                    f"dropout (GPT-2's and BERT's) the eager math with our mask, as sdpa computes it there (no choice).")
     lines = [
