@@ -21,8 +21,10 @@ if "HF_MODULES_CACHE" not in os.environ:
 # One fp32 kernel for the whole suite: on "auto" each process times the kernels, and the two processes of one test (a
 # run and its resumed half) could pick different ones and differ at fp32 rounding. tests/test_linear.py covers both.
 os.environ.setdefault("HF_SCRATCH_CPU_KERNELS", "onednn")
-# Likewise for bf16 training attention at short sequences (tests/test_attention_kernel.py covers both).
+# Likewise for bf16 training attention at short sequences (tests/test_attention_kernel.py covers both), and for bf16
+# products of many rows: widened to fp32, ours on any CPU (tests/test_bf16_products.py covers both).
 os.environ.setdefault("HF_SCRATCH_CPU_ATTENTION", "eager")
+os.environ.setdefault("HF_SCRATCH_CPU_BF16_PRODUCTS", "fp32")
 
 import pytest
 import torch
