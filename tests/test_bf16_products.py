@@ -73,6 +73,24 @@ def test_the_widened_product_gives_autocasts_results(bf16_products, widened_call
         assert_equal_to_bf16_rounding(got, wanted)
 
 
+def test_a_frozen_bf16_weight_gets_no_gradient_product(bf16_products, widened_calls):
+    """A frozen base layer (PEFT's LoRA trains beside it) in bf16, as `from_pretrained(dtype=bfloat16)` loads it: only
+    the inputs' gradient is computed, in bf16, as autocast's product gives it."""
+    torch.manual_seed(0)
+    layer = ScratchLinear(24, 40).bfloat16().requires_grad_(False)
+    inputs = torch.randn(MANY_ROWS, 24, requires_grad=True)
+    grad_output = torch.randn(MANY_ROWS, 40).bfloat16()
+    results = {}
+    for choice in ("native", "fp32"):
+        bf16_products(choice)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = layer(inputs)
+        results[choice] = [output, *torch.autograd.grad(output, inputs, grad_output)]
+    assert widened_calls == [(MANY_ROWS, 24), (MANY_ROWS, 40)]  # forward, the inputs' gradient
+    for got, wanted in zip(results["fp32"], results["native"], strict=True):
+        assert_equal_to_bf16_rounding(got, wanted)
+
+
 def test_without_gradients_the_product_is_widened_once(bf16_products, widened_calls):
     bf16_products("fp32")
     layer = ScratchLinear(16, 8)
