@@ -277,7 +277,12 @@ def smoothed_loss_function(task: str, epsilon: float) -> Callable:
 
 
 # ---------------------------------------------------------------------------------------------- precision
-BF16_MIN_SPEED = 0.5  # bf16 products below half of fp32's rate: bf16 autocast makes training slower, not faster
+# Below this fraction of fp32's rate, bf16 products are emulated (no bf16 instructions: AVX2 CPUs at 0.007-0.02, an
+# AVX-512 Xeon without BF16 at 0.18) and autocast makes training several times slower: refused. At or above it, the
+# CPU has bf16 instructions but may still run them slower than fp32 (AVX-512 BF16 without AMX: an Intel Xeon's
+# one-core check read 0.38-0.64 from run to run, so a threshold of 0.5 refused or warned by the moment there): a
+# warning. Our models' products of many rows run widened to fp32 there (`scratch_linear.bf16_kernel`).
+BF16_MIN_SPEED = 0.25
 
 
 def matmul_gflops(dtype: torch.dtype, size: int = 256, product: Callable = torch.mm, runs: int = 3,
@@ -305,7 +310,8 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
     are slow: without AVX-512 BF16 or AMX, PyTorch computes them about 100x slower than fp32 on an AVX2 CPU and about
     5x slower on an older AVX-512 one, so autocast would slow training down. Times both on one core (0.1 s) and
     names the rates; None where bf16 is fast, not asked for, or not on CPU. With `force` it warns instead and
-    returns None. Where bf16 products run at half of fp32's rate or more but still slower (AVX-512 BF16 without AMX:
+    returns None. Where bf16 products run at BF16_MIN_SPEED of fp32's rate or more but still slower (AVX-512 BF16
+    without AMX:
     an Intel Xeon at 0.55-0.59x, where our models trained 0.85-0.96x as fast in bf16 as in fp32, their products
     widened to fp32: `scratch_linear.bf16_kernel`), the run goes on with a warning that names the rates: bf16 still
     takes less memory (0.78-0.80 of fp32's peak in training there)."""

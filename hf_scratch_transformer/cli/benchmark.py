@@ -55,14 +55,14 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
   here (best of 8 products of square --mm-size matrices after a warm-up, fp32 and bf16, through torch.mm, i.e.
   the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
-- the header names the CPU capability, whether bf16 is native (bf16 products at least half as fast as fp32, the
-  test `--bf16` makes before training) and the fp32 kernels ScratchLinear chose in this process for decoding steps
-  of one row and of several (batch 8: 8 rows; timed over 4), each for models whose weights fit in the CPU's
-  largest cache and for larger ones (read from memory at every step), by weight shape (out x in), and for prefill
-  (no gradients) and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS: "native" is F.linear,
-  "transposed" the BLAS on the transposed product), and, where bf16 is native, the kernel of bf16 products of many
-  rows under autocast ("native": autocast's; "fp32": the operands widened to fp32 for the BLAS, the same sums;
-  `scratch_linear.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
+- the header names the CPU capability, whether bf16 is native (bf16 products at least a quarter as fast as fp32,
+  the test `--bf16` makes before training: below, they are emulated) and the fp32 kernels ScratchLinear chose in
+  this process for decoding steps of one row and of several (batch 8: 8 rows; timed over 4), each for models whose
+  weights fit in the CPU's largest cache and for larger ones (read from memory at every step), by weight shape
+  (out x in), and for prefill (no gradients) and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS:
+  "native" is F.linear, "transposed" the BLAS on the transposed product), and, where bf16 is native, the kernel of
+  bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands widened to fp32 for the
+  BLAS, the same sums; `scratch_linear.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
