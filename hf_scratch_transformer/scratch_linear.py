@@ -411,28 +411,6 @@ def _eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return kernel
 
 
-FLOATS_AUTOCAST_NARROWS = (torch.float32, torch.bfloat16)  # autocast leaves float64 products in float64
-
-
-def _widens_bf16(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether an eager product under CPU autocast is computed widened (`autocast_bf16_linear`): bf16 autocast, plain
-    fp32 or bf16 CPU tensors of many rows, outside `torch.func` transforms, on a CPU whose choice is "fp32"
-    (`bf16_kernel`)."""
-    return (
-        inputs.is_cpu
-        and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        and inputs.numel() > FEW_ROWS * inputs.shape[-1]
-        and type(inputs) in PLAIN_TYPES
-        and type(weight) in PLAIN_TYPES
-        and (bias is None or type(bias) in PLAIN_TYPES)
-        and inputs.dtype in FLOATS_AUTOCAST_NARROWS
-        and weight.dtype in FLOATS_AUTOCAST_NARROWS
-        and weight.is_cpu
-        and not inside_torch_func()
-        and bf16_kernel() == "fp32"
-    )
-
-
 def transposed_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear as the transposed product: weight (out, in) x rows^T (in, rows) = (out, rows), handed back in
     F.linear's layout (..., out) (a copy of rows x out values). The same sums; the BLAS runs them faster this way
@@ -444,15 +422,16 @@ def transposed_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return product.t().contiguous().reshape(*inputs.shape[:-1], weight.shape[0])
 
 
-# bf16 products under CPU autocast. A bf16 product (autocast's: bf16 operands, fp32 sums, a bf16 result) is the same
-# arithmetic as the fp32 BLAS's product of the operands widened to fp32: a product of two bf16 numbers (8 significant
-# bits each) is exact in fp32 (24), and both sum in fp32; only the order of the sums differs, as between any two
-# kernels. Where the CPU's bf16 products are slower than its fp32 ones (AVX-512 BF16 without AMX: an Intel Xeon at
-# 0.55x; AVX2, which has no bf16 instructions: 0.007x), the widened product is the faster way to the same result:
-# 0.65-0.73 of autocast's time for a layer's forward and backward over 2048 rows on that Xeon (docs/performance.md).
-# Where bf16 products are native and fast (AMX, an AVX-512 AMD EPYC) autocast's own is faster. So, as for fp32,
-# `bf16_kernel` times both at the first bf16 product of many rows (a few rows would spend their time widening the
-# weight: those keep autocast's) and keeps the answer; HF_SCRATCH_CPU_BF16_PRODUCTS=native|fp32 forces one.
+# bf16 products, under CPU autocast or of a bf16 model. A bf16 product (bf16 operands, fp32 sums, a bf16 result) is
+# the same arithmetic as the fp32 BLAS's product of the operands widened to fp32: a product of two bf16 numbers (8
+# significant bits each) is exact in fp32 (24), and both sum in fp32; only the order of the sums differs, as between
+# any two kernels. Where the CPU's bf16 products are slower than its fp32 ones (AVX-512 BF16 without AMX: an Intel
+# Xeon at 0.55x; AVX2, which has no bf16 instructions: 0.007x), the widened product is the faster way to the same
+# result: 0.65-0.73 of autocast's time for a layer's forward and backward over 2048 rows on that Xeon
+# (docs/performance.md). Where bf16 products are native and fast (AMX, an AVX-512 AMD EPYC) PyTorch's own should be
+# the faster. So, as for fp32, `bf16_kernel` times both at the first bf16 product of many rows (a few rows would spend
+# their time widening the weight: those keep PyTorch's) and keeps the answer; HF_SCRATCH_CPU_BF16_PRODUCTS=native|fp32
+# forces one.
 BF16_PRODUCTS_VARIABLE = "HF_SCRATCH_CPU_BF16_PRODUCTS"
 BF16_PRODUCTS = ("auto", "native", "fp32")
 # Widening costs in proportion to the operands and the result, the product to their product: a layer of a model at
@@ -503,9 +482,10 @@ class _Bf16ByFp32LinearFunction(torch.autograd.Function):
         return grad_inputs, grad_weight, grad_bias
 
 
-def autocast_bf16_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear as CPU autocast computes it in bf16, through the fp32 BLAS: the operands narrowed to bf16 as autocast
-    narrows them (a cast that autograd records: the fp32 weight gets an fp32 gradient), then the product."""
+def widened_bf16_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear in bf16 (as CPU autocast computes it, or of bf16 tensors) through the fp32 BLAS: the operands narrowed
+    to bf16 as autocast narrows them (a cast that autograd records: an fp32 weight gets an fp32 gradient; bf16 ones are
+    left as they are), then the product."""
     operands = [None if tensor is None else tensor.to(torch.bfloat16) for tensor in (inputs, weight, bias)]
     if torch.is_grad_enabled():
         return _Bf16ByFp32LinearFunction.apply(*operands)
@@ -514,10 +494,11 @@ def autocast_bf16_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch
 
 @functools.cache
 def bf16_kernel() -> str:
-    """"native" (autocast's bf16 product) or "fp32" (`autocast_bf16_linear`): the kernel for bf16 CPU products of many
-    rows under autocast (training, and prefill: the same two kernels, which rank alike). HF_SCRATCH_CPU_BF16_PRODUCTS=
-    native|fp32 forces one; auto (the default) times both once per process (`time_bf16_kernels`) and takes the
-    widened product where it beats autocast's by BF16_FP32_MARGIN. `clear_kernel_choices()` makes the choice again."""
+    """"native" (PyTorch's bf16 product) or "fp32" (`widened_bf16_linear`): the kernel for bf16 CPU products of many
+    rows, under autocast or of bf16 tensors (training, and prefill: the same two kernels, which rank alike).
+    HF_SCRATCH_CPU_BF16_PRODUCTS=native|fp32 forces one; auto (the default) times both once per process
+    (`time_bf16_kernels`) and takes the widened product where it beats autocast's by BF16_FP32_MARGIN.
+    `clear_kernel_choices()` makes the choice again."""
     choice = os.environ.get(BF16_PRODUCTS_VARIABLE, "").strip().lower() or "auto"
     if choice not in BF16_PRODUCTS:
         raise ValueError(f"{BF16_PRODUCTS_VARIABLE} must be one of {', '.join(BF16_PRODUCTS)}; got {choice!r}.")
@@ -539,7 +520,7 @@ def time_bf16_kernels(repeats: int = BF16_TIMED_ROUNDS) -> dict[str, float]:
         inputs = torch.randn(BF16_TIMED_ROWS, in_features, generator=generator, requires_grad=True)
         weight = torch.randn(out_features, in_features, generator=generator, requires_grad=True)
         grad_output = torch.randn(BF16_TIMED_ROWS, out_features, generator=generator).bfloat16()
-        products = {"native": F.linear, "fp32": autocast_bf16_linear}
+        products = {"native": F.linear, "fp32": widened_bf16_linear}
         runs = {kernel: functools.partial(
             lambda product: torch.autograd.grad(product(inputs, weight, None), (inputs, weight), grad_output), product)
             for kernel, product in products.items()}
@@ -547,6 +528,31 @@ def time_bf16_kernels(repeats: int = BF16_TIMED_ROUNDS) -> dict[str, float]:
         if first["native"] > BF16_CLEAR_LEAD * first["fp32"]:
             return first
         return best_interleaved(runs, repeats)
+
+
+FLOATS_AUTOCAST_NARROWS = (torch.float32, torch.bfloat16)  # autocast leaves float64 products in float64
+
+
+def _widens_bf16(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether an eager bf16 product is computed widened (`widened_bf16_linear`): under bf16 CPU autocast (fp32 or bf16
+    operands), or of bf16 tensors without autocast (a model loaded or cast to bf16); plain CPU tensors of many rows,
+    outside `torch.func` transforms, on a CPU whose choice is "fp32" (`bf16_kernel`)."""
+    if torch.is_autocast_enabled("cpu"):
+        bf16 = (torch.get_autocast_dtype("cpu") == torch.bfloat16 and inputs.dtype in FLOATS_AUTOCAST_NARROWS
+                and weight.dtype in FLOATS_AUTOCAST_NARROWS)
+    else:
+        bf16 = inputs.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
+    return (
+        bf16
+        and inputs.is_cpu
+        and inputs.numel() > FEW_ROWS * inputs.shape[-1]
+        and type(inputs) in PLAIN_TYPES
+        and type(weight) in PLAIN_TYPES
+        and (bias is None or type(bias) in PLAIN_TYPES)
+        and weight.is_cpu
+        and not inside_torch_func()
+        and bf16_kernel() == "fp32"
+    )
 
 
 def row_dot(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -643,9 +649,9 @@ class ScratchLinear(nn.Linear):
         if torch.compiler.is_compiling():
             if _compiled_as_row_dot(inputs, weight):
                 return row_dot(materialized(inputs) if self.materializes_compiled_row else inputs, weight, bias)
-        elif torch.is_autocast_enabled("cpu"):
+        elif torch.is_autocast_enabled("cpu") or inputs.dtype == torch.bfloat16:
             if _widens_bf16(inputs, weight, bias):
-                return autocast_bf16_linear(inputs, weight, bias)
+                return widened_bf16_linear(inputs, weight, bias)
         else:
             kernel = _eager_kernel(inputs, weight, bias, self.working_set)
             if kernel == "onednn":

@@ -91,6 +91,25 @@ def test_a_frozen_bf16_weight_gets_no_gradient_product(bf16_products, widened_ca
         assert_equal_to_bf16_rounding(got, wanted)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_bf16_layers_products_are_widened_without_autocast(bf16_products, widened_calls, bias):
+    """A model loaded or cast to bf16 (`from_pretrained(dtype=torch.bfloat16)`) computes bf16 products without
+    autocast: the same choice applies to them."""
+    torch.manual_seed(0)
+    layer = ScratchLinear(48, 80, bias=bias).bfloat16()
+    inputs = torch.randn(2, MANY_ROWS, 48).bfloat16().requires_grad_()
+    grad_output = torch.randn(2, MANY_ROWS, 80).bfloat16()
+    results = {}
+    for choice in ("native", "fp32"):
+        bf16_products(choice)
+        output = layer(inputs)
+        results[choice] = [output, *torch.autograd.grad(output, [inputs, *layer.parameters()], grad_output)]
+    assert widened_calls == [(2, MANY_ROWS, 48), (2 * MANY_ROWS, 80), (80, 2 * MANY_ROWS)]
+    assert {tensor.dtype for tensor in results["fp32"]} == {torch.bfloat16}
+    for got, wanted in zip(results["fp32"], results["native"], strict=True):
+        assert_equal_to_bf16_rounding(got, wanted)
+
+
 def test_without_gradients_the_product_is_widened_once(bf16_products, widened_calls):
     bf16_products("fp32")
     layer = ScratchLinear(16, 8)
@@ -132,16 +151,19 @@ def test_double_backward_matches_autocasts(bf16_products):
 
 @pytest.mark.parametrize(
     "case",
-    ["few rows", "fp16 autocast", "float64", "no autocast", "torch.func"],
+    ["few rows", "fp16 autocast", "float64", "no autocast", "torch.func", "bf16 layer, few rows"],
 )
 def test_other_products_keep_their_kernels(bf16_products, widened_calls, case):
     bf16_products("fp32")
     layer = ScratchLinear(8, 4)
-    rows = FEW_ROWS if case == "few rows" else MANY_ROWS  # a decoding step would spend its time widening the weight
+    rows = FEW_ROWS if "few rows" in case else MANY_ROWS  # a decoding step would spend its time widening the weight
     inputs = torch.randn(rows, 8)
     if case == "float64":
         layer, inputs = layer.double(), inputs.double()
-    autocast = {"fp16 autocast": torch.float16, "no autocast": None}.get(case, torch.bfloat16)
+    if case == "bf16 layer, few rows":  # a decoding step of a bf16 model
+        layer, inputs = layer.bfloat16(), inputs[:FEW_ROWS].bfloat16()
+    autocast = {"fp16 autocast": torch.float16, "no autocast": None, "bf16 layer, few rows": None}.get(
+        case, torch.bfloat16)
 
     def run(product):
         if case == "torch.func":
@@ -209,6 +231,27 @@ def test_a_bf16_training_step_is_the_same_with_either_product(family, bf16_produ
     torch.testing.assert_close(loss, expected_loss, atol=1e-2, rtol=1e-2)
     for grad, expected in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected, atol=2e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bf16_models_logits_are_the_same_with_either_product(family, bf16_products, widened_calls):
+    model = tiny_lm(family).bfloat16()
+    inputs = lm_inputs(family, batch=4, length=40)
+    logits = {}
+    for choice in ("native", "fp32"):
+        bf16_products(choice)
+        with torch.no_grad():
+            logits[choice] = model(**inputs).logits
+    assert widened_calls
+    assert_equal_to_bf16_rounding_of_a_network(logits["fp32"], logits["native"])
+
+
+def assert_equal_to_bf16_rounding_of_a_network(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Through a network a bf16 rounding step in one layer moves the next layer's inputs: the results agree to a few
+    bf16 steps of their largest values, as the attention kernels' do (tests/test_attention_kernel.py)."""
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=0,
+                               atol=2**-4 * max(1.0, expected.float().abs().max().item()))
 
 
 def test_a_widened_bf16_step_matches_the_native_gpt2(bf16_products, widened_calls):
