@@ -13,9 +13,9 @@ also evaluation and pipelines; these five once per thread count) and training (m
 layer for the last two, and keeps the answers for the process; HF_SCRATCH_CPU_KERNELS=native|onednn|transposed
 forces one (default: auto), for every regime or per regime ("prefill=onednn,training=native"; a regime not named:
 auto).
-bf16 products of many rows under CPU autocast have a choice of their own (`bf16_kernel`): autocast's, or the same sums
-of the operands widened to fp32 through the BLAS, the faster where bf16 products are slower than fp32 ones; CUDA's
-products and other bf16 ones are PyTorch's own.
+bf16 products of many rows (under CPU autocast, or of a bf16 model) have a choice of their own (`bf16_kernel`):
+PyTorch's, or the same sums of the operands widened to fp32 through the BLAS, the faster where bf16 products are
+slower than fp32 ones; CUDA's products and other bf16 ones are PyTorch's own.
 Traced by `torch.compile`, a product is plain `F.linear` (inductor picks its own kernels), except an fp32 CPU product
 of one row (batch-1 decoding, as transformers' compiled `generate()` runs it): written as a row-by-row dot product
 (`row_dot`), inductor turns it into a loop that reads the weight once at nearly the memory's rate, where it would call
@@ -90,19 +90,26 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         # gradient products go through this same function, so that they are differentiable in turn, as `F.linear`'s
         # are; otherwise straight to the op: `Function.apply` costs about 25 us a call, 1 ms a step at nanoGPT's size.
         product = _OneDNNLinearFunction.apply if torch.is_grad_enabled() else onednn_linear
-        inputs, weight = ctx.saved_tensors
-        rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (rows, out)
-        grad_inputs = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            # (rows, out) x (out, in) = linear with the transposed weight (in, out) as "weight"
-            grad_inputs = product(rows_grad, weight.t(), None).reshape(inputs.shape)
-        if ctx.needs_input_grad[1]:
-            # (out, rows) x (rows, in) = linear of grad^T with inputs^T (in, rows) as "weight"
-            flat_inputs = inputs.reshape(-1, inputs.shape[-1])
-            grad_weight = product(rows_grad.t(), flat_inputs.t(), None)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = rows_grad.sum(0)
-        return grad_inputs, grad_weight, grad_bias
+        return linear_gradients(ctx, grad_output, product, grad_output.dtype)
+
+
+def linear_gradients(ctx, grad_output: torch.Tensor, product: Callable, dtype: torch.dtype) -> tuple:
+    """The gradients (inputs, weight, bias) of a linear layer's autograd function, whose forward saved (inputs,
+    weight) and `has_bias`, from the output's gradient (..., out); each product computed by `product(inputs, weight,
+    bias)` as the forward computed its own, the bias's a sum of the gradient's rows, in `dtype`."""
+    inputs, weight = ctx.saved_tensors
+    rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (rows, out)
+    grad_inputs = grad_weight = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        # (rows, out) x (out, in) = linear with the transposed weight (in, out) as "weight"
+        grad_inputs = product(rows_grad, weight.t(), None).reshape(inputs.shape)
+    if ctx.needs_input_grad[1]:
+        # (out, rows) x (rows, in) = linear of grad^T with inputs^T (in, rows) as "weight"
+        flat_inputs = inputs.reshape(-1, inputs.shape[-1])
+        grad_weight = product(rows_grad.t(), flat_inputs.t(), None)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_bias = rows_grad.sum(0).to(dtype)
+    return grad_inputs, grad_weight, grad_bias
 
 
 KERNELS_VARIABLE = "HF_SCRATCH_CPU_KERNELS"
@@ -468,18 +475,10 @@ class _Bf16ByFp32LinearFunction(torch.autograd.Function):
         # `_OneDNNLinearFunction.backward`; otherwise the gradient is widened once for both products.
         recorded = torch.is_grad_enabled()
         product = _Bf16ByFp32LinearFunction.apply if recorded else bf16_by_fp32_linear
-        inputs, weight = ctx.saved_tensors
-        rows_grad = grad_output.reshape(-1, grad_output.shape[-1])  # (rows, out), bf16
-        if not recorded:
-            rows_grad = rows_grad.float()  # exact; bf16_by_fp32_linear leaves an fp32 operand as it is
-        grad_inputs = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_inputs = product(rows_grad, weight.t(), None).reshape(inputs.shape)  # (rows, out) x (out, in)
-        if ctx.needs_input_grad[1]:
-            grad_weight = product(rows_grad.t(), inputs.reshape(-1, inputs.shape[-1]).t(), None)  # (out, rows) x ...
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = rows_grad.sum(0).to(torch.bfloat16)  # summed in fp32, as autocast's addmm sums its bias's
-        return grad_inputs, grad_weight, grad_bias
+        # Widening is exact, and bf16_by_fp32_linear leaves an fp32 operand as it is; the bias's gradient is then
+        # summed in fp32 and narrowed, as autocast's addmm sums its bias's.
+        widened_grad = grad_output if recorded else grad_output.float()
+        return linear_gradients(ctx, widened_grad, product, torch.bfloat16)
 
 
 def widened_bf16_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -311,10 +311,9 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
     5x slower on an older AVX-512 one, so autocast would slow training down. Times both on one core (0.1 s) and
     names the rates; None where bf16 is fast, not asked for, or not on CPU. With `force` it warns instead and
     returns None. Where bf16 products run at BF16_MIN_SPEED of fp32's rate or more but still slower (AVX-512 BF16
-    without AMX:
-    an Intel Xeon at 0.55-0.59x, where our models trained 0.85-0.96x as fast in bf16 as in fp32, their products
-    widened to fp32: `scratch_linear.bf16_kernel`), the run goes on with a warning that names the rates: bf16 still
-    takes less memory (0.78-0.80 of fp32's peak in training there)."""
+    without AMX: an Intel Xeon at 0.55-0.59x, where our models trained 0.85-0.96x as fast in bf16 as in fp32, their
+    products widened to fp32: `scratch_linear.bf16_kernel`), the run goes on with a warning that names the rates:
+    bf16 still takes less memory (0.78-0.80 of fp32's peak in training there)."""
     if mixed_precision != "bf16" or torch.device(device).type != "cpu":
         return None
     with one_thread():  # the kernels' speed, not the machine's load of the moment
