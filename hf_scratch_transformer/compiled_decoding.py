@@ -8,6 +8,10 @@ and AVX-512 AMD EPYC); elsewhere the products stay the BLAS's (an AVX-512 Intel 
 eager decoding; docs/serving.md, "Faster decoding on a CPU").
 """
 
+import os
+import re
+import tempfile
+
 from transformers import CompileConfig
 
 
@@ -21,3 +25,25 @@ def cpu_compile_config() -> CompileConfig:
     config = CompileConfig(mode=None, options={"cpp_wrapper": True})  # torch.compile takes a mode or options
     config._compile_all_devices = True
     return config
+
+
+# Set to emulate another instruction set (the docs' AVX2 runs on an AVX-512 host), inductor compiles for that set
+# too, but its on-disk cache does not tell those kernels from the machine's own: a kernel compiled one way and reused
+# the other gave nan or 1e12 losses in compiled training steps and corrupted the heap (docs/performance.md).
+EMULATED_ISA_VARIABLE = "ATEN_CPU_CAPABILITY"
+INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_cache_of_its_own_when_emulating() -> str | None:
+    """Under ATEN_CPU_CAPABILITY, point inductor at a cache for that instruction set (`<temp>/torchinductor_avx2`),
+    unless TORCHINDUCTOR_CACHE_DIR names another than inductor's default (which inductor writes into the variable
+    itself, at an import of ours); returns the folder set, else None. Inductor reads the variable at each compile,
+    so this works any time before the first one; the benchmark and the test suite call it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    capability = os.environ.get(EMULATED_ISA_VARIABLE, "").strip().lower()
+    if not capability or os.environ.get(INDUCTOR_CACHE_VARIABLE) not in (None, "", default_cache_dir()):
+        return None
+    folder = os.path.join(tempfile.gettempdir(), f"torchinductor_{re.sub(r'[^a-z0-9]+', '_', capability)}")
+    os.environ[INDUCTOR_CACHE_VARIABLE] = folder
+    return folder

@@ -29,6 +29,11 @@ os.environ.setdefault("HF_SCRATCH_CPU_BF16_PRODUCTS", "fp32")
 import pytest
 import torch
 
+from hf_scratch_transformer.compiled_decoding import inductor_cache_of_its_own_when_emulating
+
+# Run with another instruction set emulated (README's AVX2 command), the compiled tests get inductor's cache for it.
+inductor_cache_of_its_own_when_emulating()
+
 
 @pytest.fixture(autouse=True)
 def _seed():

@@ -1,13 +1,16 @@
 """`torch.compile(fullgraph=True)`: a training step of each family, and decoding with a static cache.
 Compilation takes tens of seconds on CPU, so these are marked slow; CI runs them."""
 
+import os
+import tempfile
+
 import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import FAMILIES, lm_inputs, tiny_config, tiny_lm
 
 from hf_scratch_transformer import scratch_linear
-from hf_scratch_transformer.compiled_decoding import cpu_compile_config
+from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
 from hf_scratch_transformer.scratch_layers import ScratchFeedForward
 from hf_scratch_transformer.scratch_linear import ScratchLinear
 
@@ -173,3 +176,26 @@ def test_timing_row_reads_measures_both_and_leaves_the_random_state_alone():
         blas, plain_sum = scratch_linear.time_row_reads(repeats=1)
     assert blas > 0 and plain_sum > 0
     assert torch.equal(torch.get_rng_state(), state)
+
+
+
+@pytest.mark.parametrize("setting", ["emulated", "emulated, default written", "cache named", "machine's own"])
+def test_an_emulated_instruction_set_compiles_into_a_cache_of_its_own(setting, monkeypatch, tmp_path):
+    """Under ATEN_CPU_CAPABILITY inductor compiles for that instruction set, and its cache would hand those kernels to
+    runs on the machine's own (nan losses, a corrupted heap): such a run gets a cache of its own, which inductor
+    uses, also where inductor already wrote its default folder into TORCHINDUCTOR_CACHE_DIR (importing ours does);
+    a cache the user named, and runs without the emulation, are left alone."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    if setting != "machine's own":
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
+    if setting != "emulated":
+        named = str(tmp_path) if setting == "cache named" else default_cache_dir()
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", named)
+    folder = inductor_cache_of_its_own_when_emulating()
+    own = os.path.join(tempfile.gettempdir(), "torchinductor_avx2")
+    expected = {"cache named": str(tmp_path), "machine's own": default_cache_dir()}.get(setting, own)
+    assert folder == (own if setting.startswith("emulated") else None)
+    assert cache_dir() == os.path.abspath(expected)  # where inductor compiles to

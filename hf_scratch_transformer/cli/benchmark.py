@@ -105,7 +105,7 @@ from transformers import (
 
 from hf_scratch_transformer import training
 from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
-from hf_scratch_transformer.compiled_decoding import cpu_compile_config
+from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 from hf_scratch_transformer.scratch_linear import (
@@ -163,6 +163,7 @@ for name, value in SIZES["quick" if args.quick else "full"].items():
     if getattr(args, name) is None:
         setattr(args, name, value)
 DEVICE = torch.device(args.device)
+inductor_cache_of_its_own_when_emulating()  # --compiled with AVX2 emulated (docs/benchmarks' runs)
 
 
 # ----------------------------------------------------------------------------------------------- models, inputs
