@@ -6,6 +6,8 @@ a one-row product is a row dot (`scratch_linear.row_dot`) that inductor turns in
 nearly the memory's rate, where the BLAS reads a row slowly: 1.6-1.9x as fast as eager decoding once compiled (AVX2
 and AVX-512 AMD EPYC); elsewhere the products stay the BLAS's (an AVX-512 Intel Xeon: 1.4-1.7x the native model's
 eager decoding; docs/serving.md, "Faster decoding on a CPU").
+Also, for runs that emulate another instruction set, an inductor cache of their own
+(`inductor_cache_of_its_own_when_emulating`).
 """
 
 import os
@@ -36,7 +38,7 @@ INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 def inductor_cache_of_its_own_when_emulating() -> str | None:
     """Under ATEN_CPU_CAPABILITY, point inductor at a cache for that instruction set (`<temp>/torchinductor_avx2`),
-    unless TORCHINDUCTOR_CACHE_DIR names another than inductor's default (which inductor writes into the variable
+    unless TORCHINDUCTOR_CACHE_DIR names a folder other than inductor's default (which inductor writes into the variable
     itself, at an import of ours); returns the folder set, else None. Inductor reads the variable at each compile,
     so this works any time before the first one; the benchmark and the test suite call it."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir

@@ -178,7 +178,6 @@ def test_timing_row_reads_measures_both_and_leaves_the_random_state_alone():
     assert torch.equal(torch.get_rng_state(), state)
 
 
-
 @pytest.mark.parametrize("setting", ["emulated", "emulated, default written", "cache named", "machine's own"])
 def test_an_emulated_instruction_set_compiles_into_a_cache_of_its_own(setting, monkeypatch, tmp_path):
     """Under ATEN_CPU_CAPABILITY inductor compiles for that instruction set, and its cache would hand those kernels to
