@@ -38,9 +38,9 @@ INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 def inductor_cache_of_its_own_when_emulating() -> str | None:
     """Under ATEN_CPU_CAPABILITY, point inductor at a cache for that instruction set (`<temp>/torchinductor_avx2`),
-    unless TORCHINDUCTOR_CACHE_DIR names a folder other than inductor's default (which inductor writes into the variable
-    itself, at an import of ours); returns the folder set, else None. Inductor reads the variable at each compile,
-    so this works any time before the first one; the benchmark and the test suite call it."""
+    unless TORCHINDUCTOR_CACHE_DIR names a folder other than inductor's default (which inductor writes into the
+    variable itself, at an import of ours); returns the folder set, else None. Inductor reads the variable at each
+    compile, so this works any time before the first one; the benchmark and the test suite call it."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     capability = os.environ.get(EMULATED_ISA_VARIABLE, "").strip().lower()
