@@ -2,7 +2,7 @@
 
 transformers compiles `generate()`'s decoding step on accelerators only, unless the `CompileConfig` allows every
 device (`_compile_all_devices`, a switch it keeps private). On a CPU that is where our models decode fastest: traced,
-a one-row product is a row dot (`scratch_linear.row_dot`) that inductor turns into one loop reading the weight at
+a one-row product is a row dot (`linear_kernels.row_dot`) that inductor turns into one loop reading the weight at
 nearly the memory's rate, where the BLAS reads a row slowly: 1.6-1.9x as fast as eager decoding once compiled (AVX2
 and AVX-512 AMD EPYC); elsewhere the products stay the BLAS's (an AVX-512 Intel Xeon: 1.4-1.7x the native model's
 eager decoding; docs/serving.md, "Faster decoding on a CPU").

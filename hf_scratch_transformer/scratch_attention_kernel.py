@@ -34,7 +34,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from .scratch_linear import inside_torch_func, one_thread
+from .kernel_choice import one_thread
+from .linear_kernels import inside_torch_func
 
 ATTENTION_VARIABLE = "HF_SCRATCH_CPU_ATTENTION"
 CHOICES = ("auto", "sdpa", "eager")
@@ -59,7 +60,7 @@ def bf16_training_kernel() -> str:
 def time_kernels(repeats: int = 3) -> tuple[float, float]:
     """Best seconds (sdpa, eager) of a causal bf16 forward and backward over 2 x 8 heads x EAGER_MAX_KEYS tokens
     (head size 64) on one core, the two interleaved after a warm-up round; about 50 ms. Its own generator leaves the
-    global random state alone; one core, as `scratch_linear.time_kernels`, so the machine's load does not decide."""
+    global random state alone; one core, as `kernel_choice.time_kernels`, so the machine's load does not decide."""
     from .scratch_attention import eager_attention_forward  # that module asks this one which to take
 
     generator = torch.Generator().manual_seed(0)

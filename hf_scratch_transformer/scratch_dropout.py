@@ -13,7 +13,7 @@ them with a threshold: 1.6 ms, 3.1 ms with backward, which keeps a bool mask (1 
 import torch
 from torch import nn
 
-from .scratch_linear import inside_torch_func
+from .linear_kernels import inside_torch_func
 
 
 def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:

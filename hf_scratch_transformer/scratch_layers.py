@@ -21,9 +21,10 @@ from torch.nn.modules import module as module_hooks
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from .linear_kernels import inside_torch_func
 from .scratch_attention import ScratchAttention
 from .scratch_dropout import dropout
-from .scratch_linear import ScratchLinear, inside_torch_func
+from .scratch_linear import ScratchLinear
 from .scratch_positions import ScratchLearnedPositionalEmbedding, ScratchSinusoidalPositionalEmbedding
 
 # Smaller results are not written over their inputs: glibc hands out blocks under its mmap threshold (128 KiB by

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers.loss.loss_utils import ForSequenceClassificationLoss
 
-from .scratch_linear import inside_torch_func
+from .linear_kernels import inside_torch_func
 
 # Fewer logits (tokens x vocabulary) than this take `F.cross_entropy`. Measured in fp32 and bf16, AVX-512 and AVX2
 # (docs/nanogpt.md): ours was 1.6-1.9x slower at 50 thousand logits, on a par from 130 to 520 thousand (0.8-1.4x),

@@ -17,7 +17,7 @@ from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
 from torch.nn import functional as F
 from transformers import TrainerCallback
 
-from hf_scratch_transformer.scratch_linear import one_thread
+from hf_scratch_transformer.kernel_choice import one_thread
 from hf_scratch_transformer.scratch_loss import cross_entropy
 from tokenizer_training import TEXT_ENCODING, check_text_file, load_data
 
@@ -281,7 +281,7 @@ def smoothed_loss_function(task: str, epsilon: float) -> Callable:
 # AVX-512 Xeon without BF16 at 0.18) and autocast makes training several times slower: refused. At or above it, the
 # CPU has bf16 instructions but may still run them slower than fp32 (AVX-512 BF16 without AMX: an Intel Xeon's
 # one-core check read 0.38-0.64 from run to run, so a threshold of 0.5 refused or warned by the moment there): a
-# warning. Our models' products of many rows run widened to fp32 there (`scratch_linear.bf16_kernel`).
+# warning. Our models' products of many rows run widened to fp32 there (`kernel_choice.bf16_kernel`).
 BF16_MIN_SPEED = 0.25
 
 
@@ -312,7 +312,7 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
     names the rates; None where bf16 is fast, not asked for, or not on CPU. With `force` it warns instead and
     returns None. Where bf16 products run at BF16_MIN_SPEED of fp32's rate or more but still slower (AVX-512 BF16
     without AMX: an Intel Xeon at 0.55-0.59x, where our models trained 0.85-0.96x as fast in bf16 as in fp32, their
-    products widened to fp32: `scratch_linear.bf16_kernel`), the run goes on with a warning that names the rates:
+    products widened to fp32: `kernel_choice.bf16_kernel`), the run goes on with a warning that names the rates:
     bf16 still takes less memory (0.78-0.80 of fp32's peak in training there)."""
     if mixed_precision != "bf16" or torch.device(device).type != "cpu":
         return None

@@ -99,7 +99,7 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
     from model import GPT, GPTConfig  # nanoGPT's model.py
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
+    from hf_scratch_transformer import ScratchDecoderForCausalLM, kernel_choice
     from hf_scratch_transformer.cli.paired_ratios import median_interval
     from hf_scratch_transformer.presets import get_preset
 
@@ -137,7 +137,7 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
         for _ in range(5):
             step(name)
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
-          f"fp32 kernel {scratch_linear.fp32_kernel(scratch_linear.TRAINING)}")
+          f"fp32 kernel {kernel_choice.fp32_kernel(kernel_choice.TRAINING)}")
     ratios = {"ours": [], "GPT-2": []}  # each step's time over nanoGPT's step next to it: the machine's drift cancels
     for round_ in range(rounds):
         times = {name: [] for name in models}

@@ -43,7 +43,7 @@ def _seed():
 @pytest.fixture
 def force_choice(monkeypatch):
     """`force_choice(variable, clear, choice)` sets a kernel-choice variable for this test and calls `clear`, which
-    forgets the process's cached choices (`scratch_linear.clear_kernel_choices`, ...), so they are made afresh;
+    forgets the process's cached choices (`kernel_choice.clear_kernel_choices`, ...), so they are made afresh;
     cleared again after the test."""
     cleared = []
 

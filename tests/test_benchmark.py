@@ -71,7 +71,7 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
         assert "CPU capability AVX2;" in result.stdout
     # The header names the machine-dependent choices; the bf16 ones are timed only where bf16 is native.
     attention = result.stdout.split(f"bf16 training attention up to {EAGER_MAX_KEYS} keys ", 1)[1].split(",")[0]
-    products = result.stdout.split("bf16 products of many rows ", 1)[1].split(" (scratch_linear")[0]
+    products = result.stdout.split("bf16 products of many rows ", 1)[1].split(" (kernel_choice")[0]
     if "bf16 not native" in result.stdout:
         assert attention == products == "-"
     else:
@@ -337,9 +337,9 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
     """One worker per side for every family, started before either is waited for, each told this process's kernel
     choices for prefill and training (timed again beside the other worker's load, a choice could differ from the
     timed rows'); they do not decode."""
-    from hf_scratch_transformer import scratch_linear
+    from hf_scratch_transformer import kernel_choice
 
-    choices = {scratch_linear.PREFILL: "onednn", scratch_linear.TRAINING: "native"}
+    choices = {kernel_choice.PREFILL: "onednn", kernel_choice.TRAINING: "native"}
     monkeypatch.setattr(benchmark_module, "fp32_kernel", choices.__getitem__)
     monkeypatch.setattr(benchmark_module, "bf16_training_kernel", lambda: "eager")
     events = []
@@ -349,7 +349,7 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
             start = command.index("--memory-worker") + 1
             self.side, families = command[start], command[start + 1:start + 3]
             self.returncode = 0
-            events.append(("started", self.side, families, env[scratch_linear.KERNELS_VARIABLE],
+            events.append(("started", self.side, families, env[kernel_choice.KERNELS_VARIABLE],
                            env[benchmark_module.ATTENTION_VARIABLE]))
 
         def communicate(self):

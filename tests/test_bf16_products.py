@@ -1,4 +1,4 @@
-"""ScratchLinear's bf16 products under CPU autocast (`scratch_linear.bf16_kernel`): autocast's own, or the widened one
+"""ScratchLinear's bf16 products under CPU autocast (`kernel_choice.bf16_kernel`): autocast's own, or the widened one
 through the fp32 BLAS. Forced either way they give the same results to bf16 rounding, forward and backward (double
 backward too), in a layer, in whole models and against the native GPT-2; the widened product keeps bf16 tensors for
 backward, as autocast's does; it is taken only for products of many rows under bf16 autocast; the choice is made once
@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from tiny_models import FAMILIES, lm_inputs, tiny_lm
 from tiny_native import gpt2
 
-from hf_scratch_transformer import scratch_linear
+from hf_scratch_transformer import kernel_choice, linear_kernels
 from hf_scratch_transformer.conversion import from_hf
-from hf_scratch_transformer.scratch_linear import FEW_ROWS, ScratchLinear, bf16_kernel
+from hf_scratch_transformer.kernel_choice import FEW_ROWS, bf16_kernel
+from hf_scratch_transformer.scratch_linear import ScratchLinear
 
 MANY_ROWS = 2 * FEW_ROWS
 
@@ -21,7 +22,7 @@ MANY_ROWS = 2 * FEW_ROWS
 def bf16_products(force_choice):
     """`bf16_products(choice)` sets HF_SCRATCH_CPU_BF16_PRODUCTS for this test; the choice is made afresh on both
     sides of it."""
-    return lambda choice: force_choice(scratch_linear.BF16_PRODUCTS_VARIABLE, scratch_linear.clear_kernel_choices,
+    return lambda choice: force_choice(kernel_choice.BF16_PRODUCTS_VARIABLE, kernel_choice.clear_kernel_choices,
                                        choice)
 
 
@@ -29,13 +30,13 @@ def bf16_products(force_choice):
 def widened_calls(monkeypatch):
     """The inputs' shapes of every product computed widened (`bf16_by_fp32_linear`), gradient products included."""
     calls = []
-    widened = scratch_linear.bf16_by_fp32_linear
+    widened = linear_kernels.bf16_by_fp32_linear
 
     def counting(inputs, weight, bias):
         calls.append(tuple(inputs.shape))
         return widened(inputs, weight, bias)
 
-    monkeypatch.setattr(scratch_linear, "bf16_by_fp32_linear", counting)
+    monkeypatch.setattr(linear_kernels, "bf16_by_fp32_linear", counting)
     return calls
 
 
@@ -187,14 +188,14 @@ def test_the_choice_is_timed_once_and_can_be_forced(bf16_products, monkeypatch):
             return {"native": 1.0, "fp32": lead}
         return time_bf16_kernels
 
-    monkeypatch.setattr(scratch_linear, "time_bf16_kernels", timed(0.5))
+    monkeypatch.setattr(kernel_choice, "time_bf16_kernels", timed(0.5))
     assert bf16_kernel() == bf16_kernel() == "fp32"
     assert timings == [0.5]
-    scratch_linear.clear_kernel_choices()
-    monkeypatch.setattr(scratch_linear, "time_bf16_kernels", timed(0.9))  # within the margin: autocast's own
+    kernel_choice.clear_kernel_choices()
+    monkeypatch.setattr(kernel_choice, "time_bf16_kernels", timed(0.9))  # within the margin: autocast's own
     assert bf16_kernel() == "native"
     bf16_products("native")
-    monkeypatch.setattr(scratch_linear, "time_bf16_kernels", timed(0.1))
+    monkeypatch.setattr(kernel_choice, "time_bf16_kernels", timed(0.1))
     assert bf16_kernel() == "native"
     assert timings == [0.5, 0.9]
     bf16_products("bf16")
@@ -204,7 +205,7 @@ def test_the_choice_is_timed_once_and_can_be_forced(bf16_products, monkeypatch):
 
 def test_timing_measures_both_kernels_and_leaves_the_random_state():
     state = torch.get_rng_state()
-    seconds = scratch_linear.time_bf16_kernels(repeats=1)
+    seconds = kernel_choice.time_bf16_kernels(repeats=1)
     assert set(seconds) == {"native", "fp32"}
     assert all(0 < value < 60 for value in seconds.values())
     assert torch.equal(torch.get_rng_state(), state)

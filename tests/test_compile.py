@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from tiny_models import FAMILIES, lm_inputs, tiny_config, tiny_lm
 
-from hf_scratch_transformer import scratch_linear
+from hf_scratch_transformer import kernel_choice
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
 from hf_scratch_transformer.scratch_layers import ScratchFeedForward
 from hf_scratch_transformer.scratch_linear import ScratchLinear
@@ -28,7 +28,7 @@ def _fresh_dynamo():
 def slow_blas_rows(monkeypatch):
     """A CPU whose BLAS reads one row slowly (the AMD EPYCs), where traced one-row products are row dots: whatever
     CPU the tests run on."""
-    monkeypatch.setattr(scratch_linear, "blas_reads_rows_slowly", lambda: True)
+    monkeypatch.setattr(kernel_choice, "blas_reads_rows_slowly", lambda: True)
 
 
 def _assert_compiled_step_matches_eager(eager_model, compiled_model, inputs: dict) -> None:
@@ -88,7 +88,7 @@ def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bia
     a loop reading the weight once (docs/performance.md), where the BLAS reads one row slowly; where it reads it at a
     plain sum's rate (an Intel Xeon), and for more rows, the product stays `F.linear`. Values and gradients equal the
     eager layer's."""
-    monkeypatch.setattr(scratch_linear, "blas_reads_rows_slowly", lambda: slow_rows)
+    monkeypatch.setattr(kernel_choice, "blas_reads_rows_slowly", lambda: slow_rows)
     layer = ScratchLinear(48, 40, bias=bias)
     graphs = []
 
@@ -114,7 +114,7 @@ def test_a_compiled_feed_forward_of_one_row_writes_its_activation_out_for_the_do
                                                                                                  slow_blas_rows):
     """Inlined into the down projection's row dot, the activation would be computed again for every row of its weight
     (an exact GELU's erf, 1536 x 384 times a layer): the row dot reads it written out by an identity product, an
-    extern kernel (`scratch_linear.materialized`); the up projection's row dot reads its input as it comes. More rows
+    extern kernel (`linear_kernels.materialized`); the up projection's row dot reads its input as it comes. More rows
     have no row dot and no identity product. Values and gradients equal the eager block's."""
     torch.manual_seed(0)
     feed_forward = ScratchFeedForward(tiny_config("decoder", hidden_act=activation))
@@ -160,20 +160,20 @@ def test_the_row_dot_is_taken_where_the_blas_reads_a_row_30_percent_slower_than_
     """`blas_reads_rows_slowly`: F.linear over one row against a plain `sum` over the same weights, timed once per
     process and thread count (AMD EPYCs: 2-3x a sum's time; an Intel Xeon: 1.0x, where the row dot gained nothing)."""
     timed = []
-    monkeypatch.setattr(scratch_linear, "time_row_reads", lambda: timed.append(1) or (blas, 1.0))
-    scratch_linear.clear_kernel_choices()
+    monkeypatch.setattr(kernel_choice, "time_row_reads", lambda: timed.append(1) or (blas, 1.0))
+    kernel_choice.clear_kernel_choices()
     try:
-        assert scratch_linear.blas_reads_rows_slowly() is expected
-        assert scratch_linear.blas_reads_rows_slowly() is expected
+        assert kernel_choice.blas_reads_rows_slowly() is expected
+        assert kernel_choice.blas_reads_rows_slowly() is expected
         assert timed == [1]
     finally:
-        scratch_linear.clear_kernel_choices()
+        kernel_choice.clear_kernel_choices()
 
 
 def test_timing_row_reads_measures_both_and_leaves_the_random_state_alone():
     state = torch.get_rng_state()
     with torch.inference_mode():
-        blas, plain_sum = scratch_linear.time_row_reads(repeats=1)
+        blas, plain_sum = kernel_choice.time_row_reads(repeats=1)
     assert blas > 0 and plain_sum > 0
     assert torch.equal(torch.get_rng_state(), state)
 

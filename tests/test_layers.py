@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
 
-from hf_scratch_transformer import scratch_layers, scratch_linear
+from hf_scratch_transformer import kernel_choice, scratch_layers
 from hf_scratch_transformer.modeling_scratch_common import ScratchPreTrainedModel
 from hf_scratch_transformer.scratch_attention import eager_attention_forward, sdpa_attention_forward
 from hf_scratch_transformer.scratch_layers import ScratchRMSNorm
@@ -341,7 +341,7 @@ def test_residual_sums_are_written_over_the_projections_with_the_same_logits_and
     last projection's tensor itself: in training where that is no view (F.linear without a bias; with one it
     returns a view of the 2-D product, and oneDNN's product is a view from its autograd.Function, the transposed
     product a view of its copy in F.linear's layout), without gradients always."""
-    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, kernel)
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, kernel)
     model = tiny_lm(family, norm_position=norm_position, dropout=dropout, use_bias=use_bias).train()
     inputs = lm_inputs(family)
     torch.manual_seed(3)
@@ -384,7 +384,7 @@ def test_a_residual_sum_never_overwrites_what_a_hook_kept(hook_on, force_choice,
     """A forward hook on a sublayer or its output projection (activation caching, interpretability tools) may keep
     the tensor it was given: then the sum is a new tensor and the kept one still holds the sublayer's output.
     A full backward hook hands on an alias of the output, which must not be written over either: it is called."""
-    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, "native")  # sums in place
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "native")  # sums in place
     model = tiny_lm("decoder", use_bias=False).train()
     layer = model.model.layers[0]
     modules = {"self_attn": layer.self_attn, "o_proj": layer.self_attn.o_proj, "mlp": layer.mlp,
@@ -422,7 +422,7 @@ def test_a_residual_sum_under_autocast_is_promoted_and_a_foreign_projection_is_l
     """Under bf16 autocast the projection's output is bf16 and the residual fp32: the sum is fp32, as out of place
     (written over the bf16 tensor it would be rounded). A projection that is not ours may keep its output for
     backward (here tanh's): the sum is out of place, and backward runs and agrees."""
-    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, "native")  # sums in place
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "native")  # sums in place
     model = tiny_lm("decoder", use_bias=False).train()
     block, hidden = model.model.layers[0], torch.randn(2, 7, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -445,7 +445,7 @@ def test_a_residual_sum_under_autocast_is_promoted_and_a_foreign_projection_is_l
 def test_only_results_of_at_least_the_threshold_are_written_over(grad, force_choice, monkeypatch):
     """Below `IN_PLACE_MIN_BYTES` a fresh tensor costs less than the checks and autograd's in-place bookkeeping: a
     block's sums and activation are written over their inputs from that size on, not below it; the same values."""
-    force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, "native")  # sums in place
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "native")  # sums in place
     block = tiny_lm("decoder", use_bias=False).train().model.layers[0]
     hidden_size, in_place_activations = block.mlp.down_proj.out_features, []
     projections, linear_forward = [], scratch_layers.ScratchLinear.forward

@@ -9,14 +9,15 @@ import torch.nn.utils.parametrize
 import torch.nn.utils.prune
 from tiny_models import FAMILIES, lm_inputs, tiny_lm
 
-from hf_scratch_transformer import scratch_linear
-from hf_scratch_transformer.scratch_linear import ScratchLinear, fp32_kernel
+from hf_scratch_transformer import kernel_choice, linear_kernels, scratch_linear
+from hf_scratch_transformer.kernel_choice import fp32_kernel
+from hf_scratch_transformer.scratch_linear import ScratchLinear
 
-pytestmark = pytest.mark.skipif(not scratch_linear.ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
-ONEDNN_LINEAR = scratch_linear.onednn_linear
-MANY_ROWS = 2 * scratch_linear.FEW_ROWS
-FEW_ROW_REGIMES = (scratch_linear.DECODING, scratch_linear.DECODING_FROM_MEMORY, scratch_linear.BATCH_DECODING,
-                   scratch_linear.BATCH_DECODING_FROM_MEMORY)
+pytestmark = pytest.mark.skipif(not linear_kernels.ONEDNN_AVAILABLE, reason="this torch build has no oneDNN")
+ONEDNN_LINEAR = linear_kernels.onednn_linear
+MANY_ROWS = 2 * kernel_choice.FEW_ROWS
+FEW_ROW_REGIMES = (kernel_choice.DECODING, kernel_choice.DECODING_FROM_MEMORY, kernel_choice.BATCH_DECODING,
+                   kernel_choice.BATCH_DECODING_FROM_MEMORY)
 
 
 def seconds(onednn: float, transposed: float = 2.0) -> dict[str, float]:
@@ -27,7 +28,7 @@ def seconds(onednn: float, transposed: float = 2.0) -> dict[str, float]:
 @pytest.fixture
 def kernels(force_choice):
     """`kernels(choice)` sets HF_SCRATCH_CPU_KERNELS for this test; the choice is made afresh on both sides of it."""
-    return lambda choice: force_choice(scratch_linear.KERNELS_VARIABLE, scratch_linear.clear_kernel_choices, choice)
+    return lambda choice: force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, choice)
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def onednn_calls(monkeypatch, kernels):
         calls.append(args[0].shape)
         return ONEDNN_LINEAR(*args)
 
-    monkeypatch.setattr(scratch_linear, "onednn_linear", counting)
+    monkeypatch.setattr(linear_kernels, "onednn_linear", counting)
     return calls
 
 
@@ -184,24 +185,24 @@ def test_auto_times_each_regime_once_and_keeps_the_choice(kernels, onednn_calls,
     """Decoding steps (one row, a few rows), prefill (many rows, no gradients) and training (many rows, gradients)
     each have their choice, timed at the first product of the regime: oneDNN may win one and lose another."""
     timed = []
-    faster = {scratch_linear.PREFILL}
+    faster = {kernel_choice.PREFILL}
 
     def timing(regime, shape):  # oneDNN faster for prefill only
         timed.append(regime)
         return seconds(0.5) if regime in faster else seconds(2.0)
 
-    monkeypatch.setattr(scratch_linear, "time_kernels", timing)
+    monkeypatch.setattr(kernel_choice, "time_kernels", timing)
     kernels("auto")
     layer = ScratchLinear(8, 4)
     for grad in (False, True, False):
         with torch.set_grad_enabled(grad):
             for rows in (1, MANY_ROWS, 2, MANY_ROWS + 1):
                 layer(torch.randn(rows, 8))
-    assert sorted(timed) == sorted([scratch_linear.DECODING, scratch_linear.BATCH_DECODING, scratch_linear.PREFILL,
-                                    scratch_linear.TRAINING])
+    assert sorted(timed) == sorted([kernel_choice.DECODING, kernel_choice.BATCH_DECODING, kernel_choice.PREFILL,
+                                    kernel_choice.TRAINING])
     assert [shape[0] for shape in onednn_calls] == [MANY_ROWS, MANY_ROWS + 1] * 2  # the no-grad many-row products
     assert [fp32_kernel(regime, layer.weight.shape) for regime in (
-        scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING)] == ["native", "onednn", "native"]
+        kernel_choice.DECODING, kernel_choice.PREFILL, kernel_choice.TRAINING)] == ["native", "onednn", "native"]
 
 
 @pytest.mark.parametrize("onednn_time, prefill, decoding, training", [
@@ -217,12 +218,12 @@ def test_onednn_must_be_5_percent_faster_for_prefill_10_for_decoding_20_for_trai
     models prefilled 5-14% faster with oneDNN (AVX-512 AMD EPYC); decoding steps keep 10%, from memory too;
     training's timing, the noisiest, read 0.83-1.11 there where whole models tie or lose with oneDNN, so it needs
     20%."""
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: seconds(onednn_time))
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, **kwargs: seconds(onednn_time))
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     kernels("auto")
-    assert fp32_kernel(scratch_linear.PREFILL) == prefill
+    assert fp32_kernel(kernel_choice.PREFILL) == prefill
     assert {fp32_kernel(regime) for regime in FEW_ROW_REGIMES} == {decoding}
-    assert fp32_kernel(scratch_linear.TRAINING) == training
+    assert fp32_kernel(kernel_choice.TRAINING) == training
 
 
 @pytest.mark.parametrize("capability, avx2_only", [("AVX2", True), ("AVX512", False), ("DEFAULT", False)])
@@ -234,19 +235,19 @@ def test_an_avx2_only_cpu_takes_onednn_from_15_percent_faster_for_prefill_20_for
     10% on every class: there oneDNN read 0.72-0.96 of the BLAS's time and models decoded up to 20% faster with it;
     so do decoding steps of a few rows, timed over 8 rows at once."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: seconds(0.87))
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, **kwargs: seconds(0.87))
     kernels("auto")
     expected = "native" if avx2_only else "onednn"
-    assert fp32_kernel(scratch_linear.PREFILL) == fp32_kernel(scratch_linear.DECODING) == expected
+    assert fp32_kernel(kernel_choice.PREFILL) == fp32_kernel(kernel_choice.DECODING) == expected
     assert {fp32_kernel(regime) for regime in FEW_ROW_REGIMES[1:]} == {"onednn"}
-    assert fp32_kernel(scratch_linear.TRAINING) == "native"
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: seconds(0.82))
-    scratch_linear.clear_kernel_choices()
-    assert fp32_kernel(scratch_linear.PREFILL) == "onednn"
-    assert fp32_kernel(scratch_linear.DECODING) == expected
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: seconds(0.78))
-    scratch_linear.clear_kernel_choices()
-    assert fp32_kernel(scratch_linear.DECODING) == "onednn"
+    assert fp32_kernel(kernel_choice.TRAINING) == "native"
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, **kwargs: seconds(0.82))
+    kernel_choice.clear_kernel_choices()
+    assert fp32_kernel(kernel_choice.PREFILL) == "onednn"
+    assert fp32_kernel(kernel_choice.DECODING) == expected
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, **kwargs: seconds(0.78))
+    kernel_choice.clear_kernel_choices()
+    assert fp32_kernel(kernel_choice.DECODING) == "onednn"
 
 
 @pytest.mark.parametrize("regime", ["training", "prefill", "decoding", "batch_decoding"])
@@ -261,15 +262,15 @@ def test_training_products_are_timed_on_one_core_the_others_on_the_process_threa
         seen.append((torch.get_num_threads(), inputs.shape[0], inputs.requires_grad))
         return product(inputs, weight, bias)
 
-    monkeypatch.setattr(scratch_linear.F, "linear", linear)
+    monkeypatch.setattr(kernel_choice.F, "linear", linear)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        scratch_linear.time_kernels(regime, repeats=1)
+        kernel_choice.time_kernels(regime, repeats=1)
     finally:
         torch.set_num_threads(threads)
-    training = regime == scratch_linear.TRAINING
-    assert set(seen) == {(1 if training else 2, scratch_linear.TIMED_ROWS[regime], training)}
+    training = regime == kernel_choice.TRAINING
+    assert set(seen) == {(1 if training else 2, kernel_choice.TIMED_ROWS[regime], training)}
 
 
 def test_decoding_is_timed_over_more_rounds(monkeypatch):
@@ -283,13 +284,13 @@ def test_decoding_is_timed_over_more_rounds(monkeypatch):
         calls.append(args[0].shape[0])
         return product(*args)
 
-    monkeypatch.setattr(scratch_linear.F, "linear", linear)
-    for regime in (scratch_linear.DECODING, scratch_linear.PREFILL, scratch_linear.TRAINING):
+    monkeypatch.setattr(kernel_choice.F, "linear", linear)
+    for regime in (kernel_choice.DECODING, kernel_choice.PREFILL, kernel_choice.TRAINING):
         calls.clear()
-        scratch_linear.time_kernels(regime, shape=(16, 8))
-        per_round = 5 if regime == scratch_linear.DECODING else 1
-        assert len(calls) == (scratch_linear.TIMED_ROUNDS[regime] + 1) * per_round
-    assert scratch_linear.TIMED_ROUNDS == {"decoding": 20, "decoding_from_memory": 5, "batch_decoding": 10,
+        kernel_choice.time_kernels(regime, shape=(16, 8))
+        per_round = 5 if regime == kernel_choice.DECODING else 1
+        assert len(calls) == (kernel_choice.TIMED_ROUNDS[regime] + 1) * per_round
+    assert kernel_choice.TIMED_ROUNDS == {"decoding": 20, "decoding_from_memory": 5, "batch_decoding": 10,
                                            "batch_decoding_from_memory": 5, "prefill": 5, "training": 8}
 
 
@@ -309,17 +310,17 @@ def test_decoding_steps_are_timed_over_weights_read_as_a_model_reads_them(monkey
         seen.append((inputs.shape[0], weight.data_ptr(), torch.get_num_threads()))
         return product(inputs, weight, bias)
 
-    monkeypatch.setattr(scratch_linear.F, "linear", linear)
+    monkeypatch.setattr(kernel_choice.F, "linear", linear)
     weight_bytes = 16 * 8 * 4
     for cache, cap in ((64 << 10, 256 << 20), (1 << 40, 32 << 10)):
-        monkeypatch.setattr(scratch_linear, "last_level_cache_bytes", lambda cache=cache: cache)
-        monkeypatch.setattr(scratch_linear, cap_name, cap)
+        monkeypatch.setattr(kernel_choice, "last_level_cache_bytes", lambda cache=cache: cache)
+        monkeypatch.setattr(kernel_choice, cap_name, cap)
         seen.clear()
-        scratch_linear.time_kernels(regime, repeats=2, shape=(16, 8))
+        kernel_choice.time_kernels(regime, repeats=2, shape=(16, 8))
         weights = int(min(fraction * cache, cap)) // weight_bytes
         assert len(seen) == 3 * weights  # a warm-up round and two timed ones
         assert len({pointer for _, pointer, _ in seen}) == weights
-        assert {(rows, threads) for rows, _, threads in seen} == {(scratch_linear.TIMED_ROWS[regime],
+        assert {(rows, threads) for rows, _, threads in seen} == {(kernel_choice.TIMED_ROWS[regime],
                                                                    torch.get_num_threads())}
 
 
@@ -327,15 +328,15 @@ def test_the_largest_cache_is_read_from_sysfs(monkeypatch, tmp_path):
     for index, size in enumerate(["48K", "1024K", "32768K\n", "unknown"]):
         (tmp_path / f"index{index}").mkdir()
         (tmp_path / f"index{index}" / "size").write_text(size)
-    monkeypatch.setattr(scratch_linear, "CACHE_SIZES", tmp_path)
-    scratch_linear.last_level_cache_bytes.cache_clear()
+    monkeypatch.setattr(kernel_choice, "CACHE_SIZES", tmp_path)
+    kernel_choice.last_level_cache_bytes.cache_clear()
     try:
-        assert scratch_linear.last_level_cache_bytes() == 32 << 20
-        monkeypatch.setattr(scratch_linear, "CACHE_SIZES", tmp_path / "absent")  # no sysfs (not Linux)
-        scratch_linear.last_level_cache_bytes.cache_clear()
-        assert scratch_linear.last_level_cache_bytes() == scratch_linear.DEFAULT_CACHE_BYTES
+        assert kernel_choice.last_level_cache_bytes() == 32 << 20
+        monkeypatch.setattr(kernel_choice, "CACHE_SIZES", tmp_path / "absent")  # no sysfs (not Linux)
+        kernel_choice.last_level_cache_bytes.cache_clear()
+        assert kernel_choice.last_level_cache_bytes() == kernel_choice.DEFAULT_CACHE_BYTES
     finally:
-        scratch_linear.last_level_cache_bytes.cache_clear()
+        kernel_choice.last_level_cache_bytes.cache_clear()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -360,7 +361,7 @@ def test_a_model_larger_than_the_cache_decodes_in_its_own_regime(family, kernels
     inputs = lm_inputs(family, batch=1, length=5)
     outputs = {}
     for cache, products in ((resized, 0), (resized - 1, None)):
-        monkeypatch.setattr(scratch_linear, "last_level_cache_bytes", lambda cache=cache: cache)
+        monkeypatch.setattr(kernel_choice, "last_level_cache_bytes", lambda cache=cache: cache)
         onednn_calls.clear()
         with torch.no_grad():
             outputs[products] = model(**inputs).logits
@@ -378,7 +379,7 @@ def test_decoding_chooses_again_for_each_thread_count(kernels, onednn_calls, mon
         timed.append((regime, torch.get_num_threads()))
         return seconds(0.5) if torch.get_num_threads() == 2 else seconds(2.0)
 
-    monkeypatch.setattr(scratch_linear, "time_kernels", timing)
+    monkeypatch.setattr(kernel_choice, "time_kernels", timing)
     kernels("auto")
     layer = ScratchLinear(1024, 2048)
     threads = torch.get_num_threads()
@@ -406,8 +407,8 @@ def test_decoding_steps_choose_per_weight_shape_prefill_and_training_once(kernel
         timed.append((regime, shape))
         return seconds(2.0) if shape == (4, 8) else seconds(0.5)
 
-    monkeypatch.setattr(scratch_linear, "time_kernels", timing)
-    monkeypatch.setattr(scratch_linear, "MAX_TIMED_WEIGHT_BYTES", 4 * 8 * 10)  # at most 10 rows of 8 inputs
+    monkeypatch.setattr(kernel_choice, "time_kernels", timing)
+    monkeypatch.setattr(kernel_choice, "MAX_TIMED_WEIGHT_BYTES", 4 * 8 * 10)  # at most 10 rows of 8 inputs
     kernels("auto")
     small, middle, tall = ScratchLinear(8, 4), ScratchLinear(8, 8), ScratchLinear(8, 16)
     with torch.no_grad():
@@ -416,22 +417,22 @@ def test_decoding_steps_choose_per_weight_shape_prefill_and_training_once(kernel
                 inputs = torch.ones(rows, 8)
                 torch.testing.assert_close(layer(inputs), F.linear(inputs, *layer.parameters()))
     shaped = [(4, 8), (8, 8), (10, 8)]
-    assert timed == [*((scratch_linear.DECODING, shape) for shape in shaped),
-                     *((scratch_linear.BATCH_DECODING, shape) for shape in shaped),
-                     (scratch_linear.PREFILL, scratch_linear.TIMED_SHAPE)]
+    assert timed == [*((kernel_choice.DECODING, shape) for shape in shaped),
+                     *((kernel_choice.BATCH_DECODING, shape) for shape in shaped),
+                     (kernel_choice.PREFILL, kernel_choice.TIMED_SHAPE)]
     threads = torch.get_num_threads()
-    assert {key: kernel for key, kernel in scratch_linear.KERNEL_CHOICES.items() if key[0] == "decoding"} == {
+    assert {key: kernel for key, kernel in kernel_choice.KERNEL_CHOICES.items() if key[0] == "decoding"} == {
         ("decoding", (4, 8), threads): "native", ("decoding", (8, 8), threads): "onednn",
         ("decoding", (16, 8), threads): "onednn"}
     assert [shape[0] for shape in onednn_calls] == [1, 1, 2, 2, *[MANY_ROWS] * 3, 1, 1]
 
 
 def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkeypatch):
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda *args, **kwargs: pytest.fail("timed a forced choice"))
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda *args, **kwargs: pytest.fail("timed a forced choice"))
     for choice in ("native", "onednn", "transposed"):
         kernels(choice)
-        shaped = {fp32_kernel(regime, (4, 8)) for regime in scratch_linear.REGIMES}
-        assert {fp32_kernel(regime) for regime in scratch_linear.REGIMES} == shaped == {choice}
+        shaped = {fp32_kernel(regime, (4, 8)) for regime in kernel_choice.REGIMES}
+        assert {fp32_kernel(regime) for regime in kernel_choice.REGIMES} == shaped == {choice}
     kernels("fastest")
     with pytest.raises(ValueError, match="HF_SCRATCH_CPU_KERNELS must be one of auto, native, onednn, transposed"):
         ScratchLinear(8, 4)(torch.randn(2, 8))
@@ -439,19 +440,19 @@ def test_forced_kernels_are_not_timed_and_a_wrong_value_is_named(kernels, monkey
 
 def test_kernels_forced_per_regime_leave_the_others_timed(kernels, monkeypatch):
     timed = []
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: timed.append(regime) or seconds(2.0))
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, **kwargs: timed.append(regime) or seconds(2.0))
     kernels(" Prefill=oneDNN, training=native ")
-    assert fp32_kernel(scratch_linear.PREFILL) == "onednn"
-    assert fp32_kernel(scratch_linear.TRAINING) == "native"
+    assert fp32_kernel(kernel_choice.PREFILL) == "onednn"
+    assert fp32_kernel(kernel_choice.TRAINING) == "native"
     assert timed == []
-    assert fp32_kernel(scratch_linear.DECODING) == "native"  # not named: auto, timed (the BLAS 2x faster here)
-    assert timed == [scratch_linear.DECODING]
+    assert fp32_kernel(kernel_choice.DECODING) == "native"  # not named: auto, timed (the BLAS 2x faster here)
+    assert timed == [kernel_choice.DECODING]
     regimes = "decoding, decoding_from_memory, batch_decoding, batch_decoding_from_memory, prefill, training"
     for wrong, message in (("prefil=onednn", f"can name the regimes {regimes}; got 'prefil=onednn'"),
                            ("prefill=fast", "must be one of auto, native, onednn, transposed .*got 'prefill=fast'")):
         kernels(wrong)
         with pytest.raises(ValueError, match=message):
-            fp32_kernel(scratch_linear.PREFILL)
+            fp32_kernel(kernel_choice.PREFILL)
 
 
 def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernels):
@@ -462,18 +463,18 @@ def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernel
         output = layer(torch.ones(MANY_ROWS, 8))
         one_row = layer(torch.ones(1, 8))  # where decoding takes oneDNN, this weight's shape is timed too
         few_rows = layer(torch.ones(3, 8))
-        training = fp32_kernel(scratch_linear.TRAINING)  # its timing runs a backward: it needs autograd back
+        training = fp32_kernel(kernel_choice.TRAINING)  # its timing runs a backward: it needs autograd back
     assert output.shape == (MANY_ROWS, 4)
     torch.testing.assert_close(one_row, output[:1])
     torch.testing.assert_close(few_rows, output[:3])
     assert torch.equal(torch.get_rng_state(), state)
-    regimes = (scratch_linear.DECODING, scratch_linear.PREFILL)
+    regimes = (kernel_choice.DECODING, kernel_choice.PREFILL)
     assert {training, *(fp32_kernel(regime) for regime in regimes)} <= {"native", "onednn"}
-    assert fp32_kernel(scratch_linear.BATCH_DECODING) in {"native", "onednn", "transposed"}
+    assert fp32_kernel(kernel_choice.BATCH_DECODING) in {"native", "onednn", "transposed"}
 
 
 def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, monkeypatch):
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda *args, **kwargs: pytest.fail("timed while compiling"))
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda *args, **kwargs: pytest.fail("timed while compiling"))
     kernels("auto")
     layer = ScratchLinear(8, 4)
     inputs = torch.randn(MANY_ROWS, 8)
@@ -514,7 +515,7 @@ def test_the_transposed_product_gives_f_linear_results_in_its_layout(shape, bias
     torch.manual_seed(0)
     layer = ScratchLinear(24, 40, bias=bias)
     inputs = torch.randn(shape, requires_grad=True)
-    output = scratch_linear.transposed_linear(inputs, layer.weight, layer.bias)
+    output = linear_kernels.transposed_linear(inputs, layer.weight, layer.bias)
     reference = F.linear(inputs, layer.weight, layer.bias)
     assert output.shape == reference.shape and output.is_contiguous()  # F.linear's layout, for the views after it
     torch.testing.assert_close(output, reference, atol=1e-5, rtol=1e-5)
@@ -530,18 +531,18 @@ def test_the_transposed_product_gives_f_linear_results_in_its_layout(shape, bias
     (1, True, True, "decoding"),
     (1, False, False, "decoding_from_memory"),
     (2, False, True, "batch_decoding"),
-    (scratch_linear.FEW_ROWS, True, True, "batch_decoding"),
+    (kernel_choice.FEW_ROWS, True, True, "batch_decoding"),
     (8, False, False, "batch_decoding_from_memory"),
-    (scratch_linear.FEW_ROWS + 1, False, False, "prefill"),
-    (scratch_linear.FEW_ROWS + 1, True, True, "training"),
+    (kernel_choice.FEW_ROWS + 1, False, False, "prefill"),
+    (kernel_choice.FEW_ROWS + 1, True, True, "training"),
 ])
 def test_the_regime_of_a_product(rows, grad, fits, regime):
     """One row, 2 to FEW_ROWS rows (each from the cache or from memory, by the model's working set), more rows with or
     without gradients; the rows counted over every leading dimension."""
-    cache = scratch_linear.last_level_cache_bytes()
+    cache = kernel_choice.last_level_cache_bytes()
     inputs = torch.zeros(rows, 1, 16).transpose(0, 1)  # (1, rows, 16)
     with torch.set_grad_enabled(grad):
-        assert scratch_linear.regime_of(inputs, cache if fits else cache + 1) == regime
+        assert kernel_choice.regime_of(inputs, cache if fits else cache + 1) == regime
 
 
 @pytest.mark.parametrize("onednn, transposed, expected", [
@@ -555,9 +556,9 @@ def test_a_few_rows_take_the_fastest_kernel_that_beats_f_linear_by_its_margin(on
     """A decoding step of a few rows (2 to FEW_ROWS) times three kernels: F.linear, oneDNN and the BLAS on the
     transposed product, each taken only where it beats F.linear by its margin; one row and many rows keep their
     own choices (the transposed product is not timed there), and the kernel chosen is the one that runs."""
-    monkeypatch.setattr(scratch_linear, "time_kernels", lambda regime, **kwargs: seconds(onednn, transposed))
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, **kwargs: seconds(onednn, transposed))
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    transposed_rows, transposed_linear = [], scratch_linear.transposed_linear
+    transposed_rows, transposed_linear = [], linear_kernels.transposed_linear
 
     def counting(inputs, weight, bias):
         transposed_rows.append(inputs.shape[0])
@@ -567,11 +568,11 @@ def test_a_few_rows_take_the_fastest_kernel_that_beats_f_linear_by_its_margin(on
     kernels("auto")
     layer = ScratchLinear(8, 4)
     with torch.no_grad():
-        for rows in (1, 2, scratch_linear.FEW_ROWS, MANY_ROWS):
+        for rows in (1, 2, kernel_choice.FEW_ROWS, MANY_ROWS):
             inputs = torch.randn(rows, 8)
             torch.testing.assert_close(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
-    assert fp32_kernel(scratch_linear.BATCH_DECODING, layer.weight.shape) == expected
-    assert transposed_rows == ([2, scratch_linear.FEW_ROWS] if expected == "transposed" else [])
-    few = [2, scratch_linear.FEW_ROWS] if expected == "onednn" else []
+    assert fp32_kernel(kernel_choice.BATCH_DECODING, layer.weight.shape) == expected
+    assert transposed_rows == ([2, kernel_choice.FEW_ROWS] if expected == "transposed" else [])
+    few = [2, kernel_choice.FEW_ROWS] if expected == "onednn" else []
     one_and_many = [1, MANY_ROWS] if onednn < 0.9 else []  # one row and prefill: oneDNN within their margins
     assert sorted(shape[0] for shape in onednn_calls) == sorted(one_and_many + few)

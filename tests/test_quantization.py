@@ -11,9 +11,11 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM, TorchAoConfig
 
-from hf_scratch_transformer import ScratchDecoderForCausalLM, scratch_linear
+from hf_scratch_transformer import ScratchDecoderForCausalLM, kernel_choice, linear_kernels
 from hf_scratch_transformer.conversion import from_hf, to_hf
-from hf_scratch_transformer.scratch_linear import PLAIN_TYPES, ScratchLinear, clear_kernel_choices, is_torchao_weight
+from hf_scratch_transformer.kernel_choice import clear_kernel_choices
+from hf_scratch_transformer.linear_kernels import PLAIN_TYPES
+from hf_scratch_transformer.scratch_linear import ScratchLinear, is_torchao_weight
 
 VOCAB = 99
 CLASSES = {"ours": ScratchDecoderForCausalLM, "native": LlamaForCausalLM}
@@ -28,15 +30,15 @@ QUANTIZATION_TOLERANCE = {"Int8WeightOnlyConfig": 0.03, "Int8DynamicActivationIn
 @pytest.fixture
 def onednn_calls(monkeypatch):
     """The weight shape of every oneDNN product, with oneDNN forced (as tests/conftest.py does for the suite)."""
-    monkeypatch.setenv(scratch_linear.KERNELS_VARIABLE, "onednn")
+    monkeypatch.setenv(kernel_choice.KERNELS_VARIABLE, "onednn")
     clear_kernel_choices()
-    calls, product = [], scratch_linear.onednn_linear
+    calls, product = [], linear_kernels.onednn_linear
 
     def counting(*args):
         calls.append(tuple(args[1].shape))
         return product(*args)
 
-    monkeypatch.setattr(scratch_linear, "onednn_linear", counting)
+    monkeypatch.setattr(linear_kernels, "onednn_linear", counting)
     yield calls
     clear_kernel_choices()
 

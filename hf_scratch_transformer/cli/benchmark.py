@@ -59,10 +59,10 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   the test `--bf16` makes before training: below, they are emulated) and the fp32 kernels ScratchLinear chose in
   this process for decoding steps of one row and of several (batch 8: 8 rows; timed over 4), each for models whose
   weights fit in the CPU's largest cache and for larger ones (read from memory at every step), by weight shape
-  (out x in), and for prefill (no gradients) and training (`scratch_linear.fp32_kernel`, HF_SCRATCH_CPU_KERNELS:
+  (out x in), and for prefill (no gradients) and training (`kernel_choice.fp32_kernel`, HF_SCRATCH_CPU_KERNELS:
   "native" is F.linear, "transposed" the BLAS on the transposed product), and, where bf16 is native, the kernel of
   bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands widened to fp32 for the
-  BLAS, the same sums; `scratch_linear.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
+  BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -107,8 +107,7 @@ from hf_scratch_transformer import training
 from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
 from hf_scratch_transformer.conversion import from_hf
-from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
-from hf_scratch_transformer.scratch_linear import (
+from hf_scratch_transformer.kernel_choice import (
     BF16_PRODUCTS_VARIABLE,
     FEW_ROW_REGIMES,
     KERNEL_CHOICES,
@@ -119,8 +118,9 @@ from hf_scratch_transformer.scratch_linear import (
     bf16_kernel,
     fp32_kernel,
     last_level_cache_bytes,
-    onednn_linear,
 )
+from hf_scratch_transformer.linear_kernels import onednn_linear
+from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 
 FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
 SIDES = ("native", "ours")
@@ -568,8 +568,8 @@ def machine_class(machine: dict) -> str:
 
 
 def kernel_choices(bf16_native: bool) -> dict:
-    """The kernels this process chose where the choice depends on the machine (`scratch_linear.fp32_kernel`,
-    `scratch_linear.bf16_kernel` and `scratch_attention_kernel.bf16_training_kernel`, the last two only where bf16 is
+    """The kernels this process chose where the choice depends on the machine (`kernel_choice.fp32_kernel`,
+    `kernel_choice.bf16_kernel` and `scratch_attention_kernel.bf16_training_kernel`, the last two only where bf16 is
     native: they time bf16 kernels);
     for decoding steps, those its products took by weight shape: call it after the runs."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
@@ -613,7 +613,7 @@ def markdown(report: dict) -> str:
                    f"{k['fp32 batch decoding']} and {k['fp32 batch decoding from memory']}; prefill "
                    f"{k['fp32 prefill']}, training {k['fp32 training']}; CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 products of many rows {k['bf16 products']} "
-                   f"(scratch_linear.bf16_kernel); bf16 training attention up to {EAGER_MAX_KEYS} keys "
+                   f"(kernel_choice.bf16_kernel); bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
                    f"dropout (GPT-2's and BERT's) the eager math with our mask, as sdpa computes it there (no choice).")
     lines = [
