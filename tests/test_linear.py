@@ -262,7 +262,7 @@ def test_training_products_are_timed_on_one_core_the_others_on_the_process_threa
         seen.append((torch.get_num_threads(), inputs.shape[0], inputs.requires_grad))
         return product(inputs, weight, bias)
 
-    monkeypatch.setattr(kernel_choice.F, "linear", linear)
+    monkeypatch.setattr(F, "linear", linear)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -284,7 +284,7 @@ def test_decoding_is_timed_over_more_rounds(monkeypatch):
         calls.append(args[0].shape[0])
         return product(*args)
 
-    monkeypatch.setattr(kernel_choice.F, "linear", linear)
+    monkeypatch.setattr(F, "linear", linear)
     for regime in (kernel_choice.DECODING, kernel_choice.PREFILL, kernel_choice.TRAINING):
         calls.clear()
         kernel_choice.time_kernels(regime, shape=(16, 8))
@@ -310,7 +310,7 @@ def test_decoding_steps_are_timed_over_weights_read_as_a_model_reads_them(monkey
         seen.append((inputs.shape[0], weight.data_ptr(), torch.get_num_threads()))
         return product(inputs, weight, bias)
 
-    monkeypatch.setattr(kernel_choice.F, "linear", linear)
+    monkeypatch.setattr(F, "linear", linear)
     weight_bytes = 16 * 8 * 4
     for cache, cap in ((64 << 10, 256 << 20), (1 << 40, 32 << 10)):
         monkeypatch.setattr(kernel_choice, "last_level_cache_bytes", lambda cache=cache: cache)
