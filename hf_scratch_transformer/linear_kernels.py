@@ -136,7 +136,7 @@ class _Bf16ByFp32LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         # Recorded (double backward), the gradient products go through this function again, as in
-        # `_OneDNNLinearFunction.backward`; otherwise the gradient is widened once for both products.
+        # `OneDNNLinearFunction.backward`; otherwise the gradient is widened once for both products.
         recorded = torch.is_grad_enabled()
         product = _Bf16ByFp32LinearFunction.apply if recorded else bf16_by_fp32_linear
         # Widening is exact, and bf16_by_fp32_linear leaves an fp32 operand as it is; the bias's gradient is then
