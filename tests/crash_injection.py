@@ -10,11 +10,14 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
     card     as the N-th model card is written: the model folder's weights and tokenizer saved, no card yet
     late     no kill: every process but the main one lists a folder being written (`NAME.tmp`) N seconds late, as a
              slow process would
+    exit     every process but the main one aborts as its interpreter ends (SIGABRT, as gloo's teardown once did
+             in a two-process run), while the main one writes its model card N seconds late, as on a slow disk
 
 The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
 sends Ctrl-C's signal instead of SIGKILL.
 """
 
+import atexit
 import os
 import runpy
 import shutil
@@ -87,6 +90,17 @@ def main() -> None:
                 return list_now(path, *args)
 
             os.listdir = listdir
+    elif point == "exit":
+        if int(os.environ.get("RANK", "0")) != 0:
+            atexit.register(os.abort)
+        else:
+            write_card = hub.write_model_card
+
+            def slow_write_model_card(*args, **kwargs):
+                time.sleep(count)
+                return write_card(*args, **kwargs)
+
+            hub.write_model_card = slow_write_model_card
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

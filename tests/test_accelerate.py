@@ -199,6 +199,21 @@ def test_only_the_main_process_writes_the_model_folder(workspace):
     assert (output / "model/model.safetensors").is_file() and not (output / "model.tmp").exists()
 
 
+@pytest.mark.parametrize(("command", "launcher", "saved"), [("train_accelerate", "accelerate", "saved"),
+                                                            ("train", "torchrun", "saved a Hub-ready folder:")])
+def test_a_process_that_dies_as_it_exits_does_not_cost_the_model(workspace, command, launcher, saved):
+    """A run of two processes once ended with the other process aborting in its teardown ("terminate called without
+    an active exception": SIGABRT) while the main one still wrote the model folder, which the launcher then killed:
+    the run's model was lost. The other processes now wait for the main one to write it before they end."""
+    launcher, env = two_cpu_processes(launcher)
+    output = workspace / f"abort-at-exit-{command}"
+    stdout = run(ROOT / "tests/crash_injection.py", "exit", 3, f"hf_scratch_transformer.cli.{command}",
+                 *causal(workspace), *RUN, *TINY, "--max-steps", 1, "--batch-size", 2, "--output-dir", output,
+                 launcher=launcher, env=env, cwd=workspace, expect_failure=True)
+    assert "SIGABRT" in stdout and f"{saved} {output / 'model'}" in stdout
+    assert {"model.safetensors", "README.md", "tokenizer.json"} <= {path.name for path in (output / "model").iterdir()}
+
+
 def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
     launcher, env = two_cpu_processes("torchrun")
     run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,

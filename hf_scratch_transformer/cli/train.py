@@ -302,29 +302,35 @@ written = checkpointing.folder_aside(folder, trainer.is_world_process_zero())
 trainer.accelerator.wait_for_everyone()
 with model_folder_written(parser, folder):
     trainer.save_model(str(written))  # weights, config, model code (auto_map), tokenizer
-    if not trainer.is_world_process_zero():  # the main process writes the rest of the folder
-        raise SystemExit(0)
-    (written / "eval_results.json").write_text(json.dumps(results, indent=2))
-    training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=f"{preset or 'model'} {task}")
-    files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
-    dataset_name = run_data_name(args, files)
-    knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
-    hub.write_model_card(
-        written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset_name}", preset=preset,
-        config={key: value for key, value in model.config.to_dict().items() if key in knobs},
-        num_parameters=model.num_parameters(),
-        dataset=dataset_name,
-        dataset_on_hub=run_data_on_hub(args, files),
-        dataset_description="Files: " + ", ".join(f"`{f.name}`" for f in files) if not args.dataset else "",
-        tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
-        hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,
-                         "global_batch_size":
-                             args.batch_size * args.gradient_accumulation_steps * trainer.args.world_size,
-                         "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16,
-                         "eval_sequences": len(datasets["validation"])},  # all, or the first --max-eval-samples
-        eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
-    )
-    checkpointing.replace_folder(written, folder)
+    if trainer.is_world_process_zero():  # the main process writes the rest of the folder
+        (written / "eval_results.json").write_text(json.dumps(results, indent=2))
+        training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png",
+                                 title=f"{preset or 'model'} {task}")
+        files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
+        dataset_name = run_data_name(args, files)
+        knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
+        hub.write_model_card(
+            written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset_name}", preset=preset,
+            config={key: value for key, value in model.config.to_dict().items() if key in knobs},
+            num_parameters=model.num_parameters(),
+            dataset=dataset_name,
+            dataset_on_hub=run_data_on_hub(args, files),
+            dataset_description="Files: " + ", ".join(f"`{f.name}`" for f in files) if not args.dataset else "",
+            tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens",
+            hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,
+                             "global_batch_size":
+                                 args.batch_size * args.gradient_accumulation_steps * trainer.args.world_size,
+                             "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16,
+                             "eval_sequences": len(datasets["validation"])},  # all, or the first --max-eval-samples
+            eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
+        )
+        checkpointing.replace_folder(written, folder)
+# The others wait until the main process has written the folder: when one process of a run fails, the launcher kills
+# the rest, and one that aborted in its own teardown (seen once, gloo's "terminate called without an active
+# exception") took the folder the main process was still writing with it.
+trainer.accelerator.wait_for_everyone()
+if not trainer.is_world_process_zero():
+    raise SystemExit(0)
 print(f"saved a Hub-ready folder: {folder}")
 
 # ----------------------------------------------------------------------------------------------- reload and sample

@@ -451,4 +451,8 @@ if accelerator.is_main_process:
                              hyperparameters=hyperparameters, eval_results=results)
         checkpointing.replace_folder(written, folder)
     accelerator.print(f"saved {folder}")
+# The others wait until the main process has written the model: when one process of a run fails, the launcher kills
+# the rest, and one that aborted in its own teardown (seen once, gloo's "terminate called without an active
+# exception") took the folder the main process was still writing with it.
+accelerator.wait_for_everyone()
 accelerator.end_training()
