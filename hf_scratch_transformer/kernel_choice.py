@@ -254,6 +254,10 @@ MAX_STREAMED_BYTES = 256 << 20
 # otherwise: on the AVX2 AMD EPYC the transposed product took 0.7-1.3x F.linear's time over 2-8 rows there, while
 # whole models of 7-27 MB (in its 32 MiB L3) decoded at batch 2-32 as fast or up to 56% faster with it.
 MAX_CACHED_BYTES = 32 << 20
+# Small weights are timed over at most MAX_TIMED_WEIGHTS of them: 32 MiB of 32 x 32 weights are 8192 products a kernel
+# a round, whose calls cost more than their reads, and a 16-wide model's fine-tuning spent 40 s timing them at its
+# first step (a few rows: the last batch, or evaluation's). A model of such weights reads far less than that a step.
+MAX_TIMED_WEIGHTS = 1024
 
 
 def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = TIMED_SHAPE) -> dict[str, float]:
@@ -297,13 +301,13 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
 
 def weights_read_once(shape: tuple[int, int], from_memory: bool) -> tuple[torch.Tensor, ...]:
     """Distinct (out, in) weights to read once a round, as a decoding step reads a model's: as many as fill half the
-    largest cache (at most MAX_CACHED_BYTES), or twice it (`from_memory`, at most MAX_STREAMED_BYTES). Views of one
-    filled block, not drawn: a product's speed does not depend on the values, and drawing 64 MiB takes longer than
-    the timing."""
+    largest cache (at most MAX_CACHED_BYTES), or twice it (`from_memory`, at most MAX_STREAMED_BYTES), and at most
+    MAX_TIMED_WEIGHTS. Views of one filled block, not drawn: a product's speed does not depend on the values, and
+    drawing 64 MiB takes longer than the timing."""
     out_features, in_features = shape
     cache = last_level_cache_bytes()
     read = min(2 * cache, MAX_STREAMED_BYTES) if from_memory else min(cache // 2, MAX_CACHED_BYTES)
-    count = -(-read // (4 * out_features * in_features))
+    count = min(-(-read // (4 * out_features * in_features)), MAX_TIMED_WEIGHTS)
     return torch.full((count * out_features, in_features), 0.5).split(out_features)  # (count x out, in) -> (out, in)s
 
 
