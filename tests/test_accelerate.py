@@ -22,12 +22,12 @@ from accelerate.utils import DistributedType
 from accelerate.utils.dataclasses import get_module_class_from_name
 from forked_python import run_python
 from safetensors.torch import load_file, save_file
-from tiny_models import tiny_lm
-from tiny_tokenizers import write_run_corpus
+from tiny_models import tiny_config, tiny_lm
+from tiny_tokenizers import wordpiece, write_run_corpus
 from torch.distributed.fsdp import StateDictType
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-from hf_scratch_transformer import checkpointing, training
+from hf_scratch_transformer import ScratchEncoderForMaskedLM, checkpointing, training
 from hf_scratch_transformer.checkpointing import CheckpointError
 from hf_scratch_transformer.presets import get_preset
 
@@ -228,6 +228,46 @@ def test_launched_processes_that_cannot_join_fail_clearly(workspace):
                  launcher=launcher, env={"OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "0"}, cwd=workspace,
                  expect_failure=True)
     assert "launched as 2 processes" in stdout and "--cpu" in stdout
+
+
+@pytest.fixture(scope="module")
+def classification_run(tmp_path_factory) -> tuple[Path, list]:
+    """A tiny masked LM of ours and a labelled CSV: a folder to work in and `hf-scratch finetune`'s arguments."""
+    folder = tmp_path_factory.mktemp("finetune")
+    tokenizer = wordpiece()
+    torch.manual_seed(0)
+    ScratchEncoderForMaskedLM(tiny_config("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+                              ).save_pretrained(folder / "mlm")
+    tokenizer.save_pretrained(folder / "mlm")
+    texts = ["a dog runs", "the man walks", "a big horse", "the red house"]
+    (folder / "train.csv").write_text("\n".join(["text,label"] + [
+        f"{texts[i % 4]} {i},{'animal' if i % 4 in (0, 2) else 'other'}" for i in range(40)]))
+    return folder, [ROOT / "scripts/finetune.py", "--model", folder / "mlm", "--task", "text-classification",
+                    "--train-file", folder / "train.csv", "--max-steps", 2, "--batch-size", 4]
+
+
+def test_finetune_runs_under_torchrun_with_two_processes(classification_run):
+    """Every process wrote the model folder (each put its own folder aside in place of `model`): a run ended with a
+    folder holding only README.md. The main process writes it; the others wait for it, then end."""
+    folder, finetune = classification_run
+    launcher, env = two_cpu_processes("torchrun")
+    stdout = run(*finetune, "--output-dir", folder / "ddp", launcher=launcher, env=env, cwd=folder)
+    assert stdout.count("saved a Hub-ready folder:") == 1
+    assert {"model.safetensors", "config.json", "tokenizer.json", "eval_results.json", "README.md"} <= {
+        path.name for path in (folder / "ddp/model").iterdir()}
+    assert not (folder / "ddp/model.tmp").exists()
+    config = json.loads((folder / "ddp/model/config.json").read_text())
+    assert config["id2label"] == {"0": "animal", "1": "other"}
+
+
+def test_finetune_refuses_launched_processes_that_cannot_join(classification_run):
+    """Each would fine-tune alone, on all the data, and write the same folders."""
+    folder, finetune = classification_run
+    launcher, _ = two_cpu_processes("torchrun")
+    stdout = run(*finetune, "--output-dir", folder / "alone", launcher=launcher,
+                 env={"OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "0"}, cwd=folder, expect_failure=True)
+    assert "launched as 2 processes" in stdout and "ACCELERATE_USE_CPU=1" in stdout
+    assert not (folder / "alone/model").exists()
 
 
 def test_accelerate_configs_load_and_fsdp_wraps_the_block_of_every_family():

@@ -35,7 +35,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_transformer import hub, training
-from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer, folder_aside, replace_folder
+from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer
 from hf_scratch_transformer.cli.run_options import (
     RunParser,
     absolute_positions,
@@ -45,12 +45,13 @@ from hf_scratch_transformer.cli.run_options import (
     dataset_name,
     is_rank_zero,
     local_path,
-    model_folder_written,
     on_the_hub,
     positive_float,
     positive_int,
+    refuse_lone_processes,
     refuse_quantized_model,
     sequence_length,
+    trainer_model_folder,
 )
 from hf_scratch_transformer.conversion import from_hf
 from tokenizer_training import load_data
@@ -330,6 +331,7 @@ trainer = CrashSafeTrainer(
     compute_metrics=(training.classification_metrics if args.task == "text-classification"
                      else training.token_classification_metrics(names)),
 )
+refuse_lone_processes(parser, trainer)
 try:
     trainer.train(resume_from_checkpoint=True if args.resume else None)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
@@ -339,24 +341,25 @@ results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate()
            if key.removeprefix("eval_") in reported}
 print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 folder = output_dir / "model"
-written = folder_aside(folder)  # put in place complete: a kill leaves the earlier model folder, the new one, or none
-with model_folder_written(parser, folder):  # a full disk: one line naming it, the earlier folder kept
-    trainer.save_model(str(written))
-    (written / "eval_results.json").write_text(json.dumps(results, indent=2))
-    training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=args.task)
-    dataset = dataset_name(args.dataset) if args.dataset else Path(args.train_file).stem
-    hub.write_model_card(
-        written, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
-        config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset=dataset,
-        dataset_on_hub=on_the_hub(args.dataset),
-        dataset_description="" if args.dataset else "Files: " + ", ".join(
-            f"`{Path(file).name}`" for file in (args.train_file, args.validation_file) if file),
-        tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens (the base model's)",
-        hyperparameters={"base_model": str(args.model), "epochs": args.epochs, "max_steps": args.max_steps,
-                         "steps_trained": trainer.state.global_step, "batch_size": args.batch_size,
-                         "learning_rate": args.learning_rate},
-        eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
-        model_class=type(model).__name__,
-    )
-    replace_folder(written, folder)
+with trainer_model_folder(parser, trainer, folder) as written:  # put in place complete; the others wait for it
+    if trainer.is_world_process_zero():  # the main process writes the rest of the folder
+        (written / "eval_results.json").write_text(json.dumps(results, indent=2))
+        training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=args.task)
+        dataset = dataset_name(args.dataset) if args.dataset else Path(args.train_file).stem
+        hub.write_model_card(
+            written, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
+            config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset=dataset,
+            dataset_on_hub=on_the_hub(args.dataset),
+            dataset_description="" if args.dataset else "Files: " + ", ".join(
+                f"`{Path(file).name}`" for file in (args.train_file, args.validation_file) if file),
+            tokenizer_description=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens (the base model's)",
+            hyperparameters={"base_model": str(args.model), "epochs": args.epochs, "max_steps": args.max_steps,
+                             "steps_trained": trainer.state.global_step,
+                             "global_batch_size": args.batch_size * trainer.args.world_size,
+                             "learning_rate": args.learning_rate},
+            eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
+            model_class=type(model).__name__,
+        )
+if not trainer.is_world_process_zero():
+    raise SystemExit(0)
 print(f"saved a Hub-ready folder: {folder}")

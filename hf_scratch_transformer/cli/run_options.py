@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from importlib.resources import files
 from pathlib import Path
@@ -97,6 +98,34 @@ def model_folder_written(parser: argparse.ArgumentParser, folder: Path):
             yield
     except checkpointing.CheckpointError as error:
         fail(parser, str(error))
+
+
+@contextmanager
+def trainer_model_folder(parser: argparse.ArgumentParser, trainer, folder: Path) -> Iterator[Path]:
+    """The writing of a `Trainer` run's model folder `folder`, in every process of the run. Yields the folder aside
+    (`checkpointing.folder_aside`) with the model saved in it (`trainer.save_model`: every process takes part, as
+    FSDP gathers the shards; the main one writes); the main process writes the rest of the folder in the block
+    (`trainer.is_world_process_zero()`), which is then put in place complete: a kill leaves the earlier folder, the
+    new one, or none. The other processes wait until it is in place: when one process of a run fails, the launcher
+    kills the rest, and one that aborted in its own teardown (seen once, gloo's "terminate called without an active
+    exception") took the folder the main process was still writing with it."""
+    main = trainer.is_world_process_zero()
+    written = checkpointing.folder_aside(folder, main)
+    trainer.accelerator.wait_for_everyone()  # emptied of an interrupted write before anyone writes there
+    with model_folder_written(parser, folder):
+        trainer.save_model(str(written))  # weights, config, model code (auto_map), tokenizer
+        yield written
+        if main:
+            checkpointing.replace_folder(written, folder)
+    trainer.accelerator.wait_for_everyone()
+
+
+def refuse_lone_processes(parser: argparse.ArgumentParser, trainer) -> None:
+    """Processes launched together (torchrun) that Trainer did not join: each would train alone, on the whole data,
+    and all would write the same folders."""
+    if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):
+        parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but they found no device to train together "
+                     "on: on CPU set ACCELERATE_USE_CPU=1")
 
 
 @contextmanager

@@ -34,7 +34,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
-from hf_scratch_transformer import checkpointing, hub, training
+from hf_scratch_transformer import hub, training
 from hf_scratch_transformer.checkpointing import (
     TRAINER_PREFIX,
     CheckpointError,
@@ -58,17 +58,18 @@ from hf_scratch_transformer.cli.run_options import (
     fraction,
     is_rank_zero,
     load_run_data,
-    model_folder_written,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    refuse_lone_processes,
     refuse_quantized_model,
     run_data_name,
     run_data_on_hub,
     stop_cleanly_on_ctrl_c,
+    trainer_model_folder,
 )
 from hf_scratch_transformer.presets import get_preset
 from hf_scratch_transformer.sharding import ShardedTrainer
@@ -276,9 +277,7 @@ else:
     trainer = ShardedCrashSafeTrainer(args=TrainingArguments(**arguments), **trainer_kwargs)
 if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16, "--bf16"):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
-if trainer.args.world_size != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone
-    parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but they found no device to train together "
-                 "on: on CPU set ACCELERATE_USE_CPU=1")
+refuse_lone_processes(parser, trainer)
 try:
     trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
@@ -296,12 +295,8 @@ if task == "causal-lm":
 print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 
 # ----------------------------------------------------------------------------------------------- Hub-ready folder
-# Written aside and put in place complete: a kill leaves the earlier model folder, the new one, or none.
 folder = output_dir / "model"
-written = checkpointing.folder_aside(folder, trainer.is_world_process_zero())
-trainer.accelerator.wait_for_everyone()
-with model_folder_written(parser, folder):
-    trainer.save_model(str(written))  # weights, config, model code (auto_map), tokenizer
+with trainer_model_folder(parser, trainer, folder) as written:  # put in place complete; the others wait for it
     if trainer.is_world_process_zero():  # the main process writes the rest of the folder
         (written / "eval_results.json").write_text(json.dumps(results, indent=2))
         training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png",
@@ -324,11 +319,6 @@ with model_folder_written(parser, folder):
                              "eval_sequences": len(datasets["validation"])},  # all, or the first --max-eval-samples
             eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
         )
-        checkpointing.replace_folder(written, folder)
-# The others wait until the main process has written the folder: when one process of a run fails, the launcher kills
-# the rest, and one that aborted in its own teardown (seen once, gloo's "terminate called without an active
-# exception") took the folder the main process was still writing with it.
-trainer.accelerator.wait_for_everyone()
 if not trainer.is_world_process_zero():
     raise SystemExit(0)
 print(f"saved a Hub-ready folder: {folder}")
