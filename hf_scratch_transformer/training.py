@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate.utils import reduce
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
 from torch.nn import functional as F
 from transformers import TrainerCallback
@@ -350,7 +351,12 @@ class TimeBudget(TrainerCallback):
         self.start = time.monotonic()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if time.monotonic() - self.start > self.seconds and state.global_step < state.max_steps:
+        over = time.monotonic() - self.start > self.seconds
+        if args.world_size > 1:
+            # Every process stops after the same step: one that stopped alone left the others waiting in the next
+            # step's gradient exchange for it, for good. The clocks cross the budget at different steps.
+            over = bool(reduce(torch.tensor(float(over), device=args.device), "max"))
+        if over and state.global_step < state.max_steps:
             control.should_training_stop = control.should_save = True
             self.stopped_at = state.global_step
 

@@ -12,6 +12,8 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
              slow process would
     exit     every process but the main one aborts as its interpreter ends (SIGABRT, as gloo's teardown once did
              in a two-process run), while the main one writes its model card N seconds late, as on a slow disk
+    clock    no kill: every process but the main one sees `--max-minutes`' clock run N times as fast, so that its
+             budget runs out steps before the main one's, as where processes cross it at different steps
 
 The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
 sends Ctrl-C's signal instead of SIGKILL.
@@ -25,10 +27,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from hf_scratch_transformer import checkpointing, hub
+from hf_scratch_transformer import checkpointing, hub, training
 
 
 def die() -> None:
@@ -101,6 +104,9 @@ def main() -> None:
                 return write_card(*args, **kwargs)
 
             hub.write_model_card = slow_write_model_card
+    elif point == "clock":
+        if int(os.environ.get("RANK", "0")) != 0:
+            training.time = SimpleNamespace(monotonic=lambda: count * time.monotonic())
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

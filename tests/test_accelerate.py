@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 import torch.distributed.checkpoint
@@ -46,22 +47,37 @@ STOP = 4
 
 
 def run(*arguments, cwd: Path, launcher: list[str] | None = None, env: dict | None = None,
-        expect_failure: bool = False, limit_file_size: int | None = None) -> str:
-    """`limit_file_size` (bytes): a write past it fails as on a full disk (see forked_python)."""
+        expect_failure: bool = False, limit_file_size: int | None = None, timeout: int = 600) -> str:
+    """`limit_file_size` (bytes): a write past it fails as on a full disk (see forked_python); `timeout` (seconds):
+    a run still going then fails the test (subprocess.TimeoutExpired)."""
     environment = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
     command = (launcher or [sys.executable]) + [str(argument) for argument in arguments]
     if launcher:  # it starts the processes of the run as fresh interpreters
         assert not limit_file_size
-        result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600,
-                                check=False)
+        result = run_launched(command, cwd=cwd, env=environment, timeout=timeout)
     else:
-        result = run_python(command, cwd=cwd, env=environment, timeout=600, limit_file_size=limit_file_size)
+        result = run_python(command, cwd=cwd, env=environment, timeout=timeout, limit_file_size=limit_file_size)
     output = result.stdout + result.stderr
     if expect_failure:
         assert result.returncode != 0, output[-3000:]
     else:
         assert result.returncode == 0, output[-5000:]
     return output
+
+
+def run_launched(command: list[str], cwd: Path, env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """A launcher and the processes it starts: on a timeout all of them are killed (a hung run's processes, left
+    behind, would wait in their collectives for the rest of the suite; torchrun starts them in sessions of their
+    own)."""
+    with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for launched in [*psutil.Process(process.pid).children(recursive=True), process]:
+                launched.kill()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def losses(folder: Path) -> dict[int, float]:
@@ -212,6 +228,21 @@ def test_a_process_that_dies_as_it_exits_does_not_cost_the_model(workspace, comm
                  launcher=launcher, env=env, cwd=workspace, expect_failure=True)
     assert "SIGABRT" in stdout and f"{saved} {output / 'model'}" in stdout
     assert {"model.safetensors", "README.md", "tokenizer.json"} <= {path.name for path in (output / "model").iterdir()}
+
+
+def test_a_time_budget_stops_every_process_after_the_same_step(workspace):
+    """Each process checked --max-minutes against its own clock: one whose budget ran out a step before the other's
+    stopped, and the other waited for it in the next step's gradient exchange for good (the run hung). Here the other
+    process's clock runs twice as fast."""
+    launcher, env = two_cpu_processes("torchrun")
+    output = workspace / "time-budget"
+    stdout = run(ROOT / "tests/crash_injection.py", "clock", 2, "hf_scratch_transformer.cli.train", *causal(workspace),
+                 *RUN, *TINY, "--max-steps", 100000, "--max-minutes", 0.05, "--batch-size", 2, "--output-dir", output,
+                 launcher=launcher, env=env, cwd=workspace, timeout=180)
+    stopped = re.findall(r"--max-minutes 0.05: stopped after step (\d+) of 100000", stdout)
+    assert len(stopped) == 1, stdout[-3000:]
+    assert (output / f"checkpoints/checkpoint-{stopped[0]}").is_dir()
+    assert (output / "model/model.safetensors").is_file()
 
 
 def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):

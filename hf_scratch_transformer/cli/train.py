@@ -282,7 +282,7 @@ try:
     trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
     fail(parser, str(error))
-if budget and budget.stopped_at:
+if budget and budget.stopped_at and is_main_process:
     print(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
           "(checkpointed: --resume continues)")
 
