@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
@@ -235,6 +235,36 @@ class ScratchPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif hasattr(module, "reset_buffers"):
             module.reset_buffers()
+
+
+class ScratchGenerationMixin(GenerationMixin):
+    """transformers' `generate()`, with the position each decoding step reaches checked before the step runs."""
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, inputs_embeds=None, **kwargs) -> dict:
+        """transformers' inputs of a decoding step. Over a static cache the step may run compiled, where the forward
+        reads no values back (`value_range`): a step past the table of absolute positions failed in inductor's code
+        with "index out of bounds" (on a GPU, a device-side assert). So its positions are checked here, eagerly.
+        `inputs_embeds` named: `generate()` takes them only from a model whose signature here names them."""
+        if getattr(kwargs.get("cache", kwargs.get("past_key_values")), "is_compileable", False):  # 5.24: `cache`
+            self._check_positions_of_step(input_ids, kwargs)
+        return super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
+
+    def _check_positions_of_step(self, input_ids: torch.LongTensor, kwargs: dict) -> None:
+        """The last position a step reaches: the positions `generate()` made from the mask (decoder-only, since
+        transformers 5.24) or the user gave, read back (a read a step, where the model has a table), or else the
+        length of the sequence so far, whose last token's position it is (seq2seq decoding counts up from the
+        cache's length)."""
+        seq2seq = self.config.is_encoder_decoder
+        embeddings = (self.model.decoder if seq2seq else self.model).embeddings  # `get_decoder()` searches: 12 us
+        if embeddings.embed_positions is None:  # rotary or ALiBi positions: no table to run out of
+            return
+        prefix = "decoder_" if seq2seq else ""
+        positions, mask = kwargs.get(f"{prefix}position_ids"), kwargs.get(f"{prefix}attention_mask")
+        if positions is not None and positions.numel():
+            last = int(positions.max())
+        else:
+            last = max(input_ids.shape[-1], mask.shape[-1] if mask is not None else 0) - 1
+        embeddings.check_last_position(last)
 
 
 class ScratchTransformer(ScratchPreTrainedModel):

@@ -6,7 +6,6 @@ References: Radford et al. (2019), GPT-2; transformers' `LlamaForCausalLM` for t
 """
 
 import torch
-from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -14,7 +13,12 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchDecoderConfig
-from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+from .modeling_scratch_common import (
+    ScratchGenerationMixin,
+    ScratchPreTrainedModel,
+    ScratchTransformer,
+    check_labels_shape,
+)
 from .scratch_attention import CACHE_FIELD, cache_output, resolve_cache
 from .scratch_linear import ScratchLinear
 
@@ -32,7 +36,7 @@ class ScratchDecoderModel(ScratchTransformer):
         super().__init__(config, layers_field="num_hidden_layers", vocab_size=config.vocab_size, is_causal=True)
 
 
-class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, GenerationMixin):
+class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, ScratchGenerationMixin):
     """Causal language model: logits (B, T, vocab) for the next token at every position."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.embed_tokens.weight"}

@@ -10,7 +10,6 @@ References: transformers' `BartModel` / `MarianMTModel` for the v5 conventions (
 
 import torch
 from torch import nn
-from transformers import GenerationMixin
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.processing_utils import Unpack
@@ -19,6 +18,7 @@ from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 from .configuration_scratch import ScratchSeq2SeqConfig
 from .modeling_scratch_common import (
     ScratchCrossAttentionTransformer,
+    ScratchGenerationMixin,
     ScratchPreTrainedModel,
     ScratchTransformer,
     check_labels_shape,
@@ -176,7 +176,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         )
 
 
-class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, GenerationMixin):
+class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, ScratchGenerationMixin):
     """Sequence-to-sequence LM: logits (B, T, vocab) for each target position."""
 
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embeddings.embed_tokens.weight"}

@@ -313,9 +313,15 @@ class ScratchEmbeddings(nn.Module):
             span = value_range(position_ids)
         if span and span[0] < 0:
             raise ValueError(f"`position_ids` must not be negative, got values from {span[0]} to {span[1]}.")
-        if span and span[1] >= self.max_positions:
+        if span:
+            self.check_last_position(span[1])
+
+    def check_last_position(self, last: int) -> None:
+        """An input that reaches position `last` must fit the table of absolute positions (none with rotary or ALiBi
+        positions: nothing to check)."""
+        if self.embed_positions is not None and last >= self.max_positions:
             raise ValueError(
-                f"The input reaches position {span[1]}, but this model has "
+                f"The input reaches position {last}, but this model has "
                 f"`max_position_embeddings={self.max_positions}` absolute positions; shorten or truncate the input. "
                 # Raised part-way through `generate()` too, where a short prompt is not what to shorten.
                 "In `generate()` the prompt and the new tokens share them: ask for fewer (`max_new_tokens`, "

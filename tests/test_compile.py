@@ -81,6 +81,27 @@ def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch, slo
     assert torch.equal(compiled, reference)
 
 
+@pytest.mark.parametrize("family, positions", [("decoder", "learned"), ("decoder", "sinusoidal"),
+                                               ("seq2seq", "learned")])
+def test_compiled_decoding_past_the_absolute_positions_names_the_generation_lengths(family, positions):
+    """The compiled step reads no values back, and a step past the table failed in inductor's code ("index out of
+    bounds", a device-side assert on a GPU): each step's positions are checked before it runs. Left padding: the
+    positions generate() makes from the mask, not the sequence's length, decide; up to the last position it decodes."""
+    model = tiny_lm(family, position_embedding_type=positions, max_position_embeddings=16)
+    ids = torch.randint(3, 99, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # a left-padded row: its positions run 2 behind the other's
+    compiled = dict(cache_implementation="static", compile_config=cpu_compile_config(), do_sample=False)
+    # Positions 0-15 read: the prompt's 5 (seq2seq: the decoder's start token), then each new token but the last
+    fitting = 16 if family == "seq2seq" else 16 - 5 + 1
+    output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=fitting, min_new_tokens=fitting,
+                            **compiled)
+    assert output.shape[1] == 17 and hasattr(model, "_compiled_call"), "generate() did not compile the forward"
+    with pytest.raises(ValueError, match=r"reaches position 16.*`max_new_tokens`"):
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=fitting + 1, min_new_tokens=fitting + 1,
+                       **compiled)
+
+
 @pytest.mark.parametrize("slow_rows", [True, False], ids=["blas-slow-over-a-row", "blas-at-a-sums-rate"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bias, slow_rows, monkeypatch):
