@@ -254,6 +254,33 @@ def latest_checkpoint(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
     return None
 
 
+def checkpoint_to_resume(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
+                         report: Callable[[str], None] | None = print) -> Path | None:
+    """What `--resume` continues: the newest checkpoint in a run's `folder` of checkpoints that verifies
+    (`latest_checkpoint`), or None to start the run again from step 0 (`report` is told so). A run stopped before its
+    first checkpoint starts again; but where the run's folder holds a model or the other command's checkpoints
+    (`train` writes checkpoint-N, `train-accelerate` step-N), starting again would replace a run that was never
+    continued (its log at once, its model at the end): raises `CheckpointError` naming them."""
+    folder = Path(folder)
+    checkpoint = latest_checkpoint(folder, prefix, report)
+    if checkpoint is not None:
+        return checkpoint
+    other = TRAINER_PREFIX if prefix == ACCELERATE_PREFIX else ACCELERATE_PREFIX
+    held = [f"its model in {folder.parent / 'model'}"] if (folder.parent / "model").is_dir() else []
+    if checkpoints(folder, other):
+        command = "hf-scratch train" if other == TRAINER_PREFIX else "hf-scratch train-accelerate"
+        held.append(f"{other}-N checkpoints, which `{command}` writes and continues")
+    if held:
+        raise CheckpointError(
+            f"--resume: {folder} holds no {prefix}-N checkpoint to continue, and {folder.parent} holds an earlier run "
+            f"({'; '.join(held)}) that starting again from step 0 would replace. Pass --overwrite-output-dir to "
+            "replace it, or choose another --output-dir."
+        )
+    if report is not None:
+        report(f"no checkpoint in {folder}: starting from step 0")
+    return None
+
+
 def verify_checkpoint(path: str | Path) -> dict:
     """The manifest of the checkpoint at `path`, after checking that the folder exists, is complete, and that every
     file it lists is there with its recorded size and SHA-256 (read once per process while the files stay as they
@@ -416,9 +443,7 @@ class CrashSafeCheckpoints:
         if resume_from_checkpoint is True:
             folder = self._get_output_dir(None)
             report = print if self.is_world_process_zero() else None
-            resume_from_checkpoint = latest_checkpoint(folder, TRAINER_PREFIX, report)
-            if resume_from_checkpoint is None and report:
-                report(f"no checkpoint in {folder}: starting from step 0")
+            resume_from_checkpoint = checkpoint_to_resume(folder, TRAINER_PREFIX, report)
         if resume_from_checkpoint:
             verify_checkpoint(resume_from_checkpoint)
             check_sharding(resume_from_checkpoint, self.is_fsdp_enabled,

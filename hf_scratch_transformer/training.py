@@ -5,6 +5,8 @@ Data flows through `datasets`: local text files (one document per paragraph), pa
 line, aligned), or any dataset name `datasets.load_dataset` accepts.
 """
 
+import copy
+import itertools
 import math
 import time
 import warnings
@@ -16,7 +18,7 @@ import torch
 from accelerate.utils import reduce
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
 from torch.nn import functional as F
-from transformers import TrainerCallback
+from transformers import DataCollatorWithPadding, TrainerCallback
 
 from hf_scratch_transformer.kernel_choice import one_thread
 from hf_scratch_transformer.scratch_loss import cross_entropy
@@ -337,6 +339,40 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
 
 
 # ---------------------------------------------------------------------------------------------- metrics
+
+
+class MasksOfEachStep:
+    """`Trainer` mixin for masked-LM training with `DataCollatorForLanguageModeling`: the masks of a training batch
+    are drawn as its step takes it (`get_batch_samples`), from a generator seeded with the run's seed, the step, the
+    batch's place in the step and the process, not from the global RNG as the DataLoader collates it. Accelerate's
+    DataLoader fetches one batch ahead, and a resumed Trainer restores the global RNG only after taking its first
+    step's batches: either way a resumed run drew other masks than the uninterrupted one (its losses left the
+    uninterrupted run's at the first step after the checkpoint). Evaluation batches are masked by the collator, from
+    the global RNG: that loop runs whole between two steps."""
+
+    def get_train_dataloader(self):
+        masking = self.data_collator  # the DataLoader pads only; `get_batch_samples` masks
+        self._masking = copy.copy(masking)
+        self._masking.generator = torch.Generator()
+        self.data_collator = DataCollatorWithPadding(masking.tokenizer, pad_to_multiple_of=masking.pad_to_multiple_of)
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.data_collator = masking
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
+        taken = itertools.islice(epoch_iterator, num_batches)
+        batches = (self._masked(batch, place) for place, batch in enumerate(taken))
+        return super().get_batch_samples(batches, num_batches, device)
+
+    def _masked(self, batch, place: int):
+        """The batch with its masks drawn, on the CPU as the collator draws them (the same masks on any device)."""
+        step, process = self.state.global_step, self.args.process_index  # the step about to be taken
+        self._masking.generator.manual_seed(hash((self.args.seed, step, place, process)) % 2**63)
+        ids, special = batch["input_ids"], batch.pop("special_tokens_mask", None)
+        masked, labels = self._masking.torch_mask_tokens(ids.cpu(), None if special is None else special.cpu())
+        batch["input_ids"], batch["labels"] = masked.to(ids.device), labels.to(ids.device)
+        return batch
 
 
 class TimeBudget(TrainerCallback):

@@ -113,6 +113,30 @@ def test_a_run_killed_again_and_again_ends_exactly_as_the_uninterrupted_run(work
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
 
 
+@pytest.mark.slow
+def test_a_masked_lm_run_of_the_trainer_resumes_with_the_masks_it_would_have_drawn(workspace, tmp_path):
+    """Trainer's DataLoader (Accelerate's) collates one batch ahead: the masks of the step after a checkpoint were
+    drawn before the checkpoint saved the random state, and the resumed run drew others (its losses left the
+    uninterrupted run's at that step, its weights ended 2e-3 apart). Masked as the step takes its batch, a run killed
+    after the checkpoint of step 4 and resumed ends bit for bit as the uninterrupted one."""
+    wordpiece().save_pretrained(tmp_path / "encoder")
+    arguments = ["--task", "masked-lm", "--train-files", workspace / "corpus.txt", "--tokenizer", tmp_path / "encoder",
+                 *COMMON, "--max-steps", 6]
+    module = ENTRY_POINTS["trainer"][0]
+    run([sys.executable, "-m", module, *map(str, [*arguments, "--output-dir", tmp_path / "full"])], workspace)
+    killed = [*map(str, [*arguments, "--output-dir", tmp_path / "killed"])]
+    run([sys.executable, str(HERE / "crash_injection.py"), "step", "5", module, *killed], workspace,
+        returncode=-signal.SIGKILL)
+    stdout = run([sys.executable, "-m", module, *killed, "--resume"], workspace)
+    assert f"resuming from {tmp_path / 'killed/checkpoints/checkpoint-4'}" in stdout
+    expected, resumed = (json.loads((tmp_path / f"{name}/checkpoints/checkpoint-6/trainer_state.json").read_text())
+                         ["log_history"] for name in ("full", "killed"))
+    assert [(r["step"], r["loss"]) for r in resumed if "loss" in r] == [(r["step"], r["loss"]) for r in expected
+                                                                        if "loss" in r]
+    expected, resumed = (load_file(tmp_path / f"{name}/model/model.safetensors") for name in ("full", "killed"))
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
+
+
 def test_a_new_run_refuses_an_output_folder_that_holds_an_earlier_one(workspace, uninterrupted):
     entry, full = uninterrupted
     before = {path: path.stat().st_mtime_ns for path in full.rglob("*")}
@@ -376,6 +400,24 @@ def test_a_run_into_a_folder_that_another_run_is_writing_is_refused(workspace, u
         if entry == "accelerate":  # only the main process can tell: the others stop with it
             stdout = run_two_processes(command(entry, workspace, output, "--resume"), workspace)
             assert stdout.count("is being written by another run") == 1
+        assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
+
+
+def test_resume_with_no_checkpoint_of_its_own_leaves_the_earlier_run_alone(workspace, uninterrupted, tmp_path):
+    """--resume that found no checkpoint of its own said "starting from step 0", rewrote the loss log at once and
+    replaced the model at the end: over a run whose checkpoints the user removed, and over a run of the other command
+    (train continues checkpoint-N, train-accelerate step-N). Refused, naming what the folder holds; nothing touched."""
+    entry, full = uninterrupted
+    other = next(name for name in ENTRY_POINTS if name != entry)
+    removed, crossed = tmp_path / "removed", tmp_path / "crossed"
+    shutil.copytree(full, removed)
+    shutil.rmtree(removed / "checkpoints")
+    shutil.copytree(full, crossed)
+    for runner, output, held in ((entry, removed, "its model in"),
+                                 (other, crossed, f"{ENTRY_POINTS[entry][2]}-N checkpoints")):
+        before = {path: path.stat().st_mtime_ns for path in output.rglob("*")}
+        stderr = run(command(runner, workspace, output, "--resume"), workspace, returncode=2)
+        assert "holds an earlier run" in stderr and held in stderr and "--overwrite-output-dir" in stderr, stderr
         assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
 
 

@@ -337,6 +337,13 @@ def test_finetune_resumes_only_with_the_labels_of_its_checkpoint(tmp_path):
         assert f"was trained for the labels ['animal', 'other'] (by id); this run's are {labels}" in output, output
         assert "Traceback" not in output
     assert json.loads((tmp_path / "cls/model/config.json").read_text())["id2label"] == {"0": "animal", "1": "other"}
+    # Its checkpoints removed, --resume found none, started again from step 0 and replaced the model: refused.
+    shutil.rmtree(tmp_path / "cls/checkpoints")
+    before = {path: path.stat().st_mtime_ns for path in (tmp_path / "cls").rglob("*")}
+    output = run_script("finetune.py", *finetune, "--train-file", tmp_path / "train.csv", "--max-steps", 2,
+                        "--resume", cwd=tmp_path, returncode=2)
+    assert "holds an earlier run (its model in" in output and "--overwrite-output-dir" in output, output
+    assert {path: path.stat().st_mtime_ns for path in (tmp_path / "cls").rglob("*")} == before
 
 
 def test_finetune_trains_classes_from_a_regression_model(tmp_path):

@@ -219,6 +219,8 @@ def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_i
 
 @pytest.mark.parametrize("given, reason", [
     ("missing/model/folder", "folder missing/model/folder does not exist"),
+    ("model/modl", "folder model/modl does not exist (its parent folder does: a mistyped name?)"),
+    ("modl", "folder modl does not exist, and with HF_HUB_OFFLINE set a Hub model must be in the local Hub cache"),
     (".", ". holds no config.json"),
     ("model", "model holds no tokenizer"),
     ("run@2", "run@2: `transformers serve` reads what follows '@' as a revision"),
@@ -227,7 +229,8 @@ def test_a_model_that_is_neither_a_folder_nor_a_hub_id_is_refused_at_start(tmp_p
     """A mistyped folder (or a file, or a folder without config.json) went to the Hub as a repo id, and the server
     stopped with a traceback ending in 'Repo id must be in the form ...'; a model folder without its tokenizer (a bare
     checkpoint) with one ending in 'Unrecognized processing class', a folder named with '@' with the first error as it
-    was read as a revision. Refused as a bad argument, naming the path."""
+    was read as a revision; a mistyped name that could be a Hub id went to the Hub, and stopped with a traceback
+    ending in "We couldn't connect to 'https://huggingface.co'". Refused as a bad argument, naming the path."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model/config.json").write_text("{}")
     (tmp_path / "run@2").mkdir()  # a whole folder, that transformers would look for as `run` at revision `2`

@@ -35,7 +35,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_transformer import hub, training
-from hf_scratch_transformer.checkpointing import CheckpointError, CrashSafeTrainer
+from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, CrashSafeTrainer, checkpoint_to_resume
 from hf_scratch_transformer.cli.run_options import (
     RunParser,
     absolute_positions,
@@ -102,6 +102,12 @@ refuse_quantized_model(parser, args.model)
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero())
+resumed = None  # the checkpoint this run continues: chosen before any work
+if args.resume:
+    try:
+        resumed = checkpoint_to_resume(output_dir / "checkpoints", TRAINER_PREFIX, print if is_rank_zero() else None)
+    except CheckpointError as error:
+        parser.error(str(error))
 
 # ----------------------------------------------------------------------------------------------- data
 # Everything about the data is checked here, before the model is built: `datasets` and the label mapping would
@@ -333,7 +339,7 @@ trainer = CrashSafeTrainer(
 )
 refuse_lone_processes(parser, trainer)
 try:
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
     parser.error(str(error))
 reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import transformers
 import typer
+from huggingface_hub import is_offline_mode, try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM
 from transformers.cli.serve import Serve
@@ -96,7 +97,7 @@ def check_model(model: str | None) -> None:
     if "@" in repo and Path(repo).exists():
         raise typer.BadParameter(f"{repo}: `transformers serve` reads what follows '@' as a revision; give the folder "
                                  "a path without '@' (a symbolic link will do)")
-    repo = repo.split("@", 1)[0]
+    repo, _, revision = repo.partition("@")
     folder = Path(repo)
     if folder.is_dir():
         if gguf_file is not None:  # the GGUF file holds the config and the tokenizer
@@ -113,6 +114,15 @@ def check_model(model: str | None) -> None:
             validate_repo_id(repo)  # `namespace/name` may be on the Hub; anything else can only be a local path
         except HFValidationError:
             raise typer.BadParameter(f"folder {repo} does not exist") from None
+        # A Hub id in form only: a mistyped folder (`outputs/modl`) went to the Hub, and the server stopped with a
+        # traceback ending in "We couldn't connect to 'https://huggingface.co'", naming no folder.
+        if "/" in repo and folder.parent.is_dir():
+            raise typer.BadParameter(f"folder {repo} does not exist (its parent folder does: a mistyped name?); to "
+                                     f"serve the Hub's {repo}, start the server where no {folder.parent} is")
+        cached = try_to_load_from_cache(repo, "config.json", revision=revision or None)  # a path, or not cached
+        if is_offline_mode() and not isinstance(cached, str):
+            raise typer.BadParameter(f"folder {repo} does not exist, and with HF_HUB_OFFLINE set a Hub model must be "
+                                     "in the local Hub cache, where it is not")
 
 
 @functools.wraps(Serve, updated=())  # typer reads `Serve`'s options and help through the wrapper

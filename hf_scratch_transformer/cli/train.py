@@ -40,7 +40,7 @@ from hf_scratch_transformer.checkpointing import (
     CheckpointError,
     CrashSafeSeq2SeqTrainer,
     CrashSafeTrainer,
-    latest_checkpoint,
+    checkpoint_to_resume,
 )
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
@@ -81,6 +81,10 @@ RECIPES = {"vaswani": dict(lr_scheduler="inverse_sqrt", warmup_steps=4000, adam_
 
 
 class ShardedCrashSafeTrainer(ShardedTrainer, CrashSafeTrainer):
+    pass
+
+
+class MaskedLMTrainer(training.MasksOfEachStep, ShardedCrashSafeTrainer):
     pass
 
 
@@ -153,11 +157,9 @@ claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_
 resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)
 if args.resume:
     try:
-        resumed = latest_checkpoint(output_dir / "checkpoints", TRAINER_PREFIX, print if is_main_process else None)
+        resumed = checkpoint_to_resume(output_dir / "checkpoints", TRAINER_PREFIX, print if is_main_process else None)
     except CheckpointError as error:
         fail(parser, str(error))
-    if resumed is None and is_main_process:
-        print(f"no checkpoint in {output_dir / 'checkpoints'}: starting from step 0")
 set_seed(args.seed)
 default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
@@ -274,7 +276,8 @@ else:
     if task == "masked-lm":
         trainer_kwargs |= dict(compute_metrics=training.mlm_accuracy,
                                preprocess_logits_for_metrics=training.argmax_logits)
-    trainer = ShardedCrashSafeTrainer(args=TrainingArguments(**arguments), **trainer_kwargs)
+    trainer_class = MaskedLMTrainer if task == "masked-lm" else ShardedCrashSafeTrainer
+    trainer = trainer_class(args=TrainingArguments(**arguments), **trainer_kwargs)
 if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16, "--bf16"):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)

@@ -152,12 +152,10 @@ try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
     if args.resume_from:
         resume, manifest = args.resume_from, checkpointing.verify_checkpoint(args.resume_from)
     else:
-        resume = checkpointing.latest_checkpoint(checkpoints, report=accelerator.print) if args.resume else None
+        resume = checkpointing.checkpoint_to_resume(checkpoints, report=accelerator.print) if args.resume else None
         manifest = checkpointing.verify_checkpoint(resume) if resume else None  # files not read again
 except checkpointing.CheckpointError as error:
     fail(parser, str(error))
-if args.resume and not resume:
-    accelerator.print(f"no checkpoint in {checkpoints}: starting from step 0")
 if manifest and args.stop_at_step and args.stop_at_step < manifest["step"]:  # else nothing is trained, "stopped at"
     parser.error(f"--stop-at-step {args.stop_at_step} is before step {manifest['step']}, where {resume} is: give a "
                  "later step, or none.")
