@@ -386,6 +386,29 @@ def test_ctrl_c_stops_with_one_line_and_the_run_resumes_exactly(workspace, unint
     assert loss_curve(entry, output) == loss_curve(entry, full)
 
 
+def test_ctrl_c_stops_finetune_with_one_line(tmp_path):
+    """The script (scripts/finetune.py, as docs/distributed.md launches it) ended with a KeyboardInterrupt traceback
+    from every process; `hf-scratch finetune` alone stopped cleanly."""
+    tokenizer = wordpiece()
+    tiny_lm("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp_path / "mlm")
+    tokenizer.save_pretrained(tmp_path / "mlm")
+    (tmp_path / "train.csv").write_text("\n".join(["text,label"] + [f"a dog runs {i},{i % 2}" for i in range(40)]))
+    arguments = ["--model", tmp_path / "mlm", "--task", "text-classification", "--train-file", tmp_path / "train.csv",
+                 "--max-steps", 4, "--output-dir", tmp_path / "cls"]
+    stopped = run([sys.executable, str(HERE / "crash_injection.py"), "step", "2", "hf_scratch_transformer.cli.finetune",
+                   *map(str, arguments)], tmp_path, returncode=128 + signal.SIGINT, env={"CRASH_SIGNAL": "SIGINT"})
+    assert "stopped by Ctrl-C: --resume continues" in stopped and "Traceback" not in stopped, stopped[-3000:]
+
+
+def test_a_tokenizer_the_main_process_cannot_train_stops_every_process_with_its_error(workspace, tmp_path):
+    """The main process trains the tokenizer while the others wait; stopped by a --vocab-size below the text's
+    alphabet, it left them in Accelerate's barrier, which gloo ended with a traceback in each."""
+    arguments = [sys.executable, "-m", ENTRY_POINTS["accelerate"][0], "--train-files", str(workspace / "corpus.txt"),
+                 "--vocab-size", "10", "--max-length", "32", "--max-steps", "2", "--output-dir", str(tmp_path / "out")]
+    output = run_two_processes(arguments, workspace)
+    assert output.count("is too small for a bpe tokenizer of this text") == 1, output[-3000:]
+
+
 def test_a_run_into_a_folder_that_another_run_is_writing_is_refused(workspace, uninterrupted, tmp_path):
     """Two runs writing one folder would remove each other's checkpoints being written and interleave their logs."""
     fcntl = pytest.importorskip("fcntl")

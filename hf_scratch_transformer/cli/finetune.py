@@ -51,6 +51,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_lone_processes,
     refuse_quantized_model,
     sequence_length,
+    stop_cleanly_on_ctrl_c,
     trainer_model_folder,
 )
 from hf_scratch_transformer.conversion import from_hf
@@ -98,6 +99,7 @@ parser.add_argument("--model-name", help="the card's title and repo id (default:
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
 add_run_safety_arguments(parser)
 args = parser.parse_args()
+stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from every process (scripts/finetune.py)
 refuse_quantized_model(parser, args.model)
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task

@@ -209,18 +209,18 @@ if resume:
     if tokenizer_source:  # else the tokenizer is the given one
         refuse_another_tokenizer(parser, given, tokenizer, resume, tokenizer_source)
 else:
-    tokenizer_source = None if given else tokenizer_dir
-    with accelerator.main_process_first():
-        if given or not accelerator.is_main_process:
-            tokenizer = AutoTokenizer.from_pretrained(given or tokenizer_dir)
-        else:
-            try:
-                tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family,
-                                            dataset=tokenizer_texts, vocab_size=args.vocab_size,
-                                            model_max_length=args.max_length)
-            except ValueError as error:  # a --vocab-size below the alphabet of the text
-                fail(parser, str(error))
+    tokenizer_source, problem = None if given else tokenizer_dir, None
+    if not given and accelerator.is_main_process:  # the main process trains it; the others load what it saved
+        try:
+            tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family,
+                                        dataset=tokenizer_texts, vocab_size=args.vocab_size,
+                                        model_max_length=args.max_length)
             tokenizer.save_pretrained(tokenizer_dir)
+        except ValueError as error:  # a --vocab-size below the alphabet of the text
+            problem = str(error)
+    fail_together(parser, accelerator, problem)  # the others stopped with a gloo traceback as the main one left
+    if given or not accelerator.is_main_process:
+        tokenizer = AutoTokenizer.from_pretrained(given or tokenizer_dir)
 refuse_another_family(parser, tokenizer, task, tokenizer_source or given)
 checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
 accelerator.print(f"data: {len(raw['train'])} training examples; tokenizer: {len(tokenizer)} tokens")
