@@ -141,7 +141,15 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
     for path in [*source_files, *target_files]:
         check_text_file(path, plain=True)
-    sources, targets = _lines(source_files), _lines(target_files)
+    sources, targets = [_lines([path]) for path in source_files], [_lines([path]) for path in target_files]
+    # File by file where they come in pairs: a line lost in one file of several misaligned every later pair, though
+    # the totals agreed.
+    pairs = zip(source_files, target_files, sources, targets, strict=True) if len(sources) == len(targets) else []
+    for source, target, source_lines, target_lines in pairs:
+        if len(source_lines) != len(target_lines):
+            raise ValueError(f"Parallel files differ in length: {source} has {len(source_lines)} lines, {target} "
+                             f"{len(target_lines)}; the n-th line of each must translate the other's.")
+    sources, targets = sum(sources, []), sum(targets, [])
     if len(sources) != len(targets):
         raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")
     return Dataset.from_dict({"source": sources, "target": targets})

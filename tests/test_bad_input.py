@@ -285,6 +285,13 @@ class ReachedModelWork(Exception):
     pass
 
 
+def config_only(folder: Path) -> Path:
+    """`folder` with a config.json of ours and nothing else: as far as `finetune` reads a model before its data
+    checks."""
+    (folder / "config.json").write_text('{"model_type": "scratch_encoder"}')
+    return folder
+
+
 @pytest.fixture
 def hf_scratch(monkeypatch, capsys):
     """`hf_scratch(*arguments)`: run `hf-scratch ARGUMENTS` here, expecting a refusal; returns its stderr."""
@@ -605,7 +612,7 @@ def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path,
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     output = tmp_path / "out"
-    stderr = hf_scratch("finetune", "--model", tmp_path, "--task", task, "--train-file", path,
+    stderr = hf_scratch("finetune", "--model", config_only(tmp_path), "--task", task, "--train-file", path,
                         "--label-column", "tags" if task == "token-classification" else "label", "--output-dir", output)
     assert f"--train-file {path}" in stderr and message in stderr
     assert not output.exists()
@@ -619,7 +626,7 @@ def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path,
 def test_finetune_checks_the_labels_of_the_validation_file(hf_scratch, tmp_path, validation, message):
     (tmp_path / "train.csv").write_text("text,label\na dog,animal\na man,other\na horse,animal\n")
     (tmp_path / "dev.csv").write_text(validation)
-    stderr = hf_scratch("finetune", "--model", tmp_path, "--task", "text-classification", "--train-file",
+    stderr = hf_scratch("finetune", "--model", config_only(tmp_path), "--task", "text-classification", "--train-file",
                         tmp_path / "train.csv", "--validation-file", tmp_path / "dev.csv", "--output-dir",
                         tmp_path / "out")
     assert f"--validation-file {tmp_path / 'dev.csv'}: {message}" in stderr
@@ -688,7 +695,7 @@ def test_finetune_names_unlabelled_rows_of_a_class_label_column(hf_scratch, tmp_
     features = Features({"text": Value("string"), "label": ClassLabel(names=["animal", "other"])})
     Dataset.from_dict({"text": ["a dog", "a man", "a horse", "a street"], "label": [0, 1, -1, 1]},
                       features=features).to_parquet(tmp_path / "data/train.parquet")
-    stderr = hf_scratch("finetune", "--model", tmp_path, "--task", "text-classification", "--dataset",
+    stderr = hf_scratch("finetune", "--model", config_only(tmp_path), "--task", "text-classification", "--dataset",
                         tmp_path / "data", "--output-dir", tmp_path / "out")
     assert "the 'train' split: the label column 'label' has no value (id -1) in row 3" in stderr
 
@@ -703,6 +710,39 @@ def test_set_with_a_config_file_is_checked_as_with_a_preset(hf_scratch, corpus, 
         *run, "--set", "num_layers=1")
     assert "`hidden_size` (33) must be divisible" in hf_scratch(*run, "--set", "hidden_size=33")
     assert "rope_theta: RoPE settings" in hf_scratch(*run, "--set", "rope_theta=500.0")
+
+
+@pytest.mark.parametrize("content, refusal", [
+    ('{"model_type": "scratch_decoder", "hidden_size": 32,', "config.json is not a JSON object"),
+    ("[1, 2]", "config.json is not a JSON object"),
+    ('{"hidden_size": 32}', "model_type None is none of this package's"),
+    ('{"model_type": "bert", "hidden_size": 32}', "model_type 'bert' is none of this package's"),
+    ('{"model_type": "scratch_decoder", "hidden_actt": "gelu"}',
+     "ScratchDecoderConfig has no field hidden_actt (did you mean hidden_act?)"),
+])
+def test_a_config_file_is_checked_before_any_work(hf_scratch, corpus, tmp_path, content, refusal):
+    # A file that is no JSON object, or no config of ours, failed with a traceback after the tokenizer and data work;
+    # a misspelt field in it was kept in the saved config.json, where it did nothing, without a word.
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/config.json").write_text(content)
+    stderr = hf_scratch("train", "--config", tmp_path / "config", "--train-files", corpus, "--output-dir",
+                        tmp_path / "out")
+    assert f"--config {tmp_path / 'config'}: " in stderr and refusal in stderr, stderr
+
+
+@pytest.mark.parametrize("config, refusal", [
+    (None, "holds no config.json: not a model folder written by `save_pretrained`"),
+    ('{"model_type": "gpt2", "n_embd": 32}', "is a gpt2 model, not one of this package's: convert it first"),
+])
+def test_a_model_folder_that_cannot_continue_is_refused_before_any_work(hf_scratch, corpus, tmp_path, config, refusal):
+    # A tokenizer's folder failed in `from_pretrained` with "Unrecognized model"; a native GPT-2 trained as
+    # GPT2LMHeadModel, with a card naming ours and an evaluation loss counted over unshifted labels (62/64 of it).
+    (tmp_path / "model").mkdir()
+    if config:
+        (tmp_path / "model/config.json").write_text(config)
+    stderr = hf_scratch("train", "--model", tmp_path / "model", "--train-files", corpus, "--output-dir",
+                        tmp_path / "out")  # train-accelerate checks with the same function, once Accelerate is up
+    assert f"--model {tmp_path / 'model'} " in stderr and refusal in stderr, stderr
 
 
 def test_a_preset_or_config_of_another_family_than_the_task_is_refused(hf_scratch, corpus, tmp_path):

@@ -338,6 +338,17 @@ def test_parallel_files_must_align(tmp_path):
         training.load_parallel([str(tmp_path / "a.en")], [str(tmp_path / "a.de")])
 
 
+def test_parallel_files_must_align_file_by_file(tmp_path):
+    """A line lost in one file and one too many in another: the totals agree, and every pair from the lost line on
+    was misaligned (two <-> drei, three <-> vier, ...)."""
+    for name, text in (("a.en", "one\ntwo\nthree\n"), ("a.de", "eins\ndrei\n"), ("b.en", "four\nfive\n"),
+                       ("b.de", "vier\nfuenf\nsechs\n")):
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=r"a.en has 3 lines, .*a.de 2"):
+        training.load_parallel([str(tmp_path / "a.en"), str(tmp_path / "b.en")],
+                               [str(tmp_path / "a.de"), str(tmp_path / "b.de")])
+
+
 def test_blank_lines_ending_a_parallel_file_are_no_sentences(tmp_path):
     # An editor's extra line break at the end of one file: "differ in length: 2 source vs 3 target lines".
     (tmp_path / "a.en").write_text("one\ntwo\n")

@@ -41,6 +41,7 @@ from hf_scratch_transformer.cli.run_options import (
     absolute_positions,
     add_run_safety_arguments,
     check_model_fits,
+    check_model_folder,
     claim_output_dir,
     dataset_name,
     is_rank_zero,
@@ -49,7 +50,6 @@ from hf_scratch_transformer.cli.run_options import (
     positive_float,
     positive_int,
     refuse_lone_processes,
-    refuse_quantized_model,
     sequence_length,
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
@@ -100,7 +100,7 @@ parser.add_argument("--resume", action="store_true", help="continue from the new
 add_run_safety_arguments(parser)
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from every process (scripts/finetune.py)
-refuse_quantized_model(parser, args.model)
+check_model_folder(parser, args.model, converts_natives=True)
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero())

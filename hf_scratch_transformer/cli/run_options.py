@@ -244,22 +244,32 @@ def config_override(item: str) -> tuple[str, object]:
         return key, value
 
 
-def refuse_quantized_model(parser: argparse.ArgumentParser, folder: Path | None) -> None:
-    """A --model folder saved with a `quantization_config` (torchao's int8, bitsandbytes, GPTQ, ...) holds weights
-    that do not train: Trainer refused it with a traceback after the data work, the accelerate loop trained around
-    them and failed at its first checkpoint. Read from config.json, before anything is loaded."""
-    config = folder / "config.json" if folder is not None else None
-    if config is None or not config.is_file():
+def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, converts_natives: bool = False) -> None:
+    """A --model folder that cannot train, read from its config.json before anything is loaded: none there (a
+    tokenizer's folder failed in `from_pretrained` with "Unrecognized model"), quantized weights (torchao's int8,
+    bitsandbytes, GPTQ, ...: Trainer refused them with a traceback after the data work, the accelerate loop trained
+    around them and failed at its first checkpoint), or, for a command that does not convert them
+    (`converts_natives`), a native model: Trainer trained it as the native class, with a card naming ours and the
+    native loss's count of tokens. A name that is no local folder is left to `from_pretrained` (a Hub id)."""
+    if folder is None or not folder.is_dir():
         return
+    config = folder / "config.json"
+    if not config.is_file():
+        parser.error(f"--model {folder} holds no config.json: not a model folder written by `save_pretrained`")
     try:
         saved = json.loads(config.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         return  # loading the model names a config.json that is not JSON
-    quantization = saved.get("quantization_config") if isinstance(saved, dict) else None
+    saved = saved if isinstance(saved, dict) else {}
+    quantization = saved.get("quantization_config")
     if isinstance(quantization, dict):
         parser.error(f"--model {folder} holds quantized weights ({quantization.get('quant_method')}, config.json's "
                      "quantization_config), which do not train: train the full-precision folder, then quantize the "
                      "result.")
+    ours = {family.model_type for family in FAMILY_CONFIGS.values()}
+    if not converts_natives and saved.get("model_type") not in ours:
+        parser.error(f"--model {folder} is a {saved.get('model_type')} model, not one of this package's: convert it "
+                     f"first (`hf-scratch convert {folder} OUTPUT`), then continue OUTPUT with --model.")
 
 
 def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
@@ -311,16 +321,33 @@ def read_config_file(config: Path) -> dict | None:
 
 
 def check_config_file_overrides(config: Path, overrides: dict) -> str | None:
-    """The family of a --config file ("decoder", ...), with its --set overrides checked as those of a preset:
-    `from_pretrained` drops a field the config does not have without a word. None for a config that is not ours, or
-    not a local JSON file: left to `from_pretrained`."""
+    """The family of a --config file or folder ("decoder", ...), its fields and its --set overrides checked as those
+    of a preset before any data or tokenizer work: `from_pretrained` keeps a misspelt field (`hidden_actt`) without a
+    word, and stopped with a traceback after that work on a file that is no JSON object or no config of ours. None
+    for a name that is no local path: left to `from_pretrained` (a Hub id)."""
+    file = config / "config.json" if config.is_dir() else config
+    if not config.exists():
+        return None
     saved = read_config_file(config)
-    model_type = saved.get("model_type") if saved else None
+    if saved is None:
+        raise ValueError(f"--config {config}: {file} is not a JSON object (a model's config.json, or a preset's "
+                         "fields with its model_type)")
+    model_type = saved.get("model_type")
     family = next((name for name, family in FAMILY_CONFIGS.items() if family.model_type == model_type), None)
-    if family is not None and overrides:
-        config_class = FAMILY_CONFIGS[family]
-        check_fields(config_class, overrides, {**saved, **overrides})
-        config_class.from_dict(saved, **overrides)  # the values, as `from_pretrained` will check them
+    if family is None:
+        ours = ", ".join(family.model_type for family in FAMILY_CONFIGS.values())
+        raise ValueError(f"--config {config}: model_type {model_type!r} is none of this package's ({ours}); a native "
+                         "model's folder converts with `hf-scratch convert`, then trains with --model")
+    config_class = FAMILY_CONFIGS[family]
+    # What `save_pretrained` writes besides the fields: the remote-code maps (the defaults' `to_dict` has the rest)
+    written = {*config_class().to_dict(), "auto_map", "custom_pipelines"}
+    fields = {key: value for key, value in saved.items() if key not in written}
+    try:
+        check_fields(config_class, fields, saved)
+    except ValueError as error:
+        raise ValueError(f"--config {config}: {error}") from None
+    check_fields(config_class, overrides, {**saved, **overrides})
+    config_class.from_dict(saved, **overrides)  # the values, as `from_pretrained` will check them
     return family
 
 

@@ -50,6 +50,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_data_and_model_arguments,
     add_run_safety_arguments,
     check_model_fits,
+    check_model_folder,
     claim_output_dir,
     config_file_fields_replaced,
     config_overrides,
@@ -65,7 +66,6 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_family,
     refuse_another_tokenizer,
     refuse_lone_processes,
-    refuse_quantized_model,
     run_data_name,
     run_data_on_hub,
     stop_cleanly_on_ctrl_c,
@@ -151,7 +151,7 @@ optimisation = {
 task = args.task
 output_dir = args.output_dir or Path("outputs") / task
 is_main_process = is_rank_zero()
-refuse_quantized_model(parser, args.model)
+check_model_folder(parser, args.model)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process)
 resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)

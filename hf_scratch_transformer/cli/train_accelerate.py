@@ -55,6 +55,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_data_and_model_arguments,
     add_run_safety_arguments,
     check_model_fits,
+    check_model_folder,
     claim_output_dir,
     config_file_fields_replaced,
     config_overrides,
@@ -72,7 +73,6 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
-    refuse_quantized_model,
     run_data_name,
     run_data_on_hub,
     stop_cleanly_on_ctrl_c,
@@ -144,7 +144,7 @@ if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
 if refusal := training.slow_bf16_refusal(accelerator.mixed_precision, accelerator.device, args.force_bf16,
                                          "--mixed-precision bf16"):
     parser.error(refusal)
-refuse_quantized_model(parser, args.model)
+check_model_folder(parser, args.model)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
                  accelerator.is_main_process, resume_from=args.resume_from, accelerator=accelerator)
