@@ -331,6 +331,13 @@ def test_a_dataset_can_be_a_single_local_file(tmp_path):
         training.load_texts(dataset=str(tmp_path / "data.xml"))
 
 
+def test_a_dataset_name_the_hub_cannot_answer_is_an_error_naming_it():
+    # Offline (as the tests run), a name that is no local path (a Hub id, or a mistyped local folder) stopped with
+    # `datasets`' ConnectionError traceback.
+    with pytest.raises(ValueError, match=r"someuser/nothere: no such local file or folder, and the Hub cannot be"):
+        training.load_texts(dataset="someuser/nothere")
+
+
 def test_parallel_files_must_align(tmp_path):
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "a.de").write_text("eins\n")

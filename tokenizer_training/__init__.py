@@ -149,6 +149,9 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
         if "corresponds to no data" in str(error):  # `datasets`' words for a file or split without rows
             raise ValueError(f"{name}: holds no rows") from error
         raise ValueError(f"{name}: {error}") from error
+    except ConnectionError as error:  # a name that is no local path, looked up on the Hub: offline, or unreachable
+        raise ValueError(f"{name}: no such local file or folder, and the Hub cannot be reached for a dataset of "
+                         f"that name ({error})") from error
     if any(rows == 0 for rows in (data.num_rows.values() if isinstance(data, dict) else [data.num_rows])):
         raise ValueError(f"{name}: holds no rows" + (f" in its {split!r} split" if split else ""))
     return data
