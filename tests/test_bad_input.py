@@ -342,6 +342,8 @@ def corpus(tmp_path):
         (["train", "--resume", "--overwrite-output-dir"], "--resume continues the earlier run and --overwrite"),
         (["train", "--model", "no/such/model"], "argument --model: folder no/such/model does not exist"),
         (["train", "--tokenizer", "./no-tokenizer"], "argument --tokenizer: folder ./no-tokenizer does not exist"),
+        # A folder without a tokenizer (a run's checkpoints folder) failed in `from_pretrained` with a traceback
+        (["train", "--tokenizer", "."], "argument --tokenizer: . holds no tokenizer_config.json"),
         # --model continues a saved model with its own tokenizer: these were left out without a word.
         (["train", "--model", "somewhere", "--tokenizer", "other"], "--tokenizer: for a new model; --model continues"),
         (["train", "--model", "somewhere", "--preset", "gpt2-small", "--tokenizer-kind", "unigram"],

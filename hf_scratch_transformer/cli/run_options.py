@@ -162,16 +162,21 @@ def at_least(minimum: int | float, kind: type = int, exclusive: bool = False):
     return parse
 
 
-def local_path(what: str = "folder"):
+def local_path(what: str = "folder", holds: str | None = None):
     """An argparse `type` for a saved `what` ("folder", or "file or folder"): a value that looks like a local path
     (it holds a path separator or starts with '.' or '~') must exist, so that a typo is not reported by
-    `from_pretrained` as an invalid Hub repo id. A bare name is left to `from_pretrained` (a Hub id, when online)."""
+    `from_pretrained` as an invalid Hub repo id. A bare name is left to `from_pretrained` (a Hub id, when online).
+    `holds`: a file an existing folder must hold (a tokenizer folder's tokenizer_config.json: `from_pretrained`
+    failed on a folder without one with "Couldn't instantiate the backend tokenizer" and a traceback)."""
 
     def parse(text: str) -> Path:
         path = Path(text).expanduser()
         if path.exists():
             if what == "folder" and not path.is_dir():
                 raise argparse.ArgumentTypeError(f"{text} is a file, not a folder written by `save_pretrained`")
+            if holds and path.is_dir() and not (path / holds).is_file():
+                raise argparse.ArgumentTypeError(f"{text} holds no {holds}: not a folder written by "
+                                                 "`save_pretrained`")
             return path
         if os.sep in text or "/" in text or text.startswith((".", "~")):
             raise argparse.ArgumentTypeError(f"{what} {text} does not exist")
@@ -228,7 +233,8 @@ def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
                             help="a config.json to build the model from instead of a preset")
     model_args.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", type=config_override,
                             help="config overrides of a new model (VALUE as JSON, else a string)")
-    model_args.add_argument("--tokenizer", type=local_path(), help="a saved tokenizer folder; default: train one")
+    model_args.add_argument("--tokenizer", type=local_path(holds="tokenizer_config.json"),
+                            help="a saved tokenizer folder; default: train one")
     model_args.add_argument("--tokenizer-kind", choices=["bpe", "wordpiece", "unigram"], help="default by task")
     model_args.add_argument("--vocab-size", type=positive_int, default=4096, help="tokenizer vocabulary (default 4096)")
 
