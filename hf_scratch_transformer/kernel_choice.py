@@ -256,7 +256,8 @@ MAX_STREAMED_BYTES = 256 << 20
 MAX_CACHED_BYTES = 32 << 20
 # Small weights are timed over at most MAX_TIMED_WEIGHTS of them: 32 MiB of 32 x 32 weights are 8192 products a kernel
 # a round, whose calls cost more than their reads, and a 16-wide model's fine-tuning spent 40 s timing them at its
-# first step (a few rows: the last batch, or evaluation's). A model of such weights reads far less than that a step.
+# first step (Intel Xeon, AVX-512; a few rows: the last batch, or evaluation's). A model of such weights reads far
+# less than that a step.
 MAX_TIMED_WEIGHTS = 1024
 
 
