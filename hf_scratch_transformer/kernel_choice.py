@@ -257,8 +257,12 @@ MAX_CACHED_BYTES = 32 << 20
 # Small weights are timed over at most MAX_TIMED_WEIGHTS of them: 32 MiB of 32 x 32 weights are 8192 products a kernel
 # a round, whose calls cost more than their reads, and a 16-wide model's fine-tuning spent 40 s timing them at its
 # first step (Intel Xeon, AVX-512; a few rows: the last batch, or evaluation's). A model of such weights reads far
-# less than that a step.
-MAX_TIMED_WEIGHTS = 1024
+# less than that a step; 256 of 128 x 128 are still 16 MiB, past any core's own caches.
+MAX_TIMED_WEIGHTS = 256
+# A timing stops at the first round that ends past this many seconds (the warm-up and one timed round always run).
+# On a busy machine a call to oneDNN waits for a core: a tiny masked LM's 32-wide products took 100-250 us a call
+# instead of 40 (Intel Xeon, AVX-512, both cores busy), and its evaluation spent 80 s timing 1024 weights a round.
+TIMING_DEADLINE_SECONDS = 1.0
 
 
 def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = TIMED_SHAPE) -> dict[str, float]:
@@ -314,14 +318,18 @@ def weights_read_once(shape: tuple[int, int], from_memory: bool) -> tuple[torch.
 
 def best_interleaved(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Best seconds of each of `runs` (a name -> a call), interleaved over `repeats` rounds, the order reversed every
-    other round, after a warm-up round (oneDNN builds its primitives at the first call of a shape)."""
+    other round, after a warm-up round (oneDNN builds its primitives at the first call of a shape); fewer rounds where
+    they pass TIMING_DEADLINE_SECONDS (at least one timed)."""
     best = dict.fromkeys(runs, math.inf)
+    deadline = time.perf_counter() + TIMING_DEADLINE_SECONDS
     for repeat in range(repeats + 1):
         for name in sorted(runs, reverse=repeat % 2 == 1):
             start = time.perf_counter()
             runs[name]()
             if repeat:
                 best[name] = min(best[name], time.perf_counter() - start)
+        if repeat and time.perf_counter() > deadline:
+            break
     return best
 
 
