@@ -356,7 +356,9 @@ class MasksOfEachStep:
     DataLoader fetches one batch ahead, and a resumed Trainer restores the global RNG only after taking its first
     step's batches: either way a resumed run drew other masks than the uninterrupted one (its losses left the
     uninterrupted run's at the first step after the checkpoint). Evaluation batches are masked by the collator, from
-    the global RNG: that loop runs whole between two steps."""
+    a generator seeded with the run's seed and the process at each evaluation: every evaluation masks the same tokens,
+    so that two of them differ by the weights only (from the global RNG, the final evaluation of a run's last weights
+    gave another loss than the evaluation of the same weights at its last step)."""
 
     def get_train_dataloader(self):
         masking = self.data_collator  # the DataLoader pads only; `get_batch_samples` masks
@@ -365,6 +367,16 @@ class MasksOfEachStep:
         self.data_collator = DataCollatorWithPadding(masking.tokenizer, pad_to_multiple_of=masking.pad_to_multiple_of)
         try:
             return super().get_train_dataloader()
+        finally:
+            self.data_collator = masking
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        masking = self.data_collator
+        self.data_collator = copy.copy(masking)  # the DataLoader keeps this one, its generator drawn from in order
+        self.data_collator.generator = torch.Generator().manual_seed(
+            hash((self.args.seed, "evaluation", self.args.process_index)) % 2**63)
+        try:
+            return super().get_eval_dataloader(eval_dataset)
         finally:
             self.data_collator = masking
 
@@ -423,12 +435,12 @@ def argmax_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def mlm_accuracy(eval_prediction) -> dict:
-    """Share of masked tokens (labels other than -100) predicted exactly."""
+    """Share of masked tokens (labels other than -100) predicted exactly, and how many there were (none: no share)."""
     predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
     masked = labels != -100
     if not masked.any():
-        return {"mlm_accuracy": 0.0}
-    return {"mlm_accuracy": float((predictions[masked] == labels[masked]).mean())}
+        return {"masked_tokens": 0}
+    return {"mlm_accuracy": float((predictions[masked] == labels[masked]).mean()), "masked_tokens": int(masked.sum())}
 
 
 def translation_metrics(tokenizer) -> Callable:

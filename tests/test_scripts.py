@@ -124,12 +124,30 @@ def test_masked_lm_training(tmp_path):
     results = json.loads((tmp_path / "model/eval_results.json").read_text())
     assert 0.0 <= results["mlm_accuracy"] <= 1.0
     assert "fill-mask: " in stdout
+    # Every evaluation masks the same tokens: the final one of the last weights is the one of step 4, to the bit (from
+    # the global RNG, it gave another loss).
+    state = json.loads((tmp_path / "checkpoints/checkpoint-4/trainer_state.json").read_text())
+    last = next(entry for entry in state["log_history"] if entry["step"] == 4 and "eval_loss" in entry)
+    assert (last["eval_loss"], last["eval_mlm_accuracy"]) == (results["loss"], results["mlm_accuracy"])
     # Resumed from step 2, the run keeps its WordPiece vocabulary (trained again, it comes out differently).
     shutil.rmtree(tmp_path / "checkpoints/checkpoint-4")
     run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir", tmp_path,
                *TINY_RUN, *TINY_MODEL, "--max-eval-samples", 13, "--resume", cwd=tmp_path)
     assert (tmp_path / "model/tokenizer.json").read_text() == \
         (tmp_path / "checkpoints/checkpoint-2/tokenizer.json").read_text()
+
+
+def test_a_masked_lm_evaluation_that_masked_nothing_reports_no_figures(tmp_path):
+    """Two validation words, none masked at 15%: the loss was 0 / 0, and eval_results.json held NaN (no JSON reader
+    takes it) and an accuracy of 0.0 over no token."""
+    corpus, validation = tmp_path / "corpus.txt", tmp_path / "validation.txt"
+    corpus.write_text("\n\n".join(" ".join(_words(8, seed=i)) for i in range(100)))
+    validation.write_text("man dog")
+    stdout = run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--validation-files", validation,
+                        "--max-steps", 1, "--output-dir", tmp_path, *TINY_RUN, *TINY_MODEL, cwd=tmp_path)
+    assert "no token of the 1 validation sequences was masked" in stdout
+    assert json.loads((tmp_path / "model/eval_results.json").read_text()) == {}
+    assert "model-index" not in (tmp_path / "model/README.md").read_text()
 
 
 def test_seq2seq_training_with_the_seed_recipe(tmp_path):

@@ -387,7 +387,9 @@ def test_files_or_dataset_not_both():
 
 def test_mlm_accuracy_counts_masked_positions_only():
     prediction = SimpleNamespace(predictions=np.array([[1, 2, 3]]), label_ids=np.array([[1, -100, 4]]))
-    assert training.mlm_accuracy(prediction) == {"mlm_accuracy": 0.5}
+    assert training.mlm_accuracy(prediction) == {"mlm_accuracy": 0.5, "masked_tokens": 2}
+    nothing_masked = SimpleNamespace(predictions=np.array([[1, 2]]), label_ids=np.array([[-100, -100]]))
+    assert training.mlm_accuracy(nothing_masked) == {"masked_tokens": 0}  # no share of no token
 
 
 def test_sparse_mlm_predictions_are_put_back_in_place_of_their_labels():
@@ -398,7 +400,7 @@ def test_sparse_mlm_predictions_are_put_back_in_place_of_their_labels():
     placed = training.argmax_logits(logits, labels)
     assert placed.tolist() == [[5, -100, 1], [-100, -100, 2]]
     trimmed = SimpleNamespace(predictions=placed[:1].numpy(), label_ids=labels[:1].numpy())
-    assert training.mlm_accuracy(trimmed) == {"mlm_accuracy": 0.5}
+    assert training.mlm_accuracy(trimmed) == {"mlm_accuracy": 0.5, "masked_tokens": 2}
     dense = torch.nn.functional.one_hot(torch.tensor([[5, 0, 1], [3, 3, 2]]), 9).float()
     assert training.argmax_logits(dense, labels).tolist() == [[5, 0, 1], [3, 3, 2]]
 

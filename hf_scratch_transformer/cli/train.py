@@ -295,7 +295,12 @@ results = {key.removeprefix("eval_"): value for key, value in metrics.items()
            if key.removeprefix("eval_") in ("loss", "mlm_accuracy", "bleu", "chrf")}
 if task == "causal-lm":
     results["perplexity"] = training.perplexity(results["loss"])
-print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
+if metrics.get("eval_masked_tokens") == 0:  # its loss is 0 / 0: NaN, which no JSON reader takes
+    print(f"evaluation: no token of the {len(datasets['validation'])} validation sequences was masked; no loss or "
+          "accuracy to report (give more validation text)")
+    results = {}
+if results:
+    print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 
 # ----------------------------------------------------------------------------------------------- Hub-ready folder
 folder = output_dir / "model"
