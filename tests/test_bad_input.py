@@ -527,9 +527,20 @@ def test_a_folder_given_as_a_text_file_is_named(hf_scratch, tmp_path):
          "validation files for both sides"),
         (["--task", "seq2seq", "--dataset", "some/pairs", "--source-files", "{c}"], "parallel files or a dataset"),
         (["--dataset", "some/texts", "--validation-files", "{c}"], "Validation files go with training files"),
+        (["--train-files", "{c}", "--text-column", "body"],
+         "--text-column: options of --dataset, which this run does not use (files have no columns)"),
+        (["--task", "seq2seq", "--source-files", "{c}", "--target-files", "{c}", "--dataset-config", "de-en",
+          "--target-column", "de"], "--dataset-config, --target-column: options of --dataset"),
+        (["--dataset", "some/texts", "--source-column", "en"],
+         "--source-column: not a column of --task causal-lm's data (its --dataset columns: --text-column)"),
+        (["--task", "seq2seq", "--dataset", "some/pairs", "--text-column", "en"],
+         "--text-column: not a column of --task seq2seq's data (its --dataset columns: --source-column, "
+         "--target-column)"),
     ],
     ids=["causal-lm source files", "masked-lm validation target", "seq2seq validation files",
-         "one validation side", "pairs beside a dataset", "validation files beside a dataset"],
+         "one validation side", "pairs beside a dataset", "validation files beside a dataset",
+         "a column of files", "a dataset config and column of files", "a seq2seq column for text",
+         "a text column for pairs"],
 )
 def test_data_options_that_would_be_left_out_are_refused(hf_scratch, corpus, tmp_path, arguments, message):
     # Each was ignored without a word: a causal LM given parallel files trained on the default corpus.
@@ -618,6 +629,22 @@ def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path,
                         "--label-column", "tags" if task == "token-classification" else "label", "--output-dir", output)
     assert f"--train-file {path}" in stderr and message in stderr
     assert not output.exists()
+
+
+@pytest.mark.parametrize("task,options,message", [
+    ("text-classification", ["--dataset-config", "sst2"], "--dataset-config goes with --dataset"),
+    ("text-classification", ["--tokens-column", "words"],
+     "--tokens-column: not an input of --task text-classification (its input column: --text-column)"),
+    ("token-classification", ["--text-column", "sentence"],
+     "--text-column: not an input of --task token-classification (its input column: --tokens-column)"),
+])
+def test_finetune_refuses_options_it_would_leave_out(hf_scratch, tmp_path, task, options, message):
+    # Each was ignored without a word: the run read the default column, or the file as it was.
+    (tmp_path / "train.json").write_text('{"text": "a dog", "tokens": ["a", "dog"], "label": 0}\n')
+    stderr = hf_scratch("finetune", "--model", config_only(tmp_path), "--task", task, "--train-file",
+                        tmp_path / "train.json", *options, "--output-dir", tmp_path / "out")
+    assert message in stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(

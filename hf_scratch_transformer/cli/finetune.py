@@ -84,9 +84,9 @@ parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
 parser.add_argument("--train-file", help="CSV (.csv), JSON or JSON lines (.json, .jsonl) file")
 parser.add_argument("--validation-file", help="default: 10%% of the training file")
 parser.add_argument("--dataset", help="instead of files: a `datasets.load_dataset` name, a folder, or a data file")
-parser.add_argument("--dataset-config")
-parser.add_argument("--text-column", default="text", help="text-classification input (default text)")
-parser.add_argument("--tokens-column", default="tokens", help="token-classification input words (default tokens)")
+parser.add_argument("--dataset-config", help="--dataset's configuration")
+parser.add_argument("--text-column", help="text-classification input (default text)")
+parser.add_argument("--tokens-column", help="token-classification input words (default tokens)")
 parser.add_argument("--label-column", default="label", help="label, or list of labels per word (default label)")
 parser.add_argument("--max-length", type=sequence_length,
                     help="tokens per text, >= 3 (default 128, or the model's absolute positions if fewer)")
@@ -198,6 +198,12 @@ if (args.train_file is None) == (args.dataset is None):
     parser.error("give --train-file or --dataset")
 if args.validation_file and not args.train_file:
     parser.error("--validation-file goes with --train-file (a --dataset brings its own validation split)")
+if args.dataset_config and not args.dataset:
+    parser.error("--dataset-config goes with --dataset")
+input_option = "--text-column" if args.task == "text-classification" else "--tokens-column"
+if given := [option for option in ("--text-column", "--tokens-column")
+             if option != input_option and getattr(args, option[2:].replace("-", "_"))]:
+    parser.error(f"{given[0]}: not an input of --task {args.task} (its input column: {input_option})")
 if args.train_file:
     raw = DatasetDict({"train": load_data_file("--train-file", args.train_file)})
     if args.validation_file:
@@ -213,7 +219,7 @@ else:
     raw = DatasetDict({split: raw[split] for split in ("train", "validation") if split in raw})
 sources = {"train": args.train_file, "validation": args.validation_file}
 where = {split: f"--{split}-file {sources[split]}" if sources.get(split) else f"the {split!r} split" for split in raw}
-input_column = args.text_column if args.task == "text-classification" else args.tokens_column
+input_column = (args.text_column or "text") if args.task == "text-classification" else (args.tokens_column or "tokens")
 for name in raw:
     for column in (input_column, args.label_column):
         if column not in raw[name].column_names:

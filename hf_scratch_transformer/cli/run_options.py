@@ -219,11 +219,11 @@ def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--validation-source", nargs="+", action="extend")
     data.add_argument("--validation-target", nargs="+", action="extend")
     data.add_argument("--dataset", help="a `datasets.load_dataset` name or path instead of files")
-    data.add_argument("--dataset-config")
+    data.add_argument("--dataset-config", help="--dataset's configuration")
     data.add_argument("--dataset-name", help="the data's name on the model card (default: dataset or file name)")
-    data.add_argument("--text-column", default="text")
-    data.add_argument("--source-column", default="source")
-    data.add_argument("--target-column", default="target")
+    data.add_argument("--text-column", help="--dataset's text column (default text)")
+    data.add_argument("--source-column", help="seq2seq: --dataset's source column (default source)")
+    data.add_argument("--target-column", help="seq2seq: --dataset's target column (default target)")
     data.add_argument("--max-length", type=sequence_length, default=128, help="tokens per sequence, >= 3 (default 128)")
     model_args = parser.add_argument_group("model and tokenizer")
     model_args.add_argument("--model", type=local_path(),
@@ -449,18 +449,28 @@ def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
         raise ValueError(f"{', '.join(given)}: not data for --task {args.task} (text files: --train-files, "
                          "--validation-files; parallel files: --source-files, --target-files, --validation-source, "
                          "--validation-target)")
+    # So would a column of the other task's, or a --dataset option without --dataset (files have no columns).
+    columns = ["source_column", "target_column"] if args.task == "seq2seq" else ["text_column"]
+    other_columns = ["text_column"] if args.task == "seq2seq" else ["source_column", "target_column"]
+    if given := [f"--{name.replace('_', '-')}" for name in other_columns if getattr(args, name)]:
+        raise ValueError(f"{', '.join(given)}: not a column of --task {args.task}'s data (its --dataset columns: "
+                         f"{', '.join('--' + name.replace('_', '-') for name in columns)})")
+    if not args.dataset and (given := [f"--{name.replace('_', '-')}" for name in ["dataset_config", *columns]
+                                       if getattr(args, name)]):
+        raise ValueError(f"{', '.join(given)}: options of --dataset, which this run does not use (files have no "
+                         "columns)")
     if args.task == "seq2seq":
         raw = training.load_parallel(
             args.source_files, args.target_files, args.validation_source, args.validation_target,
-            dataset=args.dataset, dataset_config=args.dataset_config, source_column=args.source_column,
-            target_column=args.target_column, seed=args.seed,
+            dataset=args.dataset, dataset_config=args.dataset_config, source_column=args.source_column or "source",
+            target_column=args.target_column or "target", seed=args.seed,
         )
         texts = raw["train"].map(lambda pair: {"text": pair["source"] + "\n" + pair["target"]},
                                  remove_columns=["source", "target"])
         return raw, texts
     files = args.train_files or (None if args.dataset else [str(DEFAULT_CORPUS)])
-    raw = training.load_texts(files, args.dataset, args.dataset_config, args.text_column, args.validation_files,
-                              seed=args.seed)
+    raw = training.load_texts(files, args.dataset, args.dataset_config, args.text_column or "text",
+                              args.validation_files, seed=args.seed)
     return raw, raw["train"]
 
 
