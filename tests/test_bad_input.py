@@ -342,11 +342,19 @@ def corpus(tmp_path):
         (["train", "--resume", "--overwrite-output-dir"], "--resume continues the earlier run and --overwrite"),
         (["train", "--model", "no/such/model"], "argument --model: folder no/such/model does not exist"),
         (["train", "--tokenizer", "./no-tokenizer"], "argument --tokenizer: folder ./no-tokenizer does not exist"),
+        # Bare names are Hub ids: offline, they failed after the data work with "We couldn't connect" and a traceback
+        (["train", "--tokenizer", "gpt2"], "argument --tokenizer: folder gpt2 does not exist, and with HF_HUB_OFFLINE "
+                                           "set a Hub id must be in the local Hub cache, where it is not"),
+        (["train-accelerate", "--config", "nofile.json"], "argument --config: file or folder nofile.json does not "
+                                                          "exist, and with HF_HUB_OFFLINE set a Hub id must be in"),
+        (["finetune", "--task", "text-classification", "--model", "bert-base-uncased"],
+         "argument --model: folder bert-base-uncased does not exist, and with HF_HUB_OFFLINE set"),
+        (["train", "--model", "not a name"], "argument --model: folder not a name does not exist"),
         # A folder without a tokenizer (a run's checkpoints folder) failed in `from_pretrained` with a traceback
         (["train", "--tokenizer", "."], "argument --tokenizer: . holds no tokenizer_config.json"),
         # --model continues a saved model with its own tokenizer: these were left out without a word.
-        (["train", "--model", "somewhere", "--tokenizer", "other"], "--tokenizer: for a new model; --model continues"),
-        (["train", "--model", "somewhere", "--preset", "gpt2-small", "--tokenizer-kind", "unigram"],
+        (["train", "--model", "{saved}", "--tokenizer", "{saved}"], "--tokenizer: for a new model; --model continues"),
+        (["train", "--model", "{saved}", "--preset", "gpt2-small", "--tokenizer-kind", "unigram"],
          "--preset, --tokenizer-kind: for a new model; --model continues"),
         (["train-accelerate", "--keep-checkpoints", "0"], "argument --keep-checkpoints: must be >= 1, got 0"),
         (["train-accelerate", "--gradient-accumulation-steps", "0"], "argument --gradient-accumulation-steps: must"),
@@ -382,6 +390,11 @@ def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, a
     command, options = arguments[0], arguments[1:]
     data = {"train": ["--train-files", corpus], "train-accelerate": ["--train-files", corpus],
             "tokenizer": ["--files", corpus], "finetune": ["--model", tmp_path, "--train-file", tmp_path / "x.csv"]}
+    if "{saved}" in options:  # a saved model's folder, as far as these checks read it
+        saved = tmp_path / "saved"
+        saved.mkdir()
+        (config_only(saved) / "tokenizer_config.json").write_text("{}")
+        options = [saved if option == "{saved}" else option for option in options]
     output = tmp_path / "out"
     assert message in hf_scratch(command, *data[command], *options, "--output-dir", output)
     assert not output.exists()

@@ -21,6 +21,8 @@ except ImportError:  # Windows: runs are not locked
 
 from accelerate.utils import gather_object
 from datasets import Dataset, DatasetDict
+from huggingface_hub import is_offline_mode, try_to_load_from_cache
+from huggingface_hub.utils import HFValidationError
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_scratch_command import is_rank_zero
@@ -167,7 +169,9 @@ def local_path(what: str = "folder", holds: str | None = None):
     (it holds a path separator or starts with '.' or '~') must exist, so that a typo is not reported by
     `from_pretrained` as an invalid Hub repo id. A bare name is left to `from_pretrained` (a Hub id, when online).
     `holds`: a file an existing folder must hold (a tokenizer folder's tokenizer_config.json: `from_pretrained`
-    failed on a folder without one with "Couldn't instantiate the backend tokenizer" and a traceback)."""
+    failed on a folder without one with "Couldn't instantiate the backend tokenizer" and a traceback), and a Hub id
+    (else config.json). With HF_HUB_OFFLINE set, a bare name must be a Hub id in the local Hub cache: `--tokenizer
+    gpt2` or `--config nofile.json` failed after the data work with a traceback ending in "We couldn't connect"."""
 
     def parse(text: str) -> Path:
         path = Path(text).expanduser()
@@ -180,6 +184,13 @@ def local_path(what: str = "folder", holds: str | None = None):
             return path
         if os.sep in text or "/" in text or text.startswith((".", "~")):
             raise argparse.ArgumentTypeError(f"{what} {text} does not exist")
+        try:
+            cached = try_to_load_from_cache(text, holds or "config.json")  # a path, or not cached
+        except HFValidationError:  # no Hub id either
+            raise argparse.ArgumentTypeError(f"{what} {text} does not exist") from None
+        if is_offline_mode() and not isinstance(cached, str):
+            raise argparse.ArgumentTypeError(f"{what} {text} does not exist, and with HF_HUB_OFFLINE set a Hub id "
+                                             "must be in the local Hub cache, where it is not")
         return path
 
     return parse
