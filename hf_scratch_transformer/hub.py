@@ -121,6 +121,13 @@ _USAGE_HEADING = re.compile(r"(how to use|(example )?usage|how to get started.*|
                             re.IGNORECASE)
 _HEADING = re.compile(r"^(#{1,6}) +(.*?)\s*$")
 
+def default_repo_name(*parts: str) -> str:
+    """A card's default title and repo id from its parts joined by '-', each without a Hub namespace, and with what a
+    repo id cannot hold made '-' (a data file `my corpus.txt` gave a card whose usage loaded "gpt-mini-my corpus")."""
+    name = "-".join(part.rsplit("/", 1)[-1] for part in parts)
+    name = re.sub(r"[^\w.]+|-{2,}|\.{2,}", "-", name, flags=re.ASCII)  # '--' and '..' are forbidden too
+    return re.sub(r"-{2,}", "-", name).strip("-.")[:96].strip("-.") or "model"
+
 
 def positions_limitation(task: str, config: dict) -> str:
     """What a causal LM whose positions end (learned or sinusoidal, at `max_position_embeddings`) asks of its

@@ -350,6 +350,10 @@ def corpus(tmp_path):
         (["finetune", "--task", "text-classification", "--model", "bert-base-uncased"],
          "argument --model: folder bert-base-uncased does not exist, and with HF_HUB_OFFLINE set"),
         (["train", "--model", "not a name"], "argument --model: folder not a name does not exist"),
+        # The card's title and the repo id its usage code loads: "bad name!" gave from_pretrained("bad name!")
+        (["train", "--model-name", "bad name!"], "argument --model-name: 'bad name!' is not a Hub repo id"),
+        (["train-accelerate", "--model-name", "a/b/c"], "argument --model-name: 'a/b/c' is not a Hub repo id"),
+        (["finetune", "--task", "text-classification", "--model-name", "x--y"], "'x--y' is not a Hub repo id"),
         # A folder without a tokenizer (a run's checkpoints folder) failed in `from_pretrained` with a traceback
         (["train", "--tokenizer", "."], "argument --tokenizer: . holds no tokenizer_config.json"),
         # --model continues a saved model with its own tokenizer: these were left out without a word.

@@ -12,6 +12,9 @@ import pytest
 import torch
 from forked_python import run_python
 from huggingface_hub import ModelCard, metadata_load
+from huggingface_hub.utils import validate_repo_id
+from hypothesis import example, given
+from hypothesis import strategies as st
 from matplotlib.figure import Figure
 from tiny_models import LM_CLASSES, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece
@@ -300,3 +303,20 @@ def test_the_cards_example_runs_where_the_package_is_missing_without_asking(task
                                timeout=600, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "custom code" not in completed.stdout + completed.stderr  # transformers' question, unanswered
+
+
+@given(st.lists(st.text(max_size=60), min_size=1, max_size=3))
+@example(["gpt-mini", "my corpus"])
+@example(["bert-prenorm", "stanfordnlp/imdb"])
+@example(["scratch", "..--.."])
+def test_a_default_repo_name_is_a_hub_repo_id_whatever_the_data_is_called(parts):
+    """A data file `my corpus.txt` named the card "gpt-mini-my corpus", whose usage code could not load it."""
+    name = hub.default_repo_name(*parts)
+    validate_repo_id(name)
+    assert "/" not in name
+
+
+def test_a_default_repo_name_keeps_what_a_repo_id_holds():
+    assert hub.default_repo_name("gpt-mini", "tiny_shakespeare") == "gpt-mini-tiny_shakespeare"
+    assert hub.default_repo_name("gpt-mini", "my corpus") == "gpt-mini-my-corpus"
+    assert hub.default_repo_name("bert-prenorm", "stanfordnlp/imdb") == "bert-prenorm-imdb"

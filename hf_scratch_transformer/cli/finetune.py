@@ -50,6 +50,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_float,
     positive_int,
     refuse_lone_processes,
+    repo_id,
     sequence_length,
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
@@ -95,7 +96,7 @@ parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides
 parser.add_argument("--batch-size", type=positive_int, default=16)
 parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="default 5e-5")
 parser.add_argument("--seed", type=int, default=42)
-parser.add_argument("--model-name", help="the card's title and repo id (default: scratch-<task>-<data>)")
+parser.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: scratch-<task>-<data>)")
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
 add_run_safety_arguments(parser)
 args = parser.parse_args()
@@ -361,7 +362,8 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
         training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png", title=args.task)
         dataset = dataset_name(args.dataset) if args.dataset else Path(args.train_file).stem
         hub.write_model_card(
-            written, task=args.task, model_name=args.model_name or f"scratch-{args.task}-{dataset}", preset=None,
+            written, task=args.task, preset=None,
+            model_name=args.model_name or hub.default_repo_name("scratch", args.task, dataset),
             config=model.config.to_dict(), num_parameters=model.num_parameters(), dataset=dataset,
             dataset_on_hub=on_the_hub(args.dataset),
             dataset_description="" if args.dataset else "Files: " + ", ".join(

@@ -22,7 +22,7 @@ except ImportError:  # Windows: runs are not locked
 from accelerate.utils import gather_object
 from datasets import Dataset, DatasetDict
 from huggingface_hub import is_offline_mode, try_to_load_from_cache
-from huggingface_hub.utils import HFValidationError
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_scratch_command import is_rank_zero
@@ -194,6 +194,16 @@ def local_path(what: str = "folder", holds: str | None = None):
         return path
 
     return parse
+
+
+def repo_id(text: str) -> str:
+    """An argparse `type` for --model-name, a model card's title and the repo id its usage loads: a Hub repo id
+    (`name` or `namespace/name`), or the card would show code that cannot load it."""
+    try:
+        validate_repo_id(text)
+    except HFValidationError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Hub repo id: {error}") from None
+    return text
 
 
 positive_int = at_least(1)

@@ -66,6 +66,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_family,
     refuse_another_tokenizer,
     refuse_lone_processes,
+    repo_id,
     run_data_name,
     run_data_on_hub,
     stop_cleanly_on_ctrl_c,
@@ -133,7 +134,7 @@ run.add_argument("--resume", action="store_true", help="continue from the newest
 add_run_safety_arguments(run)
 run.add_argument("--num-beams", type=positive_int, default=4, help="seq2seq evaluation and sample (default 4)")
 run.add_argument("--sample-prompt", default="ROMEO:", help="causal LM sample prompt")
-run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
+run.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: <preset>-<data>)")
 run.add_argument("--seed", type=int, default=1337)
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()
@@ -313,7 +314,8 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
         dataset_name = run_data_name(args, files)
         knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
         hub.write_model_card(
-            written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset_name}", preset=preset,
+            written, task=task, preset=preset,
+            model_name=args.model_name or hub.default_repo_name(preset or "scratch", dataset_name),
             config={key: value for key, value in model.config.to_dict().items() if key in knobs},
             num_parameters=model.num_parameters(),
             dataset=dataset_name,

@@ -73,6 +73,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    repo_id,
     run_data_name,
     run_data_on_hub,
     stop_cleanly_on_ctrl_c,
@@ -115,7 +116,7 @@ run.add_argument("--stop-at-step", type=positive_int, help="end this run after t
                  "schedule still runs to --max-steps")
 run.add_argument("--max-eval-samples", type=positive_int,
                  help="final validation loss on the first N sequences (default: all)")
-run.add_argument("--model-name", help="the card's title and repo id (default: <preset>-<data>)")
+run.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: <preset>-<data>)")
 run.add_argument("--seed", type=int, default=1337)
 run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
 args = parser.parse_args()
@@ -441,7 +442,8 @@ if accelerator.is_main_process:
                                "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
                                "max_grad_norm")}, "warmup_steps": warmup_steps,
                            "eval_sequences": len(datasets["validation"])}  # all, or the first --max-eval-samples
-        hub.write_model_card(written, task=task, model_name=args.model_name or f"{preset or 'scratch'}-{dataset}",
+        hub.write_model_card(written, task=task,
+                             model_name=args.model_name or hub.default_repo_name(preset or "scratch", dataset),
                              preset=preset, config=unwrapped.config.to_dict(),
                              num_parameters=unwrapped.num_parameters(),
                              dataset=dataset, dataset_on_hub=run_data_on_hub(args, files),
