@@ -373,8 +373,8 @@ class MasksOfEachStep:
     def get_eval_dataloader(self, eval_dataset=None):
         masking = self.data_collator
         self.data_collator = copy.copy(masking)  # the DataLoader keeps this one, its generator drawn from in order
-        self.data_collator.generator = torch.Generator().manual_seed(
-            hash((self.args.seed, "evaluation", self.args.process_index)) % 2**63)
+        self.data_collator.generator = torch.Generator().manual_seed(  # step -1: no training batch's seed
+            hash((self.args.seed, -1, 0, self.args.process_index)) % 2**63)  # ints: no per-process hash salt
         try:
             return super().get_eval_dataloader(eval_dataset)
         finally:
