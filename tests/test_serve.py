@@ -19,6 +19,7 @@ from forked_python import run_python
 from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.cli.serving import utils as serving_utils
 
 from hf_scratch_transformer import ScratchDecoderForCausalLM, ScratchSeq2SeqForConditionalGeneration
 from tokenizer_training import padded_vocab_size, special_token_ids
@@ -223,7 +224,6 @@ def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_i
     ("modl", "folder modl does not exist, and with HF_HUB_OFFLINE set a Hub model must be in the local Hub cache"),
     (".", ". holds no config.json"),
     ("model", "model holds no tokenizer"),
-    ("run@2", "run@2: `transformers serve` reads what follows '@' as a revision"),
 ])
 def test_a_model_that_is_neither_a_folder_nor_a_hub_id_is_refused_at_start(tmp_path, given, reason):
     """A mistyped folder (or a file, or a folder without config.json) went to the Hub as a repo id, and the server
@@ -233,12 +233,32 @@ def test_a_model_that_is_neither_a_folder_nor_a_hub_id_is_refused_at_start(tmp_p
     ending in "We couldn't connect to 'https://huggingface.co'". Refused as a bad argument, naming the path."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model/config.json").write_text("{}")
-    (tmp_path / "run@2").mkdir()  # a whole folder, that transformers would look for as `run` at revision `2`
-    for name in ("config.json", "tokenizer_config.json"):
-        (tmp_path / "run@2" / name).write_text("{}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "200"}
     command = _serve_command(given, _free_port())
     result = run_python(command, cwd=tmp_path, env=env, timeout=START_TIMEOUT)
     assert result.returncode == 2, result.stderr
     assert reason in result.stderr and "Traceback" not in result.stderr, result.stderr
 
+
+
+def test_a_request_for_a_model_that_cannot_load_is_answered_400_naming_it(folder, expected, tmp_path):
+    """A server started without a folder loads what each request names: a missing folder, one without a tokenizer
+    or a file got a bare 500 (the reason in the server's log only); each is refused with a 400 naming it, as at
+    start. A folder named with '@' is a path, not a revision (transformers 5.24; 5.23 read it as one, and the
+    command refuses it there)."""
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare/config.json").write_text((folder / "config.json").read_text())
+    (tmp_path / "run@2").symlink_to(folder, target_is_directory=True)
+    refused = {tmp_path / "missing": f"folder {tmp_path / 'missing'} does not exist",
+               tmp_path / "bare": f"{tmp_path / 'bare'} holds no tokenizer (tokenizer_config.json)",
+               folder / "config.json": f"{folder / 'config.json'} is a file, not a model folder"}
+    with _running(None, [], tmp_path / "server.log") as client:
+        for model, reason in refused.items():
+            with pytest.raises(openai.BadRequestError) as refusal:
+                client.completions.create(model=str(model), prompt="Hi", max_tokens=2)
+            assert reason in refusal.value.response.json()["detail"]
+        if hasattr(serving_utils, "split_revision"):  # transformers 5.24
+            question = QUESTIONS[0]
+            answer = client.completions.create(model=str(tmp_path / "run@2"), prompt=question, max_tokens=NEW_TOKENS,
+                                               temperature=0)
+            assert answer.choices[0].text == expected["plain"][question]

@@ -27,6 +27,11 @@ from transformers.cli.serve import Serve
 from transformers.cli.serving.utils import split_model_id
 from transformers.utils.import_utils import is_serve_available
 
+try:  # transformers 5.24: an existing folder's '@' is part of its path
+    from transformers.cli.serving.utils import split_revision
+except ImportError:  # 5.23 read what follows it as a revision
+    split_revision = None
+
 from hf_scratch_transformer import AUTO_CLASSES, ScratchDecoderForCausalLM
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 
@@ -34,6 +39,7 @@ if not is_serve_available():  # what `transformers serve` says, without the trac
     sys.exit('hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')
 
 from fastapi import HTTPException
+from transformers.cli.serving.model_manager import ModelManager
 
 
 class NotServableError(HTTPException):
@@ -87,42 +93,66 @@ for models in AUTO_CLASSES.values():
 
 
 def check_model(model: str | None) -> None:
-    """The model given on the command line must be a saved folder with its tokenizer, or a Hub id (`transformers
-    serve`'s `<repo>[@revision][:<file>.gguf]`). A mistyped folder or a file went to the Hub as a repo id and stopped
-    with a traceback ending in 'Repo id must be in the form ...', a folder without its tokenizer with one ending in
-    'Unrecognized processing class'; refused here, naming the path, as the other commands do."""
-    if model is None:
-        return
-    repo, gguf_file = split_model_id(model)
-    if "@" in repo and Path(repo).exists():
-        raise typer.BadParameter(f"{repo}: `transformers serve` reads what follows '@' as a revision; give the folder "
-                                 "a path without '@' (a symbolic link will do)")
-    repo, _, revision = repo.partition("@")
+    """The model given on the command line, refused at start where `model_problem` finds one."""
+    if model is not None and (problem := model_problem(*split_model_id(model))):
+        raise typer.BadParameter(problem)
+
+
+def model_problem(model: str, gguf_file: str | None = None) -> str | None:
+    """What keeps `transformers serve` from loading `model` (a folder, or a Hub id `<repo>[@revision]`, as the command
+    line or a request names it), or None. A mistyped folder or a file went to the Hub as a repo id and stopped with a
+    traceback ending in 'Repo id must be in the form ...', a folder without its tokenizer with one ending in
+    'Unrecognized processing class'; refused naming the path, as the other commands do."""
+    if "@" in model and Path(model).exists():
+        if split_revision is None:
+            return (f"{model}: `transformers serve` reads what follows '@' as a revision; give the folder a path "
+                    "without '@' (a symbolic link will do)")
+        repo, revision = model, None
+    else:
+        repo, _, revision = model.partition("@")
     folder = Path(repo)
     if folder.is_dir():
         if gguf_file is not None:  # the GGUF file holds the config and the tokenizer
-            return
+            return None
         if not (folder / "config.json").is_file():
-            raise typer.BadParameter(f"{repo} holds no config.json: not a model folder written by `save_pretrained`")
+            return f"{repo} holds no config.json: not a model folder written by `save_pretrained`"
         if not (folder / "tokenizer_config.json").is_file():  # what every tokenizer's `save_pretrained` writes
-            raise typer.BadParameter(f"{repo} holds no tokenizer (tokenizer_config.json): the server reads prompts "
-                                     "with it; save the tokenizer next to the model (`tokenizer.save_pretrained`)")
-    elif folder.exists():
-        raise typer.BadParameter(f"{repo} is a file, not a model folder written by `save_pretrained`")
-    else:
-        try:
-            validate_repo_id(repo)  # `namespace/name` may be on the Hub; anything else can only be a local path
-        except HFValidationError:
-            raise typer.BadParameter(f"folder {repo} does not exist") from None
-        # A Hub id in form only: a mistyped folder (`outputs/modl`) went to the Hub, and the server stopped with a
-        # traceback ending in "We couldn't connect to 'https://huggingface.co'", naming no folder.
-        if "/" in repo and folder.parent.is_dir():
-            raise typer.BadParameter(f"folder {repo} does not exist (its parent folder does: a mistyped name?); to "
-                                     f"serve the Hub's {repo}, start the server where no {folder.parent} is")
-        cached = try_to_load_from_cache(repo, "config.json", revision=revision or None)  # a path, or not cached
-        if is_offline_mode() and not isinstance(cached, str):
-            raise typer.BadParameter(f"folder {repo} does not exist, and with HF_HUB_OFFLINE set a Hub model must be "
-                                     "in the local Hub cache, where it is not")
+            return (f"{repo} holds no tokenizer (tokenizer_config.json): the server reads prompts with it; save the "
+                    "tokenizer next to the model (`tokenizer.save_pretrained`)")
+        return None
+    if folder.exists():
+        return f"{repo} is a file, not a model folder written by `save_pretrained`"
+    try:
+        validate_repo_id(repo)  # `namespace/name` may be on the Hub; anything else can only be a local path
+    except HFValidationError:
+        return f"folder {repo} does not exist"
+    # A Hub id in form only: a mistyped folder (`outputs/modl`) went to the Hub, and the server stopped with a
+    # traceback ending in "We couldn't connect to 'https://huggingface.co'", naming no folder.
+    if "/" in repo and folder.parent.is_dir():
+        return (f"folder {repo} does not exist (its parent folder does: a mistyped name?); to serve the Hub's {repo}, "
+                f"start the server where no {folder.parent} is")
+    cached = try_to_load_from_cache(repo, "config.json", revision=revision)  # a path, or not cached
+    if is_offline_mode() and not isinstance(cached, str):
+        return (f"folder {repo} does not exist, and with HF_HUB_OFFLINE set a Hub model must be in the local Hub "
+                "cache, where it is not")
+    return None
+
+
+def refusing_what_would_fail(load):
+    """`ModelManager.load_model_and_processor` refusing, with a 400 naming it, a model that `model_problem` finds
+    fault with: a server started without a folder loads what each request names, and a missing folder, one without
+    a tokenizer or a file was answered with a bare 500 (the reason in the server's log only)."""
+
+    @functools.wraps(load)
+    def load_checked(self, model_id_and_revision: str, *args, gguf_file: str | None = None, **kwargs):
+        if problem := model_problem(model_id_and_revision, gguf_file):
+            raise NotServableError(problem)
+        return load(self, model_id_and_revision, *args, gguf_file=gguf_file, **kwargs)
+
+    return load_checked
+
+
+ModelManager.load_model_and_processor = refusing_what_would_fail(ModelManager.load_model_and_processor)
 
 
 @functools.wraps(Serve, updated=())  # typer reads `Serve`'s options and help through the wrapper
