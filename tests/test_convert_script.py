@@ -359,6 +359,30 @@ def _llama_quantized_with_torchao(path: Path) -> Path:
     return path
 
 
+def _gpt2_with_truncated_weights(path: Path) -> Path:
+    gpt2().save_pretrained(path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    return path
+
+
+def _gpt2_with_a_corrupt_bin(path: Path) -> Path:
+    gpt2().save_pretrained(path)
+    (path / "model.safetensors").unlink()
+    (path / "pytorch_model.bin").write_bytes(bytes(range(256)) * 8)
+    return path
+
+
+def _config_that_is_a_list(path: Path) -> Path:
+    (path / "config.json").write_text("[1, 2]")
+    return path
+
+
+def _config_with_a_list_model_type(path: Path) -> Path:
+    (path / "config.json").write_text('{"model_type": ["gpt2"]}')
+    return path
+
+
 def _folder_without_config(path: Path) -> Path:
     gpt2().save_pretrained(path)
     (path / "config.json").unlink()
@@ -387,10 +411,16 @@ def _folder_without_config(path: Path) -> Path:
         "`model.layers.0.self_attn.q_proj.weight` is a quantized Int8Tensor"], marks=pytest.mark.skipif(
         importlib.util.find_spec("torchao") is None, reason="needs torchao")),
     (_gpt2_with_a_broken_card, [], ["README.md is not a valid model card", "correct or remove it"]),
+    # These three ended in a traceback (a SafetensorError naming no file, an UnpicklingError advising
+    # weights_only=False, an AttributeError or TypeError).
+    (_gpt2_with_truncated_weights, [], ["cannot load", "model.safetensors is not a complete safetensors file"]),
+    (_gpt2_with_a_corrupt_bin, [], ["cannot load", "a PyTorch weights file of it is corrupt or no weights file"]),
+    (_config_that_is_a_list, [], ["config.json is not a model's config: a JSON object whose model_type is a string"]),
+    (_config_with_a_list_model_type, [], ["config.json is not a model's config"]),
 ], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "resized-weight", "no-weights",
           "broken-config", "no-model-type", "tokenizer-too-large",
         "knob-without-native-equivalent", "contradicting-direction", "bitsandbytes-without-the-library",
-        "torchao-int8", "broken-card"])
+        "torchao-int8", "broken-card", "truncated-safetensors", "corrupt-bin", "config-list", "model-type-list"])
 def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path, monkeypatch, capsys):
     """Run in this process, as the command's module (each refusal comes before the conversion: no process start per
     case); anything but the command's own exit, a traceback say, fails the test."""
@@ -428,6 +458,15 @@ def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path)
     inputs = _inputs("decoder")
     with torch.no_grad():
         torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
+
+
+def test_an_output_under_a_file_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """It failed with a NotADirectoryError traceback once the model was loaded, converted and checked."""
+    source = tmp_path / "native"
+    gpt2().save_pretrained(source)
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, source / "config.json" / "converted")
+    assert f"lies under {source / 'config.json'}, a file, not a folder" in str(stopped.value.code)
 
 
 def test_an_output_folder_that_contains_the_source_is_refused(tmp_path):

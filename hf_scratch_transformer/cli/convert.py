@@ -26,6 +26,7 @@ folder that already holds files is replaced only with --overwrite-output-dir (ne
 import argparse
 import json
 import os
+import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -77,7 +78,7 @@ def fail(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- source
-# Checked before the heavy imports, so that a wrong path or model fails at once.
+# Checked before anything is loaded, so that a wrong path or model fails before any work.
 if not args.source.is_dir():
     fail(f"source folder {args.source} does not exist")
 if not (args.source / "config.json").is_file():
@@ -88,6 +89,9 @@ if args.source.resolve().is_relative_to(args.output.resolve()):  # replacing the
     fail(f"the output folder {args.output} contains the source folder {args.source}: choose another output folder")
 if args.output.exists() and not args.output.is_dir():
     fail(f"the output {args.output} is a file, not a folder")
+# An output under a file failed only when the converted model was saved, with a traceback.
+if in_the_way := next((parent for parent in args.output.parents if parent.exists() and not parent.is_dir()), None):
+    fail(f"the output {args.output} lies under {in_the_way}, a file, not a folder")
 held = sorted(path.name for path in args.output.iterdir()) if args.output.is_dir() else []
 if held and not args.overwrite_output_dir:
     fail(f"{args.output} already holds files ({', '.join(held[:5])}{' ...' if len(held) > 5 else ''}): pass "
@@ -96,6 +100,8 @@ try:
     source_config = json.loads((args.source / "config.json").read_text(encoding="utf-8"))
 except json.JSONDecodeError as error:
     fail(f"{args.source / 'config.json'} is not valid JSON: {error}")
+if not isinstance(source_config, dict) or not isinstance(source_config.get("model_type", ""), str):
+    fail(f"{args.source / 'config.json'} is not a model's config: a JSON object whose model_type is a string")
 model_type, architectures = source_config.get("model_type"), source_config.get("architectures") or []
 to_scratch = model_type in NATIVE_CLASSES
 source_class = NATIVE_CLASSES.get(model_type) or SCRATCH_CLASSES.get(model_type)
@@ -118,6 +124,7 @@ from transformers.modeling_utils import get_state_dict_dtype, load_state_dict  #
 import hf_scratch_transformer  # noqa: E402
 from hf_scratch_transformer import hub  # noqa: E402
 from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
+from hf_scratch_transformer.modeling_scratch_common import safetensors_error  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- load
 try:  # the source's card goes with the converted model: one whose metadata does not parse stops before any work
@@ -132,6 +139,9 @@ try:  # a folder without weights (OSError), or a config value its class refuses 
                                                   ignore_mismatched_sizes=True)
 except (OSError, ValueError) as error:
     fail(f"cannot load {args.source} as a {source_class}: {error}")
+except pickle.UnpicklingError as error:  # a corrupt .bin: its advice to load with weights_only=False is not for it
+    fail(f"cannot load {args.source} as a {source_class}: a PyTorch weights file of it is corrupt or no weights "
+         f"file ({str(error).splitlines()[0]}). Save or download it again.")
 except ImportError as error:  # a quantizer's library (bitsandbytes, GPTQ, AWQ, torchao) that is not installed
     quantization = source_config.get("quantization_config")
     if not isinstance(quantization, dict):
@@ -141,6 +151,11 @@ except ImportError as error:  # a quantizer's library (bitsandbytes, GPTQ, AWQ, 
     fail(f"{args.source} holds weights quantized with {quantization.get('quant_method')} (config.json's "
          f"quantization_config), which cannot be loaded here ({error}); quantized weights do not convert: convert "
          "the full-precision folder, then quantize the result")
+except Exception:  # a truncated or corrupt safetensors file fails in safetensors, naming no file
+    corrupt = next(filter(None, map(safetensors_error, sorted(args.source.glob("*.safetensors")))), None)
+    if corrupt is None:
+        raise
+    fail(f"cannot load {args.source} as a {source_class}: {corrupt}")
 if loading_info["missing_keys"]:
     fail(f"the checkpoint lacks weights of a {source_class}: {sorted(loading_info['missing_keys'])}")
 if loading_info["mismatched_keys"]:
