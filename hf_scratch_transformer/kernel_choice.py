@@ -68,6 +68,12 @@ FEW_ROW_REGIMES = (DECODING, DECODING_FROM_MEMORY, BATCH_DECODING, BATCH_DECODIN
 # Prefill and training (many rows: compute, not reading) are timed on one layer of TIMED_SHAPE.
 TIMED_SHAPE = (1536, 384)
 MAX_TIMED_WEIGHT_BYTES = 16 << 20
+# A few-row product of a weight up to this many elements takes the BLAS untimed: oneDNN spends about 15 us a call
+# before it reads a weight, several times the BLAS's whole product there (AMD EPYC, AVX-512: a 64 x 192 one-row
+# product 17 us against 4; every timed weight of a 64- and 128-wide GPT-2 up to 512 x 128 went to the BLAS), and the
+# timing of such shapes cost a tiny model's first generate() 0.5 s on a quiet machine, 3.7 s on a busy one (Intel
+# Xeon, AVX-512).
+UNTIMED_WEIGHT_ELEMENTS = 1 << 14
 # (regime, weight shape, threads) -> the kernel `fp32_kernel` answered: a memo of the timed choices (`_timed_kernel`)
 KERNEL_CHOICES: dict[tuple[str, tuple[int, int], int], str] = {}
 # The kernels timed in each regime. The transposed product only over a few rows: over one row it is the same
@@ -167,6 +173,8 @@ def _timed_kernel(regime: str, shape: tuple[int, int], threads: int, /) -> str: 
         return "native"
     if choice != "auto":
         return choice
+    if regime in FEW_ROW_REGIMES and shape[0] * shape[1] <= UNTIMED_WEIGHT_ELEMENTS:
+        return "native"
     candidates = [kernel for kernel in TIMED_KERNELS[regime] if kernel != "onednn" or ONEDNN_AVAILABLE]
     if candidates == ["native"]:
         return "native"

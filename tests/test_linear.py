@@ -26,9 +26,28 @@ def seconds(onednn: float, transposed: float = 2.0) -> dict[str, float]:
 
 
 @pytest.fixture
-def kernels(force_choice):
-    """`kernels(choice)` sets HF_SCRATCH_CPU_KERNELS for this test; the choice is made afresh on both sides of it."""
+def kernels(force_choice, monkeypatch):
+    """`kernels(choice)` sets HF_SCRATCH_CPU_KERNELS for this test; the choice is made afresh on both sides of it.
+    The tests' small weights are timed too, as large ones (`UNTIMED_WEIGHT_ELEMENTS` has a test of its own)."""
+    monkeypatch.setattr(kernel_choice, "UNTIMED_WEIGHT_ELEMENTS", 0)
     return lambda choice: force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, choice)
+
+
+def test_few_row_products_of_small_weights_take_the_blas_untimed(force_choice, monkeypatch):
+    """oneDNN's fixed cost a call is several times the BLAS's whole product of a small weight, and timing each such
+    shape cost a tiny model's first generate() up to 3.7 s: up to UNTIMED_WEIGHT_ELEMENTS, F.linear, untimed; a
+    larger weight, or prefill and training (timed on TIMED_SHAPE), is timed; a forced kernel is the one forced."""
+    timed = []
+    monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, shape: timed.append((regime, shape)) or
+                        {"native": 2.0, "onednn": 1.0, "transposed": 2.0})
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "auto")
+    for regime in FEW_ROW_REGIMES:
+        assert fp32_kernel(regime, (128, 128)) == "native"
+        assert fp32_kernel(regime, (129, 128)) == "onednn"
+    assert timed == [(regime, (129, 128)) for regime in FEW_ROW_REGIMES]
+    assert fp32_kernel(kernel_choice.PREFILL, (16, 16)) == "onednn"
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "onednn")
+    assert fp32_kernel(kernel_choice.DECODING, (16, 16)) == "onednn"
 
 
 @pytest.fixture
