@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
+from transformers import AutoTokenizer
 
 from .modeling_scratch_common import safetensors_error
 from .pipeline_scratch_text2text import ABSOLUTE_POSITIONS
@@ -246,6 +247,8 @@ def load_card(folder) -> ModelCard | None:
         return None
     try:
         return ModelCard.load(path)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not a valid model card: it is not UTF-8 text ({error})") from error
     except (ValueError, yaml.YAMLError) as error:
         raise ValueError(f"{path} is not a valid model card: its metadata block does not parse ({error})") from error
 
@@ -332,11 +335,14 @@ def _code_files(folder: Path, config: dict) -> list[str]:
 
 
 def _read_json(path: Path) -> dict:
-    """A JSON file of the folder, or a ValueError naming it (the parser's message gives only a position)."""
+    """A JSON object of the folder's, or a ValueError naming the file (the parser's message gives only a position)."""
     try:
-        return json.loads(path.read_text("utf-8"))
-    except json.JSONDecodeError as error:
+        content = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from error
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} holds a JSON {type(content).__name__}, not the object save_pretrained writes")
+    return content
 
 
 def _weight_files(folder: Path) -> list[str]:
@@ -350,19 +356,34 @@ def _weight_files(folder: Path) -> list[str]:
             "files that are not the model."
         )
     if index.is_file():
-        return sorted(set(_read_json(index)["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise ValueError(f"{index} has no weight_map of tensor names to shard files: not an index that "
+                             "save_pretrained writes")
+        return sorted(set(weight_map.values()))
     return ["model.safetensors"]
 
 
 def _missing_files(folder: Path) -> list[str]:
     """What a Hub model needs and `folder` lacks: config, weights, card, tokenizer and model code. (Without a
     tokenizer, the card's "How to use", `AutoTokenizer` and `pipeline`, fails on the Hub; `tokenizer_config.json` is
-    what `AutoTokenizer` reads first, and every tokenizer's `save_pretrained` writes it.)"""
+    what `AutoTokenizer` reads first, and every tokenizer's `save_pretrained` writes it. `upload_plan` loads it.)"""
     if not (folder / "config.json").is_file():
         return ["config.json"]
     config = _read_json(folder / "config.json")
     needed = ["README.md", "tokenizer_config.json", *_weight_files(folder), *_code_files(folder, config)]
     return [name for name in needed if not (folder / name).is_file()]
+
+
+def _check_tokenizer(folder: Path) -> None:
+    """A ValueError naming the folder where its tokenizer does not load as the card's "How to use" loads it: a
+    tokenizer_config.json without tokenizer.json passed, and `AutoTokenizer` failed on the Hub with "Couldn't
+    instantiate the backend tokenizer"."""
+    try:
+        AutoTokenizer.from_pretrained(folder, trust_remote_code=True)  # as the card's "How to use"
+    except Exception as error:  # whatever the tokenizer class raises: the folder cannot be published as it is
+        raise ValueError(f"{folder}'s tokenizer does not load ({type(error).__name__}: {error}): save it again with "
+                         "its save_pretrained") from error
 
 
 def upload_plan(folder) -> list[tuple[str, int]]:
@@ -384,6 +405,8 @@ def upload_plan(folder) -> list[tuple[str, int]]:
         corrupt = safetensors_error(folder / name)
         if corrupt:
             raise corrupt
+    load_card(folder)  # metadata the Hub would not read, or a card that is not UTF-8: named before any upload
+    _check_tokenizer(folder)
     paths = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
     # upload_folder's filter; `publish` uploads exactly these files.
     kept = filter_repo_objects(paths, ignore_patterns=IGNORE_PATTERNS)
@@ -422,10 +445,10 @@ def publish(
     if dry_run:
         return plan
     folder = Path(folder)
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id  # a bare name gets its namespace
     operations = [
         CommitOperationAdd(path, _card_for(folder, repo_id) if path == "README.md" else folder / path)
         for path, _ in plan
     ]
-    api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
     return api.create_commit(repo_id, operations, commit_message=commit_message).commit_url

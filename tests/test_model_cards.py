@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from forked_python import run_python
-from huggingface_hub import ModelCard, metadata_load
+from huggingface_hub import ModelCard, RepoUrl, metadata_load
 from huggingface_hub.utils import validate_repo_id
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -223,6 +223,7 @@ def test_publish_creates_the_repo_and_uploads_the_plan(folders, monkeypatch):
 
         def create_repo(self, repo_id, **kwargs):
             calls.append(("create_repo", repo_id, kwargs))
+            return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else 'someone/' + repo_id}")
 
         def create_commit(self, repo_id, operations, **kwargs):
             calls.append(("create_commit", repo_id, list(operations), kwargs))
@@ -245,6 +246,63 @@ def test_publish_creates_the_repo_and_uploads_the_plan(folders, monkeypatch):
     assert b'repo_id = "someone/tiny"\n' in uploaded["README.md"]
     assert b'repo_id = "someone/tiny-decoder"' not in uploaded["README.md"]
     assert (folder / "README.md").read_bytes() == card and Path(uploaded["config.json"]) == folder / "config.json"
+    # A bare name is created under the token's user: the card loads the repo as the Hub named it.
+    hub.publish(folder, "tiny")
+    uploaded = {operation.path_in_repo: operation.path_or_fileobj for operation in calls[-1][2]}
+    assert b'repo_id = "someone/tiny"\n' in uploaded["README.md"]
+
+
+def _card_not_yaml(folder: Path) -> None:
+    text = (folder / "README.md").read_text()
+    (folder / "README.md").write_text(text.replace("---\n", "---\nlicense: [apache\n", 1))
+
+
+def _card_not_utf8(folder: Path) -> None:
+    (folder / "README.md").write_bytes((folder / "README.md").read_bytes().replace(b"# ", b"# \xe9", 1))
+
+
+def _tokenizer_json_missing(folder: Path) -> None:
+    (folder / "tokenizer.json").unlink()
+
+
+def _index_without_weight_map(folder: Path) -> None:
+    (folder / "model.safetensors.index.json").write_text('{"metadata": {}}')
+
+
+def _config_that_is_a_list(folder: Path) -> None:
+    (folder / "config.json").write_text("[]")
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (_card_not_yaml, r"README\.md is not a valid model card: its metadata block does not parse"),
+    (_card_not_utf8, r"README\.md is not a valid model card: it is not UTF-8 text"),
+    (_tokenizer_json_missing, r"tokenizer does not load"),
+    (_index_without_weight_map, r"model\.safetensors\.index\.json has no weight_map"),
+    (_config_that_is_a_list, r"config\.json holds a JSON list, not the object"),
+], ids=["card-not-yaml", "card-not-utf8", "tokenizer-json-missing", "index-without-weight-map", "config-list"])
+def test_upload_plan_refuses_a_folder_the_hub_would_not_load(folders, tmp_path, spoil, message):
+    """Each passed the dry run (a card whose metadata the Hub does not read, a tokenizer_config.json without the
+    tokenizer, which the card's "How to use" then failed to load) or ended in a traceback (a UnicodeDecodeError after
+    the file list, a KeyError, an AttributeError)."""
+    folder = shutil.copytree(folders["decoder"], tmp_path / "decoder")
+    if spoil is _index_without_weight_map:
+        (folder / "model.safetensors").unlink()
+    spoil(folder)
+    with pytest.raises(ValueError, match=message):
+        hub.upload_plan(folder)
+
+
+def test_publish_cli_says_when_the_hub_cannot_be_reached_and_wants_a_namespace(folders):
+    """No route to the Hub (a refused connection, a name that does not resolve) ended in the HTTP library's
+    traceback; a bare repo name is created under the token's user, which the dry run cannot name."""
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+    env |= {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_unused"}
+    command = [sys.executable, str(ROOT / "scripts" / "publish.py"), str(folders["decoder"]), "--repo-id"]
+    completed = run_python([*command, "someone/tiny"], env=env, cwd=ROOT, timeout=300)
+    assert completed.returncode == 1
+    assert "error: could not publish" in completed.stderr and "Traceback" not in completed.stderr, completed.stderr
+    completed = run_python([*command, "tiny", "--dry-run"], env=env, cwd=ROOT, timeout=300)
+    assert completed.returncode == 2 and "'tiny': give USER/NAME or ORG/NAME" in completed.stderr
 
 
 # ---------------------------------------------------------------------------------------------- clean load

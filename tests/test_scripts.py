@@ -167,6 +167,7 @@ def test_seq2seq_training_with_the_seed_recipe(tmp_path):
     card = ModelCard.load(tmp_path / "model/README.md")
     assert "label_smoothing" in card.text and "inverse_sqrt" in card.text
     assert card.data.datasets is None  # local files: not linked as the Hub dataset "train"
+    assert "Files: `train.src`, `train.tgt`" in card.text  # both sides (it named the source files only)
     # Seq2SeqTrainer's evaluation wrote every legacy generation default (max_length 20, greedy, top_k 50) into the
     # model's generation config, which the folder shipped: generate() and the pipeline then decoded with them.
     shipped = json.loads((tmp_path / "model/generation_config.json").read_text())

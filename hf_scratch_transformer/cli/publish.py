@@ -12,12 +12,28 @@ uploaded; the uploaded card's "How to use" loads --repo-id (the folder's card is
 import argparse
 from pathlib import Path
 
+from huggingface_hub.errors import HfHubHTTPError
+
 from hf_scratch_transformer.hub import card_repo_id, publish
+
+# The HTTP library's own errors (no connection, a name that does not resolve, a timeout), whichever library
+# huggingface_hub uses (httpx, httpx2): the base class of its HTTP error besides OSError. They ended in a traceback.
+HTTP_LIBRARY_ERRORS = tuple(base for base in HfHubHTTPError.__mro__[1:] if base.__name__ == "HTTPError")
+
+
+def namespaced_repo_id(text: str) -> str:
+    """--repo-id as USER/NAME or ORG/NAME: a bare NAME is created under the token's user, and the dry run could not
+    say which repo the card's "How to use" would load."""
+    if text.count("/") != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give USER/NAME or ORG/NAME")
+    return text
+
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("folder", type=Path, help="a save_pretrained folder with its model card")
-parser.add_argument("--repo-id", required=True, help="the Hub model repository, USER/NAME (created if missing)")
+parser.add_argument("--repo-id", type=namespaced_repo_id, required=True,
+                    help="the Hub model repository, USER/NAME (created if missing)")
 parser.add_argument("--private", action="store_true", help="create the repository as private")
 parser.add_argument("--dry-run", action="store_true", help="check the folder and list its files; upload nothing")
 parser.add_argument("--commit-message", default="Upload hf-scratch-transformer model")
@@ -30,8 +46,8 @@ try:
     )
 except ValueError as error:  # an incomplete folder: say what is missing, without a traceback
     parser.exit(1, f"error: {error}\n")
-except OSError as error:  # huggingface_hub's errors (no token, no access, offline) are OSErrors: say which
-    parser.exit(1, f"error: could not publish {args.folder} to {args.repo_id}: {error}\n")
+except (OSError, *HTTP_LIBRARY_ERRORS) as error:  # huggingface_hub's (no token, no access, offline), the network's
+    parser.exit(1, f"error: could not publish {args.folder} to {args.repo_id}: {type(error).__name__}: {error}\n")
 if args.dry_run:
     for path, size in result:
         print(f"{size:>12,}  {path}")

@@ -310,7 +310,8 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
         (written / "eval_results.json").write_text(json.dumps(results, indent=2))
         training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png",
                                  title=f"{preset or 'model'} {task}")
-        files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
+        files = [Path(f) for f in args.train_files or (args.source_files or []) + (args.target_files or [])
+                 or [DEFAULT_CORPUS]]  # a seq2seq run's card names both sides' files
         dataset_name = run_data_name(args, files)
         knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
         hub.write_model_card(

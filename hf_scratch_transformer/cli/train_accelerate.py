@@ -434,7 +434,8 @@ if accelerator.is_main_process:
         tokenizer.save_pretrained(written)
         history.append({"step": args.max_steps, **results})
         training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
-        files = [Path(f) for f in args.train_files or args.source_files or [DEFAULT_CORPUS]]
+        files = [Path(f) for f in args.train_files or (args.source_files or []) + (args.target_files or [])
+                 or [DEFAULT_CORPUS]]  # a seq2seq run's card names both sides' files
         dataset = run_data_name(args, files)
         unwrapped = accelerator.unwrap_model(model)
         hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
