@@ -489,13 +489,15 @@ def test_a_tokenizer_without_the_special_token_the_task_needs_is_refused(capsys,
     (["--set", "num_layers=1"], "ScratchDecoderConfig has no field num_layers (did you mean num_hidden_layers?)"),
     (["--set", "hidden_size=33"], "hidden_size"),
     (["--set", "hidden_size"], "'hidden_size' is not KEY=VALUE"),
-    (["--model", "somewhere", "--set", "dropout=0.2"], "--set configures a new model"),
+    (["--model", "saved", "--set", "dropout=0.2"], "--set configures a new model"),
     # Special ids were replaced by the tokenizer's without a word: the model trained with other ids than asked.
     (["--set", "pad_token_id=5", "eos_token_id=6"], "--set pad_token_id, eos_token_id: a new model's special token "
                                                      "ids are its tokenizer's"),
     (["--task", "seq2seq", "--set", "decoder_start_token_id=3"], "--set decoder_start_token_id: a new model's"),
 ], ids=["misspelt-field", "invalid-value", "no-value", "with-model", "special-ids", "decoder-start"])
 def test_config_overrides_are_checked_before_any_work(options, message, tmp_path):
+    (tmp_path / "saved").mkdir()  # a saved model's folder, as far as these checks read it
+    (tmp_path / "saved/config.json").write_text('{"model_type": "scratch_decoder"}')
     output = run_script("train.py", "--output-dir", tmp_path / "run", *options, cwd=tmp_path, returncode=2)
     assert message in output and "Traceback" not in output
     assert not (tmp_path / "run").exists()
