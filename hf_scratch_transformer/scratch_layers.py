@@ -267,8 +267,9 @@ class ScratchBlock(GradientCheckpointingLayer):
 
 def value_range(tensor: torch.Tensor) -> tuple[int, int] | None:
     """(min, max) of an id tensor, read in one pass, for the range checks of SPEC section 10; None when there is
-    nothing to read, or while compiling (reading a value would break the graph)."""
-    if torch.compiler.is_compiling() or tensor.numel() == 0:
+    nothing to read, while compiling (reading a value would break the graph) or under a `torch.func` transform
+    (vmap refuses to read one: per-sample gradients, `vmap(grad(loss))`, failed there)."""
+    if torch.compiler.is_compiling() or inside_torch_func() or tensor.numel() == 0:
         return None
     low, high = torch.aminmax(tensor)
     return int(low), int(high)

@@ -641,3 +641,25 @@ def test_a_loss_fills_no_cache_unless_asked(head):
     assert model(input_ids=ids).past_key_values is not None  # without labels, as before: the config's use_cache
     torch.testing.assert_close(plain.logits, cached.logits)
     torch.testing.assert_close(plain.loss, cached.loss)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_per_sample_gradients_with_vmap_equal_each_samples_own(family):
+    """`vmap(grad(loss))` over a batch, as per-sample gradient methods (Opacus-style) take them: the id range checks
+    read a value, which vmap refuses ("calling .item() on a Tensor"), on every family; native models have none."""
+    model = tiny_lm(family, dropout=0.0).eval()
+    inputs = lm_inputs(family, batch=3)
+    parameters = {name: parameter.detach() for name, parameter in model.named_parameters()}
+    buffers = dict(model.named_buffers())
+
+    def loss(parameters, ids, labels):
+        call = {"input_ids": ids[None], "labels": labels[None]}
+        return torch.func.functional_call(model, (parameters, buffers), (), call).loss
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(
+        parameters, inputs["input_ids"], inputs["labels"])
+    for index in range(3):
+        model.zero_grad()
+        model(input_ids=inputs["input_ids"][index:index + 1], labels=inputs["labels"][index:index + 1]).loss.backward()
+        for name, parameter in model.named_parameters():
+            torch.testing.assert_close(per_sample[name][index], parameter.grad, atol=1e-6, rtol=1e-5, msg=name)
