@@ -110,8 +110,12 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         return stack.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        stack = self.decoder if self.config.share_embeddings else self.encoder
-        stack.set_input_embeddings(value)
+        # One shared matrix goes to both stacks, as Marian's `shared` does: set on the decoder alone, it left the
+        # encoder reading the old one until `tie_weights`, and a vocabulary resized below the pad id failed in the
+        # encoder's old module (its `padding_idx` past its new matrix).
+        if self.config.share_embeddings:
+            self.decoder.set_input_embeddings(value)
+        self.encoder.set_input_embeddings(value)
 
     @can_return_tuple
     def forward(

@@ -415,6 +415,22 @@ def test_resize_token_embeddings_keeps_tying_and_updates_the_config(family):
     assert model(input_ids=ids, labels=labels).logits.shape[-1] == 128
 
 
+def test_a_shared_seq2seq_vocabulary_is_one_matrix_for_both_stacks():
+    """`set_input_embeddings` set the decoder's matrix alone: the encoder read the old one until `tie_weights` (logits
+    9e-3 away from Marian's with the same weights); and a vocabulary shrunk below the pad id failed in the encoder's
+    old module ("Padding_idx must be within num_embeddings"), where Marian's resizes. Both stacks take the one."""
+    model = tiny_lm("seq2seq", pad_token_id=98)
+    new = torch.nn.Embedding(VOCAB, 32, padding_idx=98)
+    model.set_input_embeddings(new)
+    assert model.get_encoder().get_input_embeddings() is new and model.get_decoder().get_input_embeddings() is new
+    model = tiny_lm("seq2seq", pad_token_id=98)
+    model.resize_token_embeddings(90)
+    ids = torch.tensor([[3, 50, 89]])
+    assert model(input_ids=ids, decoder_input_ids=ids).logits.shape == (1, 3, 90)
+    encoder, decoder = model.get_encoder().get_input_embeddings(), model.get_decoder().get_input_embeddings()
+    assert encoder.weight is decoder.weight is model.get_output_embeddings().weight
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_resize_keeps_an_untied_head_a_scratch_linear(family):
     """transformers builds the resized head as a plain `nn.Linear`: ours lost `ScratchLinear`'s fp32 kernel choice
