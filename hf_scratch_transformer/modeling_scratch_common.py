@@ -121,6 +121,7 @@ class ScratchPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["ScratchBlock"]
     _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = True
+    _supports_flex_attn = True  # the masks come from transformers' `masking_utils`, which builds flex's block masks
     _supports_attention_backend = True
     _can_compile_fullgraph = True
     # generate()'s mask over a static cache: ours builds it inside the (compiled) step, from the 2D mask.
