@@ -287,10 +287,41 @@ def test_cli_refuses_to_replace_a_tokenizer_unless_asked(corpus_file, trained, t
                str(VOCAB), "--output-dir", str(folder)]
     with pytest.raises(SystemExit) as stopped:
         main(command)
-    assert stopped.value.code == 2 and "holds a tokenizer (tokenizer.json" in capsys.readouterr().err
+    assert stopped.value.code == 2 and "holds a tokenizer (tokenizer_config.json, tokenizer.json" in \
+        capsys.readouterr().err
     assert (folder / "tokenizer.json").read_bytes() == before
+    # An older tokenizer's file beside it (transformers 4 wrote special_tokens_map.json) was kept, and overrode the
+    # new tokenizer's special tokens: replaced means replaced whole.
+    (folder / "special_tokens_map.json").write_text('{"bos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}')
     main([*command, "--overwrite-output-dir"])
-    assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "decoder"
+    assert "removed the replaced tokenizer's special_tokens_map.json" in capsys.readouterr().out
+    assert not (folder / "special_tokens_map.json").exists()
+    replaced = AutoTokenizer.from_pretrained(folder)
+    assert replaced.init_kwargs["family"] == "decoder" and replaced.bos_token == "<s>" and len(replaced) == VOCAB
+
+
+@pytest.mark.parametrize("held, message", [("vocab.txt", "holds a tokenizer (vocab.txt)"),
+                                           ("tokenizer.json/", "tokenizer.json is a folder, where the tokenizer's")])
+def test_cli_refuses_a_slow_tokenizer_and_a_folder_in_the_way(corpus_file, tmp_path, monkeypatch, capsys, held,
+                                                              message):
+    # A folder with a slow tokenizer (BERT's vocab.txt) had it replaced without a word; a folder named tokenizer.json
+    # failed after training with "Is a directory", leaving a half-saved tokenizer.
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    options = []
+    if held.endswith("/"):
+        (folder / held).mkdir()
+        options = ["--overwrite-output-dir"]
+    else:
+        (folder / held).write_text("[PAD]\n[UNK]\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(corpus_file), "--vocab-size",
+              str(VOCAB), "--output-dir", str(folder), *options])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert sorted(path.name for path in folder.iterdir()) == [held.rstrip("/")]
 
 
 def test_cli_reads_every_file_of_a_repeated_files_option(tmp_path, monkeypatch):

@@ -18,12 +18,18 @@ from transformers import PreTrainedTokenizerFast
 
 from .trainers import FAMILIES, KINDS, train
 
-__all__ = ["FILE_BUILDERS", "TEXT_ENCODING", "check_text_file", "load_data", "padded_vocab_size", "special_token_ids",
-           "train_tokenizer"]
+__all__ = ["FILE_BUILDERS", "TEXT_ENCODING", "TOKENIZER_FILES", "check_text_file", "load_data", "padded_vocab_size",
+           "special_token_ids", "train_tokenizer"]
 # `datasets.load_dataset` takes Hub names and local folders; a single local file needs its format named: the builder.
 FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # UTF-8, less the byte-order mark that Windows editors write first: read as text, U+FEFF began the first example.
 TEXT_ENCODING = "utf-8-sig"
+# The files a tokenizer of a saved folder may be read from, fast or slow, today's or an older transformers': a folder
+# holding any of them holds a tokenizer, and one left beside a new tokenizer overrides it (an old
+# special_tokens_map.json renamed its special tokens, and added a new id).
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "source.spm", "target.spm")
 
 
 def train_tokenizer(

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
-from tokenizer_training import load_data, padded_vocab_size, train_tokenizer
+from tokenizer_training import TOKENIZER_FILES, load_data, padded_vocab_size, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
@@ -44,11 +44,13 @@ parser.add_argument("--output-dir", type=Path, required=True, help="folder to wr
 parser.add_argument("--overwrite-output-dir", action="store_true",
                     help="replace the tokenizer that --output-dir holds (that of a trained model, say)")
 args = parser.parse_args()
-# A model folder's tokenizer replaced without a word would put other ids under its weights.
-held = [name for name in ("tokenizer.json", "tokenizer_config.json") if (args.output_dir / name).is_file()]
+# A model folder's tokenizer replaced without a word would put other ids under its weights (a slow one too: vocab.txt).
+held = [name for name in TOKENIZER_FILES if (args.output_dir / name).exists()]
 if held and not args.overwrite_output_dir:
     parser.error(f"--output-dir {args.output_dir} holds a tokenizer ({', '.join(held)}): pass --overwrite-output-dir "
                  "to replace it, or choose another --output-dir")
+if folders := [name for name in held if not (args.output_dir / name).is_file()]:  # failed after training, half saved
+    parser.error(f"--output-dir {args.output_dir}: {', '.join(folders)} is a folder, where the tokenizer's file goes")
 # `save_pretrained` only logs that a file is in the way and writes nothing: refuse before training.
 blocking = next((folder for folder in (args.output_dir, *args.output_dir.parents) if folder.exists()), None)
 if blocking is not None and not blocking.is_dir():
@@ -81,7 +83,12 @@ print(f"vocabulary: {len(tokenizer):,} tokens -> model vocab_size {padded_vocab_
 # -----------------------------------------------------------------------------------------------
 # Saving
 
-tokenizer.save_pretrained(args.output_dir)
+written = {Path(path).name for path in tokenizer.save_pretrained(args.output_dir)}
+# The replaced tokenizer's other files go: left, they would be read with the new one (--overwrite-output-dir only).
+if stale := [name for name in held if name not in written]:
+    for name in stale:
+        (args.output_dir / name).unlink()
+    print(f"removed the replaced tokenizer's {', '.join(stale)}")
 print(f"saved to {args.output_dir}")
 
 # -----------------------------------------------------------------------------------------------

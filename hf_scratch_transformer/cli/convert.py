@@ -55,8 +55,6 @@ CARD_TASKS = {"gpt2": "causal-lm", "llama": "causal-lm", "mistral": "causal-lm",
 # MLM head beside the NSP head and pooler) and GPT-2's double-heads model. They load as the class above; the other
 # head's tensors are listed as unused.
 HOLDING_THE_LM = {"bert": ("BertForPreTraining",), "gpt2": ("GPT2DoubleHeadsModel",)}
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json", "merges.txt",
-                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "source.spm")
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -125,6 +123,7 @@ import hf_scratch_transformer  # noqa: E402
 from hf_scratch_transformer import hub  # noqa: E402
 from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
 from hf_scratch_transformer.modeling_scratch_common import safetensors_error  # noqa: E402
+from tokenizer_training import TOKENIZER_FILES  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- load
 try:  # the source's card goes with the converted model: one whose metadata does not parse stops before any work
