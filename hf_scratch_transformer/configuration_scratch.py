@@ -240,8 +240,12 @@ class ScratchConfigBase(PreTrainedConfig):
             _check_number(name, value)
             if value <= 0:
                 raise ValueError(f"`{name}` must be positive, got {value!r}.")
-        for name in ("final_norm", "use_bias", "scale_embeddings", "embedding_norm"):
-            _check_bool(name, getattr(self, name))
+        # Every True/False knob, PreTrainedConfig's too: `--set tie_word_embeddings=False` gave the string "False",
+        # which is true, and the head stayed tied without a word.
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name, None)
+            if field.type in (bool, "bool") or (field.type in (bool | None, "bool | None") and value is not None):
+                _check_bool(field.name, value)
         if self.is_encoder_decoder != self.family_is_encoder_decoder:
             raise ValueError(
                 f"`is_encoder_decoder` must be {self.family_is_encoder_decoder} for {type(self).__name__} (it says "
@@ -306,8 +310,6 @@ class ScratchEncoderConfig(ScratchConfigBase):
         type_vocab_size = self.type_vocab_size
         if not isinstance(type_vocab_size, int) or isinstance(type_vocab_size, bool) or type_vocab_size < 0:
             raise ValueError(f"`type_vocab_size` must be a non-negative integer, got {self.type_vocab_size!r}.")
-        for name in ("sparse_prediction", "mlm_transform"):
-            _check_bool(name, getattr(self, name))
         if self.classifier_dropout is not None:
             _check_probability("classifier_dropout", self.classifier_dropout)
 
@@ -351,8 +353,6 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
         # The masks would read it, and `generate()` builds the cross-attention cache from this config too:
         # windowed, it would keep only the last few encoder tokens.
         _refuse_sliding_window(kwargs, "the encoder-decoder")
-        for name in ("share_embeddings", "output_bias"):
-            _check_bool(name, getattr(self, name))
         if self.encoder_vocab_size is not None:
             _check_positive("encoder_vocab_size", self.encoder_vocab_size)
             if self.share_embeddings:

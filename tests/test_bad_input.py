@@ -152,6 +152,11 @@ def test_token_types_outside_type_vocab_size_are_a_clear_error(wrong):
         ("initializer_range", True, "`initializer_range` must be a number, got True"),
         ("use_bias", "yes", "`use_bias` must be True or False, got 'yes'"),
         ("final_norm", 1, "`final_norm` must be True or False, got 1"),
+        # PreTrainedConfig's flags too: `--set tie_word_embeddings=False` gave the string "False", which is true, and
+        # the head stayed tied without a word.
+        ("tie_word_embeddings", "False", "`tie_word_embeddings` must be True or False, got 'False' (str)"),
+        ("use_cache", "False", "`use_cache` must be True or False, got 'False'"),
+        ("return_dict", 0, "`return_dict` must be True or False, got 0"),
     ],
 )
 def test_config_fields_of_the_wrong_type_are_named(field, value, message):
