@@ -206,6 +206,16 @@ def test_a_missing_local_data_file_is_named_not_looked_up_on_the_hub(name, tmp_p
         load_data(name)
 
 
+@pytest.mark.parametrize("held", [[], ["notes.dat"]])
+def test_a_folder_without_data_files_is_named(held, tmp_path):
+    # `datasets`' EmptyDatasetError / DataFilesNotFoundError (FileNotFoundErrors) ended `hf-scratch tokenizer
+    # --dataset FOLDER` and `finetune --dataset FOLDER` with a traceback.
+    for name in held:
+        (tmp_path / name).write_text("1 2 3\n")
+    with pytest.raises(ValueError, match=f"^{tmp_path}: holds no data files that `datasets` reads"):
+        load_data(tmp_path)
+
+
 def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     # U+FEFF (a UTF-8 file saved by a Windows editor) began the first line: the Unigram alphabet took it in.
     path = tmp_path / "bom.txt"

@@ -128,7 +128,8 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
     too (read by the builder of its suffix, `FILE_BUILDERS`, where `load_dataset` would look for its name on the Hub);
     problems with the data are a ValueError beginning with `name`: a local file or folder that does not exist, a file
     type without a builder, a text file that is binary or empty (`check_text_file`), a file the builder cannot parse
-    (the parser's own words), no rows."""
+    (the parser's own words), a folder without data files (a traceback in `hf-scratch tokenizer` and `finetune`), no
+    rows."""
     import datasets  # slow to import, and only callers with a dataset need it
 
     path = Path(name)
@@ -155,6 +156,9 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
         if "corresponds to no data" in str(error):  # `datasets`' words for a file or split without rows
             raise ValueError(f"{name}: holds no rows") from error
         raise ValueError(f"{name}: {error}") from error
+    except FileNotFoundError as error:  # `datasets`' EmptyDatasetError, DataFilesNotFoundError, DatasetNotFoundError
+        what = "holds no data files that `datasets` reads" if path.is_dir() else "no such dataset"
+        raise ValueError(f"{name}: {what} ({error})") from error
     except ConnectionError as error:  # a name that is no local path, looked up on the Hub: offline, or unreachable
         raise ValueError(f"{name}: no such local file or folder, and the Hub cannot be reached for a dataset of "
                          f"that name ({error})") from error
