@@ -60,11 +60,35 @@ def timed(command: list[str], cwd: Path, log: Path) -> tuple[float, str]:
     return seconds, done.stdout + done.stderr
 
 
-def run_ours(work: Path) -> dict:
+def corpus_split() -> dict[str, str]:
+    """The files our run reads: nanoGPT's split (data/shakespeare_char/prepare.py), the first 90% for training."""
     text = CORPUS.read_text()
-    split = int(len(text) * 0.9)  # nanoGPT's data/shakespeare_char/prepare.py
-    (work / "train.txt").write_text(text[:split])
-    (work / "val.txt").write_text(text[split:])
+    split = int(len(text) * 0.9)
+    return {"train.txt": text[:split], "val.txt": text[split:]}
+
+
+# What this script writes into its work folder; anything else there is someone else's.
+WORK_FILES = {"train.txt", "val.txt", "ours", "ours.log"}
+
+
+def work_folder_problem(work: Path) -> str | None:
+    """Why `work` cannot be this script's work folder, or None: it holds other files (a user's own train.txt was
+    written over with Tiny Shakespeare)."""
+    if work.exists() and not work.is_dir():
+        return f"--work-dir {work} is a file, not a folder"
+    if not work.is_dir():
+        return None
+    if others := sorted(path.name for path in work.iterdir() if path.name not in WORK_FILES):
+        return f"--work-dir {work} holds files this script did not write ({', '.join(others[:5])}): choose another"
+    if changed := [name for name, text in corpus_split().items()
+                   if (work / name).is_file() and (work / name).read_text() != text]:
+        return f"--work-dir {work} holds a {', '.join(changed)} this script did not write: choose another"
+    return None
+
+
+def run_ours(work: Path) -> dict:
+    for name, text in corpus_split().items():
+        (work / name).write_text(text)
     # The work folder is this script's own: a second comparison replaces the first one's run.
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--output-dir", str(work / "ours"),
                "--overwrite-output-dir", "--train-files", str(work / "train.txt"),
@@ -157,21 +181,28 @@ def step_for_step(checkout: Path, rounds: int, steps: int, vocab_size: int = 65)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout to run beside ours")
-    parser.add_argument("--work-dir", type=Path, default=ROOT / "outputs" / "nanogpt-side-by-side")
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "outputs" / "nanogpt-side-by-side",
+                        help="this script's folder for our run's data, run and log (a second comparison replaces "
+                        "the first one's; a folder holding other files is refused)")
     parser.add_argument("--step-for-step", action="store_true", help="time the two models' training steps only")
     parser.add_argument("--rounds", type=int, default=6, help="with --step-for-step")
     parser.add_argument("--steps", type=int, default=20, help="steps of each model per round, with --step-for-step")
     parser.add_argument("--threads", type=int, help="with --step-for-step: PyTorch's threads (1 is steadier on a "
                         "busy machine, whose other load stalls a parallel product)")
     args = parser.parse_args()
+    if args.nanogpt and not (args.nanogpt.expanduser() / "model.py").is_file():
+        parser.error(f"--nanogpt {args.nanogpt}: no model.py there; pass a checkout of github.com/karpathy/nanoGPT")
     if args.step_for_step:
         if not args.nanogpt:
             parser.error("--step-for-step needs --nanogpt (its model.py)")
         if args.threads:
             torch.set_num_threads(args.threads)
         return step_for_step(args.nanogpt.expanduser(), args.rounds, args.steps)
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    rows = {"hf-scratch-transformer (scripts/train.py)": run_ours(args.work_dir)}
+    work = args.work_dir.expanduser().resolve()  # scripts/train.py runs from the checkout's root
+    if problem := work_folder_problem(work):
+        parser.error(problem)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = {"hf-scratch-transformer (scripts/train.py)": run_ours(work)}
     if args.nanogpt:
         rows["nanoGPT (train.py)"] = run_nanogpt(args.nanogpt.expanduser())
     print("| run | validation loss | training s | ms per step | whole run s |\n|---|---:|---:|---:|---:|")

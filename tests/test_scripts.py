@@ -657,3 +657,20 @@ def test_the_nanogpt_side_by_side_times_the_models_step_for_step_in_pairs(tmp_pa
         ratio, low, high = (float(value) for value in re.search(
             rf"{name} / nanoGPT ([\d.]+) \[([\d.]+), ([\d.]+)\]", summary).groups())
         assert 0 < low <= ratio <= high
+
+
+def test_the_nanogpt_side_by_side_keeps_a_users_files_and_names_a_missing_checkout(tmp_path):
+    """--work-dir userwork (relative) wrote Tiny Shakespeare over the user's own userwork/train.txt, then failed (the
+    training ran from the checkout's root); a --nanogpt without model.py failed with a ModuleNotFoundError."""
+    (tmp_path / "userwork").mkdir()
+    (tmp_path / "userwork" / "train.txt").write_text("MY OWN TRAINING DATA")
+    output = run_script("nanogpt_side_by_side.py", "--work-dir", "userwork", cwd=tmp_path, returncode=2)
+    assert f"--work-dir {tmp_path / 'userwork'} holds a train.txt this script did not write" in output
+    assert (tmp_path / "userwork" / "train.txt").read_text() == "MY OWN TRAINING DATA"
+    (tmp_path / "userwork" / "notes.md").write_text("mine")
+    (tmp_path / "userwork" / "train.txt").unlink()
+    output = run_script("nanogpt_side_by_side.py", "--work-dir", "userwork", cwd=tmp_path, returncode=2)
+    assert "holds files this script did not write (notes.md)" in output
+    output = run_script("nanogpt_side_by_side.py", "--nanogpt", tmp_path, "--step-for-step", cwd=tmp_path,
+                        returncode=2)
+    assert f"--nanogpt {tmp_path}: no model.py there" in output and "Traceback" not in output
