@@ -187,6 +187,23 @@ def test_device_cuda_without_a_gpu_is_refused_before_measuring(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+    (["--seq", "0"], "argument --seq: must be >= 1, got 0"),
+    (["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (["--vocab", "3"], "argument --vocab: must be >= 6, got 3"),
+    (["--heads", "5"], "--hidden 64 must split into --heads 5 heads of an even size"),
+])
+def test_sizes_a_run_cannot_take_are_refused_before_measuring(monkeypatch, capsys, options, message):
+    """Each ended in a traceback (a median of no repetition, a reshape of 0 elements, ids drawn from an empty range,
+    heads that do not divide the width), some after timing had started; a negative warm-up was taken."""
+    monkeypatch.setattr(sys, "argv", ["hf-scratch benchmark", "--quick", "--family", "gpt2", *options])
+    monkeypatch.delitem(sys.modules, "hf_scratch_transformer.cli.benchmark", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module("hf_scratch_transformer.cli.benchmark")
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_the_median_interval_holds_the_median_and_narrows_with_more_pairs():
     """A bootstrap interval of the median: around it, the same for the same samples, zero-wide for equal ones,
     narrower for more pairs drawn alike; no pairs is an error, not an interval."""

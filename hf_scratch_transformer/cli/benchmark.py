@@ -105,6 +105,7 @@ from transformers import (
 
 from hf_scratch_transformer import training
 from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
+from hf_scratch_transformer.cli.run_options import at_least
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
 from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.kernel_choice import (
@@ -142,8 +143,11 @@ parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
 parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up, 2 repetitions: a smoke test")
 parser.add_argument("--write", action="store_true",
                     help="write docs/benchmarks/<machine class>.md and .json (in this folder), e.g. intel-xeon-avx512")
+# Sizes a run can take: 0 or a vocabulary without room for the ids drawn (3 to vocab - 2) ended in tracebacks, some
+# after minutes of timing; --heads is checked against --hidden below.
+SIZE_TYPES = dict.fromkeys(SIZES["full"], at_least(1)) | {"warmup": at_least(0), "vocab": at_least(6)}
 for name, value in SIZES["full"].items():
-    parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"default {value}")
+    parser.add_argument(f"--{name.replace('_', '-')}", type=SIZE_TYPES[name], default=None, help=f"default {value}")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--compiled", action="store_true",
                     help="also batch-1 generate() compiled over a static cache, both sides (inductor: a C++ compiler)")
@@ -162,6 +166,8 @@ if args.device == "cuda" and args.mm_size is None and not args.quick:
 for name, value in SIZES["quick" if args.quick else "full"].items():
     if getattr(args, name) is None:
         setattr(args, name, value)
+if args.hidden % args.heads or (args.hidden // args.heads) % 2:  # Llama's rotary positions need an even head size
+    parser.error(f"--hidden {args.hidden} must split into --heads {args.heads} heads of an even size")
 DEVICE = torch.device(args.device)
 inductor_cache_of_its_own_when_emulating()  # --compiled with AVX2 emulated (docs/benchmarks' runs)
 
