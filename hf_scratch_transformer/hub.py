@@ -322,7 +322,8 @@ def _code_files(folder: Path, config: dict) -> list[str]:
     references = [pipe["impl"] for pipe in config.get("custom_pipelines", {}).values()]
     for value in config.get("auto_map", {}).values():
         references += value if isinstance(value, list) else [value]  # AutoTokenizer maps to [slow, fast]
-    pending = [reference.rsplit(".", 1)[0] + ".py" for reference in references if reference]
+    # "other/repo--module.Class" is code in another repository, which transformers fetches from there.
+    pending = [reference.rsplit(".", 1)[0] + ".py" for reference in references if reference and "--" not in reference]
     found = set()
     while pending:
         name = pending.pop()

@@ -2,6 +2,7 @@
 `huggingface_hub.ModelCard`, the upload plan lists exactly what a Hub model needs, the CLI's dry run works
 offline, and the published folder loads in a clean process where the package is not installed."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -154,6 +155,16 @@ def test_upload_plan_names_what_is_missing(folders, tmp_path, missing):
     (folder / missing).unlink()
     with pytest.raises(ValueError, match=missing.replace(".", r"\.")):
         hub.upload_plan(folder)
+
+
+def test_upload_plan_leaves_code_of_another_repository_to_it(folders, tmp_path):
+    """An `auto_map` entry "other/repo--module.Class" (code transformers fetches from that repository) was asked for
+    as a missing file "other/repo--module.py" of the folder."""
+    folder = shutil.copytree(folders["decoder"], tmp_path / "decoder")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"]["AutoModelForTokenClassification"] = "someone/heads--modeling_heads.TaggingHead"
+    (folder / "config.json").write_text(json.dumps(config))
+    assert not any("modeling_heads" in path for path, _ in hub.upload_plan(folder))
 
 
 def test_upload_plan_names_a_config_that_is_not_json(folders, tmp_path):
