@@ -105,9 +105,9 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         return dict(self._shared_embeddings_keys)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        # With one shared matrix the decoder's is the one the others are tied to; otherwise the input is the source.
-        stack = self.decoder if self.config.share_embeddings else self.encoder
-        return stack.get_input_embeddings()
+        # The source's, as Marian's (with one shared matrix, tied to the decoder's): hooks on it act on the encoder's
+        # inputs. Trainer's NEFTune put its noise on the target embeddings when this was the decoder's.
+        return self.encoder.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         # One shared matrix goes to both stacks, as Marian's `shared` does: set on the decoder alone, it left the

@@ -41,8 +41,8 @@ def share_embedding_modules(model: torch.nn.Module) -> None:
     Accelerate's FSDP2 gives the input embeddings, the output embeddings and the final norm one unit of their own;
     a tied matrix that another module also holds (the encoder's token embeddings, tied to the decoder's under
     `share_embeddings`) would be left to the root unit, which torch refuses at the first forward ("shared with a
-    parameter already managed by another FSDP group"). The encoder holds the decoder's embedding module itself
-    instead: it computes the same, and the state dict keeps its names."""
+    parameter already managed by another FSDP group"). Both stacks hold the input embedding module itself instead:
+    it computes the same, and the state dict keeps its names."""
     shared = model.get_input_embeddings()
     for name, module in list(model.named_modules(remove_duplicate=False)):
         if module is not shared and isinstance(module, torch.nn.Embedding) and module.weight is shared.weight:

@@ -679,3 +679,16 @@ def test_per_sample_gradients_with_vmap_equal_each_samples_own(family):
         model(input_ids=inputs["input_ids"][index:index + 1], labels=inputs["labels"][index:index + 1]).loss.backward()
         for name, parameter in model.named_parameters():
             torch.testing.assert_close(per_sample[name][index], parameter.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_seq2seq_models_input_embeddings_are_the_sources():
+    """Trainer's NEFTune hooks `get_input_embeddings()`: ours gave the decoder's module (one matrix with the encoder's,
+    two modules), so the noise went on the target embeddings, where Marian's goes on the source's."""
+    model = tiny_lm("seq2seq").eval()
+    assert model.get_input_embeddings() is model.get_encoder().get_input_embeddings()
+    seen = []
+    model.get_input_embeddings().register_forward_hook(lambda module, args, output: seen.append(output.shape[1]))
+    inputs = lm_inputs("seq2seq", length=7)
+    with torch.no_grad():
+        model(**inputs)
+    assert seen == [7]  # the source's 7 tokens, not the 5 labels'
