@@ -521,6 +521,9 @@ def test_the_main_job_names_bad_data_or_output_before_any_work(hf_scratch, bad_t
     output.write_text("")  # a file where the run's folder would go: refused before the data is read
     stderr = hf_scratch("train", "--train-files", path, "--output-dir", output)
     assert f"--output-dir {output} is a file, not a folder" in stderr
+    # under a file: it was said to be read-only
+    stderr = hf_scratch("train", "--train-files", path, "--output-dir", output / "run")
+    assert f"--output-dir {output / 'run'} cannot be made: {output} is a file, not a folder" in stderr
 
 
 def test_a_folder_given_as_a_text_file_is_named(hf_scratch, tmp_path):

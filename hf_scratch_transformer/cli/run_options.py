@@ -587,6 +587,8 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
         parser.error(f"--output-dir {output_dir} is a file, not a folder")
     # Else the run would fail with a traceback at its first write, after the data, tokenizer and model work.
     existing = next(folder for folder in (output_dir, *output_dir.parents) if folder.exists())
+    if not existing.is_dir():  # a parent that is a file: said to be read-only before
+        parser.error(f"--output-dir {output_dir} cannot be made: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         parser.error(f"--output-dir {output_dir} cannot be written: {existing} is read-only (for this user, or "
                      "on a read-only file system). Choose another --output-dir.")
