@@ -633,6 +633,9 @@ BAD_FINETUNE_DATA = {
     "no_text.csv": ("text-classification", "text,label\na dog,animal\n,other\na man,other\n",
                     "the text column 'text' holds no text in row 2"),
     "empty.json": ("text-classification", "", "holds no text"),
+    # an empty text is no token for GPT-2's tokenizer: a traceback at its batch, or a row of padding only
+    "blank.json": ("text-classification", '{"text": "a dog", "label": "a"}\n{"text": " ", "label": "b"}\n',
+                   "the text column 'text' holds no text in row 2"),
     # several classes per text: the hint sent a multi-label user to token classification, which needs word lists
     "multilabel.json": ("text-classification",
                         '{"text": "a dog", "label": ["animal", "pet"]}\n{"text": "a man", "label": ["person"]}\n',
@@ -662,6 +665,8 @@ def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path,
      "--tokens-column: not an input of --task text-classification (its input column: --text-column)"),
     ("token-classification", ["--text-column", "sentence"],
      "--text-column: not an input of --task token-classification (its input column: --tokens-column)"),
+    ("text-classification", ["--text-column", "label"],  # a KeyError traceback
+     "--text-column and --label-column both name the column 'label'"),
 ])
 def test_finetune_refuses_options_it_would_leave_out(hf_scratch, tmp_path, task, options, message):
     # Each was ignored without a word: the run read the default column, or the file as it was.

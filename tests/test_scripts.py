@@ -186,6 +186,10 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
                         "--dataset", tmp_path / "train.csv", "--max-steps", 4, "--batch-size", 8,
                         "--output-dir", tmp_path / "cls", cwd=tmp_path)
     assert "accuracy" in stdout and "f1" in stdout and "pin_memory" not in stdout
+    # The saved pipelines truncate as the run did: at its 64 tokens (the model's positions), not the base's 32 (a
+    # token classifier's pipeline left the words past 32 tokens unlabelled).
+    assert AutoTokenizer.from_pretrained(tmp_path / "mlm/model").model_max_length == 32
+    assert AutoTokenizer.from_pretrained(tmp_path / "cls/model").model_max_length == 64
     # Tokenizing with truncation left it on in the saved tokenizer.json, cutting every text for `tokenizers` users
     assert json.loads((tmp_path / "cls/model/tokenizer.json").read_text())["truncation"] is None
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls/model")
@@ -333,6 +337,17 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "three.csv",
                "--max-steps", 1, "--output-dir", tmp_path / "three", cwd=tmp_path)
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "three/model").config.num_labels == 3
+    # Other classes of the same number: the head trained for "other" and "animal" served "big" and "small" unchanged.
+    other = ["text,label"] + [f"{s},{'big' if 'horse' in s or 'house' in s else 'small'}" for s in _words(40, 3)]
+    (tmp_path / "other.csv").write_text("\n".join(other))
+    stdout = run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file",
+                        tmp_path / "other.csv", "--max-steps", 1, "--learning-rate", 1e-9, "--output-dir",
+                        tmp_path / "other", cwd=tmp_path)
+    assert "trains a new head" in stdout
+    after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "other/model").eval()
+    assert set(after.config.label2id) == {"big", "small"}
+    assert not torch.allclose(after.classifier.weight, before.classifier.weight)
+    torch.testing.assert_close(after.model.embeddings.embed_tokens.weight, before.model.embeddings.embed_tokens.weight)
 
 
 def test_finetune_resumes_only_with_the_labels_of_its_checkpoint(tmp_path):

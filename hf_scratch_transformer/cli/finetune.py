@@ -61,6 +61,7 @@ from tokenizer_training import load_data
 NATIVE_LMS = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
          "token-classification": AutoModelForTokenClassification}
+HEAD_SUFFIXES = {"text-classification": "ForSequenceClassification", "token-classification": "ForTokenClassification"}
 MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2 or BERT",
                     "token-classification": "an encoder of ours, or a native BERT"}
 FORMATS = (".csv", ".json", ".jsonl")  # the data files with named columns (`load_data` reads them)
@@ -221,12 +222,18 @@ else:
 sources = {"train": args.train_file, "validation": args.validation_file}
 where = {split: f"--{split}-file {sources[split]}" if sources.get(split) else f"the {split!r} split" for split in raw}
 input_column = (args.text_column or "text") if args.task == "text-classification" else (args.tokens_column or "tokens")
+if input_column == args.label_column:
+    parser.error(f"{input_option} and --label-column both name the column {input_column!r}: the input and the labels "
+                 "are two columns")
 for name in raw:
     for column in (input_column, args.label_column):
         if column not in raw[name].column_names:
             parser.error(f"{where[name]}: the data has no column {column!r}; columns: {raw[name].column_names}")
-    if args.task == "text-classification":  # an empty CSV cell is None: the tokenizer would fail on it midway
-        if no_text := [i for i, text in enumerate(raw[name][input_column]) if not isinstance(text, str)]:
+    # An empty CSV cell is None, which the tokenizer would fail on midway; an empty text is no tokens at all for a
+    # tokenizer without special tokens (GPT-2's): a traceback at its batch, or a row of padding only.
+    if args.task == "text-classification":
+        if no_text := [i for i, text in enumerate(raw[name][input_column])
+                       if not isinstance(text, str) or not text.strip()]:
             parser.error(f"{where[name]}: the text column {input_column!r} holds no text in {rows(no_text)}")
 
 labels_feature = raw["train"].features[args.label_column]
@@ -257,9 +264,12 @@ if "validation" not in raw:
 
 # ----------------------------------------------------------------------------------------------- model
 config = AutoConfig.from_pretrained(args.model)
-if set(config.label2id) == set(names):
-    # A classifier fine-tuned further on the classes it knows keeps their order: each row of its head stays the
-    # class it was trained for (in the data's order, the names of its rows would be swapped).
+# A classifier of this task fine-tuned further on the classes it knows keeps its head and their order: each row of
+# its head stays the class it was trained for (in the data's order, the names of its rows would be swapped). Any
+# other classifier's head is drawn anew (below): with as many classes, its rows for "a" and "b" served "c" and "d".
+same_head = (any(name.endswith(HEAD_SUFFIXES[args.task]) for name in config.architectures or [])
+             and set(config.label2id) == set(names))
+if same_head:
     names = sorted(names, key=config.label2id.get)
 label2id = {name: i for i, name in enumerate(names)}
 
@@ -296,10 +306,20 @@ model = training.load_to_train(
 )
 if converted:
     converted.cleanup()
+if not same_head and any("Classification" in name for name in config.architectures or []):
+    for name, module in model.named_children():  # the head: every module beside the base model
+        if name != model.base_model_prefix:
+            for parameter in module.parameters():
+                parameter._is_hf_initialized = False  # loaded: transformers' init functions would leave it as it is
+            module.apply(model._init_weights)
+    print(f"note: {args.model} classifies {sorted(config.label2id)}; {args.task} on {names} trains a new head")
 training.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
 if args.max_length is None:  # as run_glue takes the model's maximum where it is below the default
     args.max_length = min(128, absolute_positions(model.config) or 128)
 check_model_fits(parser, model, tokenizer, args.max_length)  # else a traceback at the first step, past 64 positions
+# The saved folder's pipelines truncate to the tokenizer's model_max_length: the length trained at, or they cut texts
+# shorter (a base trained at 32 tokens, fine-tuned at 64: words past 32 tokens went unlabelled) or longer.
+tokenizer.model_max_length = args.max_length
 print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
 
 
