@@ -166,6 +166,8 @@ def test_dataset_and_dataset_dict_sources(trained):
         (dict(kind="bpe", family="causal", files=["x.txt"]), "decoder, encoder, seq2seq"),
         (dict(kind="bpe", family="decoder", files=[]), "`files` is empty"),
         (dict(kind="bpe", family="decoder", files=["x.txt"], vocab_size=0), "vocab_size"),
+        # ids are 32-bit in `tokenizers`: its OverflowError came after the data was read
+        (dict(kind="unigram", family="decoder", files=["x.txt"], vocab_size=2**32 + 1), "below 2\\*\\*32"),
         (dict(kind="bpe", family="decoder", dataset=Dataset.from_dict({"content": ["a"]})), "no column 'text'"),
         (dict(kind="bpe", family="decoder", dataset=DatasetDict(test=Dataset.from_dict({"text": ["a"]}))), "'train'"),
         # `tokenizers` raised a bare TypeError for values that are not strings, and learnt nothing from blank ones

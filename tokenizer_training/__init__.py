@@ -54,8 +54,9 @@ def train_tokenizer(
         raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}.")
     if family not in FAMILIES:
         raise ValueError(f"Unknown model family {family!r}; choose one of {', '.join(FAMILIES)}.")
-    if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"`vocab_size` must be a positive integer, got {vocab_size!r}.")
+    # Token ids are 32-bit in `tokenizers`: a larger size ended in its OverflowError, after the data was read.
+    if not isinstance(vocab_size, int) or not 1 <= vocab_size < 2**32:
+        raise ValueError(f"`vocab_size` must be a positive integer below 2**32, got {vocab_size!r}.")
     if (files is None) == (dataset is None):
         raise ValueError(
             "Give exactly one training source, `files` or `dataset`; got "
