@@ -247,9 +247,12 @@ def test_a_time_budget_stops_every_process_after_the_same_step(workspace):
 
 def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
     launcher, env = two_cpu_processes("torchrun")
-    run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,
-        "--eval-steps", 2, "--output-dir", workspace / "trainer-ddp", launcher=launcher, env=env, cwd=workspace)
+    stdout = run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,
+                 "--eval-steps", 2, "--output-dir", workspace / "trainer-ddp", launcher=launcher, env=env,
+                 cwd=workspace)
     assert (workspace / "trainer-ddp/model/model.safetensors").is_file()
+    for line in ("data: ", "model: ScratchDecoderForCausalLM", "evaluation: loss"):  # once, not once a process
+        assert stdout.count(line) == 1, line
 
 
 def test_launched_processes_that_cannot_join_fail_clearly(workspace):
@@ -284,6 +287,7 @@ def test_finetune_runs_under_torchrun_with_two_processes(classification_run):
     launcher, env = two_cpu_processes("torchrun")
     stdout = run(*finetune, "--output-dir", folder / "ddp", launcher=launcher, env=env, cwd=folder)
     assert stdout.count("saved a Hub-ready folder:") == 1
+    assert stdout.count("model: ScratchEncoderForSequenceClassification") == stdout.count("evaluation: ") == 1
     assert {"model.safetensors", "config.json", "tokenizer.json", "eval_results.json", "README.md"} <= {
         path.name for path in (folder / "ddp/model").iterdir()}
     assert not (folder / "ddp/model.tmp").exists()

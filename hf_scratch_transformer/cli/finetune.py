@@ -51,6 +51,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_lone_processes,
     repo_id,
+    say,
     sequence_length,
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
@@ -286,7 +287,7 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     source = Path(converted.name)
     from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model)).save_pretrained(source)
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
-        print(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
+        say(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
               f"classifier is left out and {args.task} trains a new head")
 # A family without the task's head: the Auto class would fail with a traceback (for a native model, the converted one)
 if type(AutoConfig.from_pretrained(source)) not in HEADS[args.task]._model_mapping:
@@ -312,7 +313,7 @@ if not same_head and any("Classification" in name for name in config.architectur
             for parameter in module.parameters():
                 parameter._is_hf_initialized = False  # loaded: transformers' init functions would leave it as it is
             module.apply(model._init_weights)
-    print(f"note: {args.model} classifies {sorted(config.label2id)}; {args.task} on {names} trains a new head")
+    say(f"note: {args.model} classifies {sorted(config.label2id)}; {args.task} on {names} trains a new head")
 training.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
 if args.max_length is None:  # as run_glue takes the model's maximum where it is below the default
     args.max_length = min(128, absolute_positions(model.config) or 128)
@@ -320,7 +321,7 @@ check_model_fits(parser, model, tokenizer, args.max_length)  # else a traceback 
 # The saved folder's pipelines truncate to the tokenizer's model_max_length: the length trained at, or they cut texts
 # shorter (a base trained at 32 tokens, fine-tuned at 64: words past 32 tokens went unlabelled) or longer.
 tokenizer.model_max_length = args.max_length
-print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
+say(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
 
 
 def encode(batch):
@@ -374,7 +375,7 @@ except CheckpointError as error:  # found before any training step: say what is 
 reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
            if key.removeprefix("eval_") in reported}
-print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
+say("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 folder = output_dir / "model"
 with trainer_model_folder(parser, trainer, folder) as written:  # put in place complete; the others wait for it
     if trainer.is_world_process_zero():  # the main process writes the rest of the folder

@@ -62,6 +62,12 @@ class RunParser(argparse.ArgumentParser):
         super().exit(status, message if is_rank_zero() else None)
 
 
+def say(*args, **kwargs) -> None:
+    """`print` on the main process only: under torchrun every process runs the command, and each printed its lines."""
+    if is_rank_zero():
+        print(*args, **kwargs)
+
+
 def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     """Stop with `message` and exit status 2 as `parser.error` does, without the usage: for a problem found in the
     files (a checkpoint, the data), which no option caused."""

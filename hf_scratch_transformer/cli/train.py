@@ -69,6 +69,7 @@ from hf_scratch_transformer.cli.run_options import (
     repo_id,
     run_data_name,
     run_data_on_hub,
+    say,
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
 )
@@ -166,7 +167,7 @@ default_preset, default_kind, tokenizer_family = DEFAULTS[task]
 
 # ----------------------------------------------------------------------------------------------- data
 raw, tokenizer_texts = load_run_data(parser, args)
-print(f"data: {len(raw['train'])} training and {len(raw['validation'])} validation examples")
+say(f"data: {len(raw['train'])} training and {len(raw['validation'])} validation examples")
 
 # ----------------------------------------------------------------------------------------------- tokenizer
 given = args.model or args.tokenizer
@@ -177,7 +178,7 @@ saved = resumed is not None and (resumed / "tokenizer_config.json").is_file()
 if saved:
     tokenizer = AutoTokenizer.from_pretrained(resumed)
     refuse_another_tokenizer(parser, given, tokenizer, resumed)
-    print(f"tokenizer: the run's own, from {resumed}")
+    say(f"tokenizer: the run's own, from {resumed}")
 elif given:
     tokenizer = AutoTokenizer.from_pretrained(given)
 elif resumed is not None:
@@ -188,7 +189,7 @@ else:
                                     vocab_size=args.vocab_size, model_max_length=args.max_length)
     except ValueError as error:  # a --vocab-size below the alphabet of the text
         fail(parser, str(error))
-    print(f"tokenizer: trained {args.tokenizer_kind or default_kind}, {len(tokenizer)} tokens")
+    say(f"tokenizer: trained {args.tokenizer_kind or default_kind}, {len(tokenizer)} tokens")
 refuse_another_family(parser, tokenizer, task, resumed if saved else given)
 
 # ----------------------------------------------------------------------------------------------- model
@@ -207,11 +208,11 @@ else:
         config = get_preset(preset, **overrides)
     follow_the_tokenizer(config, dict(args.set))
     if args.config and (replaced := config_file_fields_replaced(args.config, config, dict(args.set))):
-        print(replaced)
+        say(replaced)
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
 training.keep_the_inputs_the_model_reads(tokenizer, model.config)
-print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters")
+say(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters")
 
 if task == "causal-lm":
     datasets = {split: training.pack_for_causal_lm(texts, tokenizer, args.max_length) for split, texts in raw.items()}
@@ -287,7 +288,7 @@ try:
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
     fail(parser, str(error))
 if budget and budget.stopped_at and is_main_process:
-    print(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
+    say(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
           "(checkpointed: --resume continues)")
 
 # ----------------------------------------------------------------------------------------------- evaluation
@@ -297,11 +298,11 @@ results = {key.removeprefix("eval_"): value for key, value in metrics.items()
 if task == "causal-lm":
     results["perplexity"] = training.perplexity(results["loss"])
 if metrics.get("eval_masked_tokens") == 0:  # its loss is 0 / 0: NaN, which no JSON reader takes
-    print(f"evaluation: no token of the {len(datasets['validation'])} validation sequences was masked; no loss or "
+    say(f"evaluation: no token of the {len(datasets['validation'])} validation sequences was masked; no loss or "
           "accuracy to report (give more validation text)")
     results = {}
 if results:
-    print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
+    say("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 
 # ----------------------------------------------------------------------------------------------- Hub-ready folder
 folder = output_dir / "model"
