@@ -122,6 +122,7 @@ _USAGE_HEADING = re.compile(r"(how to use|(example )?usage|how to get started.*|
                             re.IGNORECASE)
 _HEADING = re.compile(r"^(#{1,6}) +(.*?)\s*$")
 
+
 def default_repo_name(*parts: str) -> str:
     """A card's default title and repo id from its parts joined by '-', each without a Hub namespace, and with what a
     repo id cannot hold made '-' (a data file `my corpus.txt` gave a card whose usage loaded "gpt-mini-my corpus")."""

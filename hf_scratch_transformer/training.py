@@ -149,7 +149,7 @@ def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
         if len(source_lines) != len(target_lines):
             raise ValueError(f"Parallel files differ in length: {source} has {len(source_lines)} lines, {target} "
                              f"{len(target_lines)}; the n-th line of each must translate the other's.")
-    sources, targets = sum(sources, []), sum(targets, [])
+    sources, targets = list(itertools.chain(*sources)), list(itertools.chain(*targets))
     if len(sources) != len(targets):
         raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")
     return Dataset.from_dict({"source": sources, "target": targets})

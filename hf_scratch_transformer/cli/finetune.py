@@ -288,7 +288,7 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model)).save_pretrained(source)
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
         say(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
-              f"classifier is left out and {args.task} trains a new head")
+            f"classifier is left out and {args.task} trains a new head")
 # A family without the task's head: the Auto class would fail with a traceback (for a native model, the converted one)
 if type(AutoConfig.from_pretrained(source)) not in HEADS[args.task]._model_mapping:
     parser.error(f"--model {args.model}: a {config.model_type} model has no {args.task} head; {args.task} fine-tunes "

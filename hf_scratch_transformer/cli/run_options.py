@@ -518,6 +518,12 @@ def on_the_hub(dataset: str | None) -> bool:
     return dataset is not None and not Path(dataset).exists()
 
 
+def run_data_files(args) -> list[Path]:
+    """The files a training run read, as its card lists them: a seq2seq run's both sides, or the embedded corpus."""
+    given = args.train_files or (args.source_files or []) + (args.target_files or [])
+    return [Path(f) for f in given or [DEFAULT_CORPUS]]
+
+
 def run_data_name(args, files: list[Path]) -> str:
     """What a training run's card calls its data: --dataset-name, else the --dataset, the embedded corpus, or the
     first data file."""

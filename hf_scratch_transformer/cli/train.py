@@ -44,7 +44,6 @@ from hf_scratch_transformer.checkpointing import (
 )
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
-    DEFAULT_CORPUS,
     DEFAULTS,
     RunParser,
     add_data_and_model_arguments,
@@ -67,6 +66,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_tokenizer,
     refuse_lone_processes,
     repo_id,
+    run_data_files,
     run_data_name,
     run_data_on_hub,
     say,
@@ -287,9 +287,9 @@ try:
     trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
     fail(parser, str(error))
-if budget and budget.stopped_at and is_main_process:
+if budget and budget.stopped_at:
     say(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
-          "(checkpointed: --resume continues)")
+        "(checkpointed: --resume continues)")
 
 # ----------------------------------------------------------------------------------------------- evaluation
 metrics = trainer.evaluate()
@@ -299,7 +299,7 @@ if task == "causal-lm":
     results["perplexity"] = training.perplexity(results["loss"])
 if metrics.get("eval_masked_tokens") == 0:  # its loss is 0 / 0: NaN, which no JSON reader takes
     say(f"evaluation: no token of the {len(datasets['validation'])} validation sequences was masked; no loss or "
-          "accuracy to report (give more validation text)")
+        "accuracy to report (give more validation text)")
     results = {}
 if results:
     say("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
@@ -311,8 +311,7 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
         (written / "eval_results.json").write_text(json.dumps(results, indent=2))
         training.plot_loss_curve(trainer.state.log_history, written / "loss_curve.png",
                                  title=f"{preset or 'model'} {task}")
-        files = [Path(f) for f in args.train_files or (args.source_files or []) + (args.target_files or [])
-                 or [DEFAULT_CORPUS]]  # a seq2seq run's card names both sides' files
+        files = run_data_files(args)
         dataset_name = run_data_name(args, files)
         knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
         hub.write_model_card(

@@ -49,7 +49,6 @@ import hf_scratch_transformer  # noqa: F401  (registers the Scratch families wit
 from hf_scratch_transformer import checkpointing, hub, sharding, training
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
-    DEFAULT_CORPUS,
     DEFAULTS,
     RunParser,
     add_data_and_model_arguments,
@@ -74,6 +73,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_family,
     refuse_another_tokenizer,
     repo_id,
+    run_data_files,
     run_data_name,
     run_data_on_hub,
     stop_cleanly_on_ctrl_c,
@@ -434,8 +434,7 @@ if accelerator.is_main_process:
         tokenizer.save_pretrained(written)
         history.append({"step": args.max_steps, **results})
         training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
-        files = [Path(f) for f in args.train_files or (args.source_files or []) + (args.target_files or [])
-                 or [DEFAULT_CORPUS]]  # a seq2seq run's card names both sides' files
+        files = run_data_files(args)
         dataset = run_data_name(args, files)
         unwrapped = accelerator.unwrap_model(model)
         hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
