@@ -2,7 +2,7 @@
 starts before anything heavy. Importing `hf_scratch_transformer` imports torch and transformers (11 s on a 2-core
 AVX2 host): `--help`, `--version` and an unknown command are answered without it, and a Ctrl-C while a command's
 imports run stops with one line and exit status 130 (not a KeyboardInterrupt traceback), as the training commands'
-own handler stops them later (`stopped_by_ctrl_c`, which both use).
+own handler (`run_options.stop_cleanly_on_ctrl_c`) stops them later.
 
 Each subcommand is a flat script module of `hf_scratch_transformer.cli` (or `tokenizer_training`), run as
 `__main__` with the remaining arguments, so that
