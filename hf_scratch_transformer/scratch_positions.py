@@ -50,10 +50,7 @@ class ScratchSinusoidalPositionalEmbedding(nn.Module):
 
 
 class ScratchLearnedPositionalEmbedding(nn.Embedding):
-    """Trained table indexed by position ids: (batch, seq) -> (batch, seq, hidden)."""
-
-    def forward(self, position_ids: torch.LongTensor) -> torch.Tensor:
-        return super().forward(position_ids)
+    """Trained table indexed by position ids: (batch, seq) -> (batch, seq, hidden); `nn.Embedding` itself."""
 
 
 class ScratchRotaryEmbedding(nn.Module):
