@@ -1,5 +1,5 @@
-"""Run as a script by `test_hub_and_pipelines.py`: load saved folders the way a Hub user does, in a process where
-`hf_scratch_transformer` cannot be imported, and write what the models compute.
+"""Load saved folders the way a Hub user does, in a process where `hf_scratch_transformer` cannot be imported, and
+write what the models compute. The tests call `run_without_package`, which runs this file as a script:
 
     python load_without_package.py JOBS.pt RESULTS.pt
     python load_without_package.py --run SCRIPT.py
@@ -10,8 +10,21 @@ script runs instead (a model card's example, say).
 """
 
 import importlib.abc
+import os
 import runpy
+import subprocess
 import sys
+from pathlib import Path
+
+
+def run_without_package(folder: Path, *arguments) -> subprocess.CompletedProcess:
+    """This file run as a script with `arguments`, in a fresh interpreter working in `folder` (its `trust_remote_code`
+    modules cached there), offline, without PYTHONPATH and without a terminal to answer a question; output
+    captured."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(folder / "modules"))
+    return subprocess.run([sys.executable, __file__, *map(str, arguments)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, cwd=folder, env=env, timeout=600, check=False)
 
 
 class _NotInstalled(importlib.abc.MetaPathFinder):
@@ -23,31 +36,34 @@ class _NotInstalled(importlib.abc.MetaPathFinder):
         return None
 
 
-sys.meta_path.insert(0, _NotInstalled())
+def main(arguments: list[str]) -> None:
+    sys.meta_path.insert(0, _NotInstalled())
+    import torch
+    import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+    try:
+        import hf_scratch_transformer  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise SystemExit("hf_scratch_transformer is importable: this check would prove nothing")
+    if arguments[0] == "--run":
+        runpy.run_path(arguments[1], run_name="__main__")
+        return
 
-try:
-    import hf_scratch_transformer  # noqa: F401
-except ModuleNotFoundError:
-    pass
-else:
-    raise SystemExit("hf_scratch_transformer is importable: this check would prove nothing")
-if sys.argv[1] == "--run":
-    runpy.run_path(sys.argv[2], run_name="__main__")
-    raise SystemExit(0)
+    jobs_path, results_path = arguments[:2]
+    results = []
+    for job in torch.load(jobs_path):
+        model = getattr(transformers, job["auto_class"]).from_pretrained(job["folder"], trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+        with torch.no_grad():
+            result = {"class": type(model).__name__, "output": model(**job["inputs"])[0]}
+        if "pipeline_task" in job:
+            pipe = transformers.pipeline(job["pipeline_task"], model=job["folder"], trust_remote_code=True)
+            result["pipeline"] = pipe(job["text"], **job.get("pipeline_kwargs", {}))
+        results.append(result)
+    torch.save(results, results_path)
 
-jobs_path, results_path = sys.argv[1:3]
 
-results = []
-for job in torch.load(jobs_path):
-    model = getattr(transformers, job["auto_class"]).from_pretrained(job["folder"], trust_remote_code=True).eval()
-    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
-    with torch.no_grad():
-        result = {"class": type(model).__name__, "output": model(**job["inputs"])[0]}
-    if "pipeline_task" in job:
-        pipe = transformers.pipeline(job["pipeline_task"], model=job["folder"], trust_remote_code=True)
-        result["pipeline"] = pipe(job["text"], **job.get("pipeline_kwargs", {}))
-    results.append(result)
-torch.save(results, results_path)
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -16,6 +16,7 @@ import pytest
 import torch
 from forked_python import run_python
 from huggingface_hub import ModelCard
+from load_without_package import run_without_package
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
 from tiny_native import ATOL, VOCAB, bert, gpt2, marian
@@ -238,11 +239,7 @@ def test_an_exported_folder_carries_its_card_and_is_ready_to_publish(family, tmp
 
     example = card.text.split("## How to use")[1].split("```python\n")[1].split("```")[0]
     (tmp_path / "example.py").write_text(example.replace('"someone/tiny"', repr(str(output))))
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
-    script = Path(__file__).with_name("load_without_package.py")
-    completed = subprocess.run([sys.executable, str(script), "--run", str(tmp_path / "example.py")],
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=tmp_path, env=env,
-                               timeout=600, check=False)
+    completed = run_without_package(tmp_path, "--run", tmp_path / "example.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
 
 

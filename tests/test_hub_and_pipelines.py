@@ -2,13 +2,11 @@
 and driven through `transformers.pipeline`, with tokenizers trained here on local text."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from load_without_package import run_without_package
 from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import AutoTokenizer, pipeline
@@ -69,11 +67,8 @@ def test_every_head_loads_with_trust_remote_code_where_the_package_is_missing(to
             job.update(pipeline_task=hst.TEXT2TEXT_TASK, text=TEXT, pipeline_kwargs={"max_new_tokens": 6})
         jobs.append(job)
     torch.save(jobs, tmp_path / "jobs.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    script = Path(__file__).with_name("load_without_package.py")
-    subprocess.run([sys.executable, str(script), str(tmp_path / "jobs.pt"), str(tmp_path / "results.pt")],
-                   check=True, cwd=tmp_path, env=env, timeout=600)
+    completed = run_without_package(tmp_path, tmp_path / "jobs.pt", tmp_path / "results.pt")
+    assert completed.returncode == 0, completed.stderr[-3000:]
     results = torch.load(tmp_path / "results.pt")
     for (_, model_class, _), result, reference in zip(HEADS, results, expected, strict=True):
         assert result["class"] == model_class.__name__

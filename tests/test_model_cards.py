@@ -5,7 +5,6 @@ offline, and the published folder loads in a clean process where the package is 
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from huggingface_hub import ModelCard, RepoUrl, metadata_load
 from huggingface_hub.utils import validate_repo_id
 from hypothesis import example, given
 from hypothesis import strategies as st
+from load_without_package import run_without_package
 from matplotlib.figure import Figure
 from tiny_models import LM_CLASSES, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece
@@ -327,11 +327,8 @@ def test_published_folder_loads_where_the_package_is_missing(folders, tmp_path):
     with torch.no_grad():
         expected = tiny_lm("decoder")(**inputs).logits
     torch.save([{"folder": str(folder), "auto_class": "AutoModelForCausalLM", "inputs": inputs}], tmp_path / "jobs.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    script = Path(__file__).with_name("load_without_package.py")
-    subprocess.run([sys.executable, str(script), str(tmp_path / "jobs.pt"), str(tmp_path / "results.pt")],
-                   check=True, cwd=tmp_path, env=env, timeout=600)
+    completed = run_without_package(tmp_path, tmp_path / "jobs.pt", tmp_path / "results.pt")
+    assert completed.returncode == 0, completed.stderr[-3000:]
     [result] = torch.load(tmp_path / "results.pt")
     assert result["class"] == "ScratchDecoderForCausalLM"
     torch.testing.assert_close(result["output"], expected, rtol=0, atol=0)
@@ -366,12 +363,7 @@ def test_the_cards_example_runs_where_the_package_is_missing_without_asking(task
                                 dataset="tiny_shakespeare", hyperparameters={}, eval_results={})
     example = card.text.split("## How to use")[1].split("```python\n")[1].split("```")[0]
     (tmp_path / "example.py").write_text(example.replace('"someone/tiny"', repr(str(folder))))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    script = Path(__file__).with_name("load_without_package.py")
-    completed = subprocess.run([sys.executable, str(script), "--run", str(tmp_path / "example.py")],
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=tmp_path, env=env,
-                               timeout=600, check=False)
+    completed = run_without_package(tmp_path, "--run", tmp_path / "example.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "custom code" not in completed.stdout + completed.stderr  # transformers' question, unanswered
 
