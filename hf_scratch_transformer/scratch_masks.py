@@ -26,10 +26,6 @@ from .scratch_positions import ScratchAlibiBias
 ALIBI_IMPLEMENTATIONS = ("eager", "sdpa", "paged|eager")
 
 
-def _is_compiling() -> bool:
-    return torch.compiler.is_compiling()
-
-
 def check_padding_mask(
     name: str,
     mask: torch.Tensor | None,
@@ -51,7 +47,7 @@ def check_padding_mask(
             )
         return
     if mask.dim() != 2 or mask.shape[0] != batch_size or (
-        mask.shape[1] not in (length, cache_length) and not _is_compiling()
+        mask.shape[1] not in (length, cache_length) and not torch.compiler.is_compiling()
     ):
         static = f" or (batch_size, {cache_length}), the static cache's length" if cache_length is not None else ""
         raise ValueError(
@@ -74,7 +70,7 @@ def _every_key_visible(config, attention_mask: torch.Tensor | None) -> bool:
     reaches the same answer through a longer path, and decoding asks on every step. Other back-ends may expect a
     mask object, so they take the general path."""
     return (
-        not _is_compiling()  # the padding check below reads data
+        not torch.compiler.is_compiling()  # the padding check below reads data
         and config._attn_implementation in ("sdpa", "eager")
         and (attention_mask is None or (attention_mask.dim() == 2 and bool(attention_mask.all())))
     )
