@@ -30,7 +30,7 @@ from .configuration_scratch import ScratchConfigBase
 from .scratch_attention import MODEL_UPDATES_PAGED_CACHE, ScratchAttention, cache_output, is_paged, resolve_cache
 from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
 from .scratch_linear import mark_working_set
-from .scratch_loss import lm_loss, sequence_classification_loss
+from .scratch_loss import lm_loss, sequence_classification_loss, token_classification_loss
 from .scratch_masks import build_cross_attention_mask, build_self_attention_mask, mask_for_generate
 from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
 
@@ -38,6 +38,7 @@ LOSSES = {
     "ForCausalLM": partial(lm_loss, shift=True),
     "ForMaskedLM": partial(lm_loss, shift=False),
     "ForSequenceClassification": sequence_classification_loss,
+    "ForTokenClassification": token_classification_loss,
 }
 
 
@@ -186,9 +187,9 @@ class ScratchPreTrainedModel(PreTrainedModel):
     @property
     def loss_function(self):
         """transformers' loss for the model's `loss_type`, except the language-model losses, which are the same
-        functions on a faster CPU cross-entropy, and the sequence-classification one, which honours
-        `num_items_in_batch` (`scratch_loss.py`). As in transformers, a function assigned with
-        `model.loss_function = ...` wins."""
+        functions on a faster CPU cross-entropy, the sequence-classification one, which honours
+        `num_items_in_batch`, and the classification ones, which check the class ids (`scratch_loss.py`). As in
+        transformers, a function assigned with `model.loss_function = ...` wins."""
         assigned = self.__dict__.get("_loss_function")  # not hasattr: a missing module attribute raises, slowly
         if assigned is not None:
             return assigned

@@ -1,6 +1,6 @@
 """The language-model losses: transformers' `ForCausalLMLoss` / `ForMaskedLMLoss`, with a faster CPU cross-entropy
-(also label-smoothed, for the training scripts' objective); and the sequence-classification loss, counted as they
-are under gradient accumulation.
+(also label-smoothed, for the training scripts' objective); the sequence-classification loss, counted as they
+are under gradient accumulation; and transformers' classification losses with their class ids checked first.
 
 On CPU, PyTorch's backward of `cross_entropy` over a (tokens, vocab) matrix (nll_loss backward into a zero-filled
 matrix, then log_softmax backward) takes several times its forward: for 2048 x 8192 logits, forward and backward
@@ -20,7 +20,7 @@ out.
 
 import torch
 import torch.nn.functional as F
-from transformers.loss.loss_utils import ForSequenceClassificationLoss
+from transformers.loss.loss_utils import ForSequenceClassificationLoss, ForTokenClassification
 
 from .linear_kernels import inside_torch_func
 
@@ -137,12 +137,13 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
     return total / (labels != ignore_index).sum()  # the mean over counted rows; 0 / 0 = nan, as F.cross_entropy
 
 
-def check_label_ids(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> None:
-    """Labels must be integer token ids in [0, vocab_size) or `ignore_index`: a float or out-of-range label would
+def check_label_ids(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100, kind: str = "token") -> None:
+    """Labels must be integer ids in [0, vocab_size) or `ignore_index`: a float or out-of-range label would
     otherwise fail inside the loss's gather (CPU) or a device-side assert (CUDA), naming neither (SPEC section 10).
+    `kind` "token": ids of a vocabulary of `vocab_size`; "class": ids of `vocab_size` = `num_labels` classes.
     The range is read from the data, so it is not checked while compiling or under `torch.func` transforms."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise ValueError(f"`labels` must be integer token ids, got dtype {labels.dtype}.")
+        raise ValueError(f"`labels` must be integer {kind} ids, got dtype {labels.dtype}.")
     if torch.compiler.is_compiling() or inside_torch_func() or labels.numel() == 0:
         return
     low, high = (int(value) for value in torch.aminmax(labels))
@@ -151,8 +152,9 @@ def check_label_ids(labels: torch.Tensor, vocab_size: int, ignore_index: int = -
     low, high = torch.aminmax(labels.masked_fill(labels == ignore_index, 0))
     if low < 0 or high >= vocab_size:
         wrong = labels[(labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))].unique()
+        size = f"the vocabulary size is {vocab_size}" if kind == "token" else f"`num_labels` is {vocab_size}"
         raise ValueError(
-            f"`labels` must lie in [0, {vocab_size - 1}] (the vocabulary size is {vocab_size}) or be {ignore_index} "
+            f"`labels` must lie in [0, {vocab_size - 1}] ({size}) or be {ignore_index} "
             f"(ignored), got {wrong[:5].tolist()}{' ...' if len(wrong) > 5 else ''}."
         )
 
@@ -184,9 +186,20 @@ def sequence_classification_loss(labels: torch.Tensor, pooled_logits: torch.Tens
     mean over the batch. With `num_items_in_batch` (Trainer's gradient accumulation, which then leaves the loss
     undivided by the number of micro-batches) the sum over this batch divided by it instead: transformers' own ignores
     the count except for cross-entropy, which made accumulated updates that many times too large."""
+    if config.problem_type == "single_label_classification" or (
+        config.problem_type is None and config.num_labels > 1 and labels.dtype in (torch.long, torch.int)
+    ):  # transformers' own rule for a single-label problem: cross-entropy, which fails on a class id out of range
+        check_label_ids(labels, config.num_labels, kind="class")
     loss = ForSequenceClassificationLoss(labels, pooled_logits, config, num_items_in_batch=num_items_in_batch)
     if num_items_in_batch is None or config.problem_type == "single_label_classification":
         return loss  # cross-entropy divides its sum by the count itself
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss * labels.numel() / num_items_in_batch  # MSE and BCE average every label value, which Trainer counts
+
+
+def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor, config, **kwargs) -> torch.Tensor:
+    """transformers' `ForTokenClassification`, with each label checked to be a class id or -100 first: one out of
+    range failed inside the cross-entropy with an IndexError (SPEC section 10)."""
+    check_label_ids(labels, config.num_labels, kind="class")
+    return ForTokenClassification(logits, labels, config, **kwargs)

@@ -18,7 +18,10 @@ from tiny_tokenizers import TOKENIZER_KINDS, byte_level_bpe
 
 from hf_scratch_transformer import (
     ScratchDecoderConfig,
+    ScratchDecoderForSequenceClassification,
     ScratchEncoderConfig,
+    ScratchEncoderForSequenceClassification,
+    ScratchEncoderForTokenClassification,
     ScratchSeq2SeqConfig,
     hub,
     scratch_layers,
@@ -79,6 +82,21 @@ def test_float_labels_are_a_clear_error(family):
     model, inputs = tiny_lm(family), lm_inputs(family)
     with pytest.raises(ValueError, match="`labels` must be integer token ids, got dtype torch.float32"):
         model(**{**inputs, "labels": inputs["labels"].float()})
+
+
+@pytest.mark.parametrize("head", [ScratchDecoderForSequenceClassification, ScratchEncoderForSequenceClassification,
+                                  ScratchEncoderForTokenClassification])
+@pytest.mark.parametrize("wrong", [3, -5])
+def test_class_labels_outside_num_labels_are_a_clear_error(head, wrong):
+    # They failed inside the cross-entropy with "IndexError: Target 3 is out of bounds".
+    family = "decoder" if head is ScratchDecoderForSequenceClassification else "encoder"
+    model, ids = head(tiny_config(family, num_labels=3)), lm_inputs(family)["input_ids"]
+    labels = torch.zeros(ids.shape if head is ScratchEncoderForTokenClassification else ids.shape[:1], dtype=torch.long)
+    labels[0] = wrong
+    with pytest.raises(ValueError, match=rf"`labels` must lie in \[0, 2\] \(`num_labels` is 3\).*got \[{wrong}\]"):
+        model(input_ids=ids, labels=labels)
+    labels[0] = -100 if head is ScratchEncoderForTokenClassification else 2  # what the loss takes still passes
+    assert torch.isfinite(model(input_ids=ids, labels=labels).loss)
 
 
 def test_seq2seq_without_decoder_inputs_or_labels_names_them():
