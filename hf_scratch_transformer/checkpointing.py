@@ -87,7 +87,7 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict |
 def _reported_as_not_written(final: Path):
     """A write error while the checkpoint `final` is saved (a full disk, a quota) as a `CheckpointError` that says
     so: torch reports a full disk as "unexpected pos N vs M" or "iostream error", safetensors as an I/O error."""
-    return _write_error_named(
+    return write_error_named(
         f"Checkpoint {final.name}", final.parent, "The complete checkpoints written before are kept, and what was "
         "written of this one is ignored: free space (or remove the cause), then continue with --resume."
     )
@@ -96,7 +96,7 @@ def _reported_as_not_written(final: Path):
 def model_folder_reported_as_not_written(final: Path):
     """The same for a run's model folder `final`, written aside (`folder_aside`) after the last checkpoint: a resumed
     finished run loads that checkpoint, trains nothing and writes the folder again."""
-    return _write_error_named(
+    return write_error_named(
         "The model folder", final.parent, f"The checkpoints are kept, and {final.name}/ as it was before: free "
         "space (or remove the cause), then run the same command with --resume, which writes the model folder from "
         "the last checkpoint without training again."
@@ -104,7 +104,7 @@ def model_folder_reported_as_not_written(final: Path):
 
 
 @contextlib.contextmanager
-def _write_error_named(what: str, where: Path, next_step: str):
+def write_error_named(what: str, where: Path, next_step: str):
     """Any error inside as a `CheckpointError` naming `what` was being written in the folder `where`, the error, the
     free space there and the `next_step` to take."""
     try:

@@ -312,6 +312,51 @@ def test_cli_refuses_to_replace_a_tokenizer_unless_asked(corpus_file, trained, t
     assert replaced.init_kwargs["family"] == "decoder" and replaced.bos_token == "<s>" and len(replaced) == VOCAB
 
 
+def test_a_replaced_tokenizer_stopped_midway_is_never_mixed_with_the_earlier_one(corpus_file, trained, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """save_pretrained writes tokenizer_config.json, then tokenizer.json: killed between the two over an earlier
+    tokenizer (--overwrite-output-dir), the new config loaded silently over the earlier vocabulary; a full disk there
+    ended in a traceback, the earlier tokenizer.json cut short. Saved aside and moved in, tokenizer.json last."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    folder = tmp_path / "model"
+    trained("bpe", "decoder").save_pretrained(folder)
+    earlier = {path.name: path.read_bytes() for path in folder.iterdir()}
+    command = ["tokenizer", "--kind", "wordpiece", "--family", "encoder", "--files", str(corpus_file), "--vocab-size",
+               str(VOCAB), "--output-dir", str(folder), "--overwrite-output-dir"]
+
+    def killed(*args, **kwargs):  # the process stops where a kill would stop it
+        raise SystemExit(-9)
+
+    def full_disk(self, save_directory, **kwargs):
+        (Path(save_directory) / "tokenizer.json").write_text('{"cut short')
+        raise OSError(28, "No space left on device")
+
+    save = TokenizersBackend._save_pretrained
+    for stop in (killed, full_disk):
+        monkeypatch.setattr(TokenizersBackend, "_save_pretrained", stop)
+        with pytest.raises(SystemExit) as stopped:
+            main(command)
+        assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == earlier
+    assert stopped.value.code == 2 and "No space left on device" in capsys.readouterr().err
+    assert sorted(earlier) == sorted(path.name for path in folder.iterdir()), "the partial copy was removed"
+    monkeypatch.setattr(TokenizersBackend, "_save_pretrained", save)
+    move = Path.replace
+    monkeypatch.setattr(Path, "replace", lambda path, target: killed() if path.name == "tokenizer.json" else
+                        move(path, target))  # killed while the new files are moved in
+    with pytest.raises(SystemExit):
+        main(command)
+    with pytest.raises(ValueError):  # neither tokenizer whole: a folder that does not load, not a mix that does
+        AutoTokenizer.from_pretrained(folder)
+    monkeypatch.setattr(Path, "replace", move)
+    main(command)
+    assert sorted(path.name for path in folder.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder"
+
+
 @pytest.mark.parametrize("held, message", [("vocab.txt", "holds a tokenizer (vocab.txt)"),
                                            ("tokenizer.json/", "tokenizer.json is a folder, where the tokenizer's")])
 def test_cli_refuses_a_slow_tokenizer_and_a_folder_in_the_way(corpus_file, tmp_path, monkeypatch, capsys, held,

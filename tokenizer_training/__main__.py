@@ -15,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
+from hf_scratch_transformer.checkpointing import CheckpointError
+from hf_scratch_transformer.cli.run_options import fail, non_negative_int, positive_int
 from tokenizer_training import TOKENIZER_FILES, load_data, padded_vocab_size, train_tokenizer
+from tokenizer_training.saving import save_in_place
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
@@ -83,11 +85,12 @@ print(f"vocabulary: {len(tokenizer):,} tokens -> model vocab_size {padded_vocab_
 # -----------------------------------------------------------------------------------------------
 # Saving
 
-written = {Path(path).name for path in tokenizer.save_pretrained(args.output_dir)}
-# The replaced tokenizer's other files go: left, they would be read with the new one (--overwrite-output-dir only).
-if stale := [name for name in held if name not in written]:
-    for name in stale:
-        (args.output_dir / name).unlink()
+# The replaced tokenizer's other files go too: left, they would be read with the new one (--overwrite-output-dir only).
+try:
+    stale = save_in_place(tokenizer, args.output_dir, held)
+except CheckpointError as error:  # a full disk: one line, not a traceback over a half-replaced tokenizer
+    fail(parser, str(error))
+if stale:
     print(f"removed the replaced tokenizer's {', '.join(stale)}")
 print(f"saved to {args.output_dir}")
 

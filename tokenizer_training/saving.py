@@ -1,0 +1,34 @@
+"""`save_in_place`: a tokenizer saved into a folder that may hold another one (a model's folder, with
+--overwrite-output-dir), so that a kill or a full disk at any instant leaves the earlier tokenizer, the new one, or a
+folder that `AutoTokenizer` does not load; never a mix of the two. `save_pretrained` writes tokenizer_config.json,
+then tokenizer.json: stopped between them over an earlier tokenizer, the new config loaded silently over the earlier
+vocabulary, and a full disk left the earlier tokenizer.json cut short.
+
+The new tokenizer is saved aside (`FOLDER/.tokenizer.tmp`, which publishing skips as hidden); the earlier one's files
+are removed, its tokenizer.json first; then the new files are moved in, tokenizer.json last: `AutoTokenizer` loads a
+fast tokenizer from tokenizer.json, and fails on a folder that has its config without it."""
+
+import shutil
+from pathlib import Path
+
+from hf_scratch_transformer import checkpointing
+
+VOCABULARY = "tokenizer.json"  # what the folder's tokenizer loads from: removed first, moved in last
+
+
+def save_in_place(tokenizer, folder: Path, replaced: list[str]) -> list[str]:
+    """Save `tokenizer` into `folder` in place of the files `replaced` (the earlier tokenizer's); returns those of
+    them the new tokenizer does not write. A write error is a `CheckpointError` naming it, the earlier files kept."""
+    aside = checkpointing.folder_aside(folder / ".tokenizer")  # emptied of what an interrupted save left
+    try:
+        with checkpointing.write_error_named("The tokenizer", folder, f"The files in {folder} are untouched."):
+            written = sorted(Path(path).name for path in tokenizer.save_pretrained(aside))
+    except checkpointing.CheckpointError:
+        shutil.rmtree(aside, ignore_errors=True)  # a partial copy, on a disk that may be full
+        raise
+    for name in sorted(replaced, key=lambda name: name != VOCABULARY):
+        (folder / name).unlink()
+    for name in sorted(written, key=lambda name: name == VOCABULARY):
+        (aside / name).replace(folder / name)
+    aside.rmdir()
+    return [name for name in replaced if name not in written]
