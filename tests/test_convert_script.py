@@ -457,6 +457,27 @@ def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path)
         torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
 
 
+def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+    """It ended in a safetensors traceback, leaving the partial copy (the model's size, on the full disk) in a hidden
+    folder beside the output that no later command removed."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    gpt2().save_pretrained(source)
+    tiny_lm("decoder").save_pretrained(output)
+    earlier = {path.name: path.read_bytes() for path in output.iterdir()}
+
+    def full_disk(tensors, filename, **kwargs):
+        Path(filename).write_bytes(b"\0" * 64)  # what fitted
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", full_disk)
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, output, "--overwrite-output-dir")
+    assert "The converted model could not be written" in str(stopped.value.code)
+    assert "No space left on device" in str(stopped.value.code) and f"{output} is as it was" in str(stopped.value.code)
+    assert {path.name: path.read_bytes() for path in output.iterdir()} == earlier
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"], "no partial copy left"
+
+
 def test_an_output_under_a_file_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     """It failed with a NotADirectoryError traceback once the model was loaded, converted and checked."""
     source = tmp_path / "native"

@@ -121,6 +121,7 @@ from transformers.modeling_utils import get_state_dict_dtype, load_state_dict  #
 
 import hf_scratch_transformer  # noqa: E402
 from hf_scratch_transformer import hub  # noqa: E402
+from hf_scratch_transformer.checkpointing import CheckpointError, write_error_named  # noqa: E402
 from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
 from hf_scratch_transformer.modeling_scratch_common import safetensors_error  # noqa: E402
 from tokenizer_training import TOKENIZER_FILES  # noqa: E402
@@ -218,16 +219,22 @@ def checkpoint_dtype() -> str:
 
 
 dtype = source_config.get("dtype") or source_config.get("torch_dtype") or checkpoint_dtype()
-converted.to(getattr(torch, dtype)).save_pretrained(staging)  # with generation_config.json where it generates
-if tokenizer is not None:
-    tokenizer.save_pretrained(staging)
 check = "Its outputs were not compared with the source's (`--no-check`)."
 if args.check:
     agreement = "equal" if diff == 0 else f"match within {diff:.3g}"
     check = f"Its logits {agreement} the source's on a random batch with a padded row."
-hub.write_conversion_card(staging, args.source, name=output.name, task=CARD_TASKS[model_type],
-                          source_class=source_class, model_class=type(converted).__name__, native=not to_scratch,
-                          check=check)
+try:  # a full disk: one line, and the partial copy (of the model's size) removed, not a traceback leaving it hidden
+    with write_error_named("The converted model", output.parent, f"{args.output} is as it was, and the partial "
+                           "copy is removed: free space (or remove the cause), then run the command again."):
+        converted.to(getattr(torch, dtype)).save_pretrained(staging)  # with generation_config.json where it generates
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        hub.write_conversion_card(staging, args.source, name=output.name, task=CARD_TASKS[model_type],
+                                  source_class=source_class, model_class=type(converted).__name__,
+                                  native=not to_scratch, check=check)
+except CheckpointError as error:
+    shutil.rmtree(staging, ignore_errors=True)
+    fail(str(error))
 if output.exists():
     os.replace(output, replaced)
 os.replace(staging, output)
