@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -366,6 +367,7 @@ def load_checkpoint(accelerator, path: str | Path, model=None) -> dict:
     check_sharding(path, fsdp, accelerator.state.fsdp_plugin.state_dict_type if fsdp else None)
     if model is not None:  # else Accelerate's loader fails on another model with a traceback of size mismatches
         _check_same_tensors(path, accelerator.unwrap_model(model))
+        _check_same_config(path, accelerator.unwrap_model(model))
     # Every process checks the files of all, so that all stop together (before `load_state`, which may communicate).
     for process in range(accelerator.num_processes):
         if not (Path(path) / f"random_states_{process}.pkl").is_file():
@@ -482,6 +484,7 @@ class CrashSafeCheckpoints:
         # Trainer loads weights non-strictly (a tied head is not saved): a checkpoint of another model would fail
         # with a traceback about sizes, or, of the same sizes with other tensors, leave them at their initialisation.
         _check_same_tensors(resume_from_checkpoint, self.model if model is None else model)
+        _check_same_config(resume_from_checkpoint, self.model if model is None else model)
         _check_same_labels(resume_from_checkpoint, self.model if model is None else model)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
@@ -550,15 +553,50 @@ def _check_same_tensors(checkpoint: str, model) -> None:
         )
 
 
+def _saved_config(checkpoint: str, model) -> PreTrainedConfig | None:
+    """The config a checkpoint saved beside its weights (Trainer's, and Accelerate's since they carry one), read as
+    `model`'s config class; None without one."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, PreTrainedConfig) or not (Path(checkpoint) / CONFIG_NAME).is_file():
+        return None
+    return type(config).from_pretrained(checkpoint)
+
+
+# Config fields that change how a model trains or starts, not the function its weights compute.
+_TRAINING_KNOBS = {"dropout", "attention_dropout", "activation_dropout", "embedding_dropout", "classifier_dropout",
+                   "initializer_range", "init_scheme", "use_cache", "sparse_prediction"}
+
+
+def _check_same_config(checkpoint: str, model) -> None:
+    """A checkpoint must have been trained with the model knobs of `model`'s config; else `CheckpointError` naming
+    those that differ. `_check_same_tensors` tells shapes only: a changed `--set hidden_act=...`, `norm_position`,
+    `norm_type` or `position_embedding_type` (rope and alibi have no tensor) resumed silently, and the model folder
+    then paired those weights with another function. Knobs of training alone (dropout, initialisation) may change."""
+    saved = _saved_config(checkpoint, model)
+    if saved is None:
+        return
+    base = {field.name for field in fields(PreTrainedConfig)}
+    knobs = ({field.name for field in fields(type(model.config))} - base - _TRAINING_KNOBS) | {"rope_parameters"}
+    there, here = saved.to_dict(), model.config.to_dict()
+    differing = [f"{name} {there.get(name)!r} there, {here.get(name)!r} here" for name in sorted(knobs)
+                 if there.get(name) != here.get(name)]
+    if differing:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} was trained with another model config than this run builds "
+            f"({'; '.join(differing)}). Resume with the run's own preset and --set values, or start a new run in "
+            "another output folder."
+        )
+
+
 def _check_same_labels(checkpoint: str, model) -> None:
     """A classifier's checkpoint must have been trained for the labels of `model`, in the same order of ids; else
     `CheckpointError` naming both. Its head has one row per class: loaded under other names (or the same names in
     another order), of the same number, it would predict the class each row was trained for under another name."""
-    config = getattr(model, "config", None)
-    if not isinstance(config, PreTrainedConfig) or not (Path(checkpoint) / CONFIG_NAME).is_file():
+    saved_config = _saved_config(checkpoint, model)
+    if saved_config is None:
         return
-    saved = [label for _, label in sorted(type(config).from_pretrained(checkpoint).id2label.items())]
-    labels = [label for _, label in sorted(config.id2label.items())]
+    saved = [label for _, label in sorted(saved_config.id2label.items())]
+    labels = [label for _, label in sorted(model.config.id2label.items())]
     if saved != labels:
         raise CheckpointError(
             f"Checkpoint {checkpoint} was trained for the labels {saved} (by id); this run's are {labels}, which its "

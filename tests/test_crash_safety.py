@@ -287,6 +287,23 @@ def test_resuming_with_another_model_is_an_error_naming_the_tensors(workspace, u
     assert "`model.embeddings.embed_tokens.weight` (320, 32) there, (320, 64) here" in stderr
 
 
+def test_resuming_with_another_model_config_of_the_same_shapes_is_an_error_naming_it(workspace, uninterrupted,
+                                                                                     tmp_path):
+    """The tensors' shapes alone let a changed activation or norm placement resume silently, and the model folder
+    then paired weights trained with one function with a config that gives another. Dropout may change."""
+    entry, full = uninterrupted
+    output = tmp_path / "other-config"
+    shutil.copytree(full, output)
+    shutil.rmtree(output / "checkpoints" / f"{ENTRY_POINTS[entry][2]}-10")  # a run killed after step 8
+    before = {path: path.stat().st_mtime_ns for path in output.rglob("*")}
+    other = ["--set", "hidden_act=gelu", "norm_position=post"]  # gpt-mini's: relu, pre
+    stderr = run(command(entry, workspace, output, "--resume", *other), workspace, returncode=2)
+    assert "was trained with another model config than this run builds" in stderr and "Traceback" not in stderr
+    assert "hidden_act 'relu' there, 'gelu' here; norm_position 'pre' there, 'post' here" in stderr
+    assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
+    assert "saved" in run(command(entry, workspace, output, "--resume", "--set", "dropout=0.2"), workspace)
+
+
 # Two gloo processes on this CPU (ACCELERATE_USE_CPU joins Trainer's too); torchrun itself reports a failed process.
 TWO_PROCESSES = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 

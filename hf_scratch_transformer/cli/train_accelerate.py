@@ -363,6 +363,9 @@ if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
     output_dir.mkdir(parents=True, exist_ok=True)
     log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
 stream = micro_batches(start_step * accumulation)
+# Each checkpoint carries the model's config, which a resumed run's must equal (shapes alone let a changed activation
+# pass: `checkpointing._check_same_config`).
+config_json = accelerator.unwrap_model(model).config.to_json_string()
 progress = tqdm(total=args.max_steps, initial=start_step, disable=not accelerator.is_main_process, desc="training")
 model.train()
 for step in range(start_step + 1, stop + 1):
@@ -394,10 +397,11 @@ for step in range(start_step + 1, stop + 1):
     progress.update(1)
     progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
     if step % save_steps == 0 or step == stop:
+        extra_files = {"loss_curve.jsonl": log_file.read_text(), "config.json": config_json, **checkpoint_files} \
+            if accelerator.is_main_process else None
         try:
             checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
-                                          extra_files={"loss_curve.jsonl": log_file.read_text(), **checkpoint_files}
-                                          if accelerator.is_main_process else None)
+                                          extra_files=extra_files)
         except checkpointing.CheckpointError as error:  # not written (a full disk): say so, without a traceback
             fail(parser, str(error))
 progress.close()
