@@ -239,6 +239,16 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def own_saved_tensors():
+    """A timing's gradients keep their saved tensors as plain autograd does. A training step times its kernels at its
+    first product, inside the layer; under non-reentrant gradient checkpointing (transformers' and TRL's default) the
+    checkpoint's saved-tensor hooks took the timing's tensors for the layer's, and its recomputation, which times
+    nothing, failed with a CheckpointError. Only the innermost hooks apply: identity ones shadow the checkpoint's."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda tensor: tensor, lambda tensor: tensor):
+        yield
+
+
 # Rows of the timed product per regime: a training step's 64 rows with both gradients, a prefill's 512 rows forward
 # (AVX-512 AMD EPYC, two threads, fresh processes: oneDNN at 0.78-0.84 of the BLAS's time over 512 rows, a steadier
 # answer than 0.86-0.93 over 256), a decoding step's one row, or 4 for several sequences (AVX2 AMD EPYC, weights
@@ -291,7 +301,8 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
     # threads, 1.08x on one): those are timed with the threads they run on; the best of the rounds, so that a busy
     # moment is not what decides.
     threads = one_thread() if training else contextlib.nullcontext()
-    with threads, torch.inference_mode(False), torch.set_grad_enabled(training), torch.autocast("cpu", enabled=False):
+    with threads, own_saved_tensors(), torch.inference_mode(False), torch.set_grad_enabled(training), \
+            torch.autocast("cpu", enabled=False):
         out_features, in_features = shape
         inputs = torch.randn(TIMED_ROWS[regime], in_features, generator=generator, device="cpu", requires_grad=training)
         weight = torch.randn(out_features, in_features, generator=generator, device="cpu", requires_grad=training)
@@ -406,7 +417,8 @@ def time_bf16_kernels(repeats: int = BF16_TIMED_ROUNDS) -> dict[str, float]:
     without bf16 instructions, where it is 100 times slower), those answer. A generator of its own leaves the global
     random state alone."""
     generator = torch.Generator().manual_seed(0)
-    with one_thread(), torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", torch.bfloat16):
+    with one_thread(), own_saved_tensors(), torch.inference_mode(False), torch.enable_grad(), \
+            torch.autocast("cpu", torch.bfloat16):
         out_features, in_features = BF16_TIMED_SHAPE
         inputs = torch.randn(BF16_TIMED_ROWS, in_features, generator=generator, requires_grad=True)
         weight = torch.randn(out_features, in_features, generator=generator, requires_grad=True)

@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from .kernel_choice import one_thread
+from .kernel_choice import one_thread, own_saved_tensors
 from .linear_kernels import inside_torch_func
 
 ATTENTION_VARIABLE = "HF_SCRATCH_CPU_ATTENTION"
@@ -66,7 +66,8 @@ def time_kernels(repeats: int = 3) -> tuple[float, float]:
     generator = torch.Generator().manual_seed(0)
     shape = (2, 8, EAGER_MAX_KEYS, 64)
     best = {"sdpa": math.inf, "eager": math.inf}
-    with one_thread(), torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+    with one_thread(), own_saved_tensors(), torch.inference_mode(False), torch.enable_grad(), \
+            torch.autocast("cpu", enabled=False):
         query, key, value = (torch.randn(shape, generator=generator).bfloat16().requires_grad_() for _ in range(3))
         grad_output = torch.randn(shape, generator=generator).transpose(1, 2).bfloat16()  # eager's (B, T, H, D)
         causal = causal_mask(EAGER_MAX_KEYS, EAGER_MAX_KEYS, query.device)

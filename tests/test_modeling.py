@@ -24,6 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 from transformers.utils import generic
 
 import hf_scratch_transformer as hst
+from hf_scratch_transformer import kernel_choice, scratch_attention_kernel
 from hf_scratch_transformer.modeling_scratch_seq2seq import shift_tokens_right
 from hf_scratch_transformer.scratch_linear import ScratchLinear
 
@@ -462,6 +463,33 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, use_reentrant):
     for model in (plain, checkpointed):
         torch.manual_seed(1)
         model(**inputs).loss.backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+# Each CPU kernel choice made on "auto" (its variable, its cache's clearing, whether it is asked in bf16)
+TIMED_CHOICES = {
+    "fp32-products": (kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, False),
+    "bf16-products": (kernel_choice.BF16_PRODUCTS_VARIABLE, kernel_choice.clear_kernel_choices, True),
+    "bf16-attention": (scratch_attention_kernel.ATTENTION_VARIABLE,
+                       scratch_attention_kernel.bf16_training_kernel.cache_clear, True),
+}
+
+
+@pytest.mark.parametrize("choice", list(TIMED_CHOICES))
+def test_kernels_timed_inside_a_checkpointed_layer_leave_the_checkpoint_alone(choice, force_choice):
+    """A run's first training step times the kernels inside its first layer, which non-reentrant checkpointing
+    (transformers' default, TRL's SFT) wraps in saved-tensor hooks: taking the timing's tensors for the layer's, its
+    recomputation failed with a CheckpointError. The same gradients as without checkpointing."""
+    variable, clear, bf16 = TIMED_CHOICES[choice]
+    force_choice(variable, clear, "auto")
+    inputs = lm_inputs("decoder", batch=4, length=40)  # rows enough for the many-row kernels
+    plain, checkpointed = tiny_lm("decoder").train(), tiny_lm("decoder").train()
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for model in (checkpointed, plain):  # the checkpointed step first: it times the kernels
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            loss = model(**inputs).loss
+        loss.backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
 
