@@ -478,6 +478,47 @@ def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"], "no partial copy left"
 
 
+def _dead_pid() -> int:
+    """The id of a process that has ended (a killed conversion's)."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True,
+                             text=True)
+    return int(process.stdout)
+
+
+def test_a_conversion_killed_between_its_renames_is_undone_by_the_next(tmp_path, monkeypatch, capsys):
+    """Killed after the earlier output was renamed aside and before the new one was renamed in, a conversion left the
+    output absent, the earlier one and the new one in hidden folders that only it knew: the next command puts the
+    earlier one back (so it asks for --overwrite-output-dir) and removes the partial one; a running conversion's
+    folders stay."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    gpt2().save_pretrained(source)
+    tiny_lm("decoder").save_pretrained(output)
+    earlier = {path.name: path.read_bytes() for path in output.iterdir()}
+    dead, alive = _dead_pid(), os.getpid()
+    output.rename(tmp_path / f".scratch.replaced-{dead}")
+    (tmp_path / f".scratch.converting-{dead}").mkdir()
+    (tmp_path / f".scratch.converting-{dead}" / "config.json").write_text("{}")
+    (tmp_path / f".scratch.converting-{alive}").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, output)
+    assert "already holds files" in str(stopped.value.code)
+    assert {path.name: path.read_bytes() for path in output.iterdir()} == earlier
+    assert sorted(path.name for path in tmp_path.iterdir()) == [f".scratch.converting-{alive}", "native", "scratch"]
+    said = capsys.readouterr().out
+    assert f"restored {output} from .scratch.replaced-{dead}" in said and f".scratch.converting-{dead}" in said
+
+
+def test_a_conversion_killed_after_its_renames_leaves_nothing_behind_the_next(tmp_path, monkeypatch):
+    """Killed before it removed the output it replaced, a conversion left that folder hidden, the model's size."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    gpt2().save_pretrained(source)
+    tiny_lm("decoder").save_pretrained(output)
+    (tmp_path / f".scratch.replaced-{_dead_pid()}").mkdir()
+    convert_here(monkeypatch, source, output, "--overwrite-output-dir")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"]
+    assert json.loads((output / "config.json").read_text())["model_type"] == "scratch_decoder"
+
+
 def test_an_output_under_a_file_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     """It failed with a NotADirectoryError traceback once the model was loaded, converted and checked."""
     source = tmp_path / "native"

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import pickle
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -75,6 +76,43 @@ def fail(message: str) -> None:
     sys.exit(f"{parser.prog}: error: {message}")
 
 
+# The folders a conversion writes beside its output (hidden, named by its process): the new folder being written,
+# then the earlier output, renamed aside just before the new one is renamed in.
+ASIDE = ("converting", "replaced")
+
+
+def aside(output: Path, what: str, pid: int = os.getpid()) -> Path:
+    return output.with_name(f".{output.name}.{what}-{pid}")
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def recover_from_stopped_conversions(output: Path) -> None:
+    """What a conversion into `output` that was killed left beside it (a crash leaves its folders aside, and only
+    that process knew them): its partial new folder is removed, and an earlier output it had renamed aside, where
+    the new one never took its place, is put back: the output is as it was before that conversion. Folders of a
+    conversion still running are left alone."""
+    left = re.compile(rf"\.{re.escape(output.name)}\.({'|'.join(ASIDE)})-(\d+)")
+    for path in sorted(output.parent.iterdir()) if output.parent.is_dir() else []:
+        match = left.fullmatch(path.name)
+        if not match or not path.is_dir() or process_alive(int(match[2])):
+            continue
+        if match[1] == "replaced" and not output.exists():
+            os.replace(path, output)
+            print(f"restored {output} from {path.name}, where a conversion stopped while replacing it had put it")
+        else:
+            shutil.rmtree(path)
+            print(f"removed {path.name}, left by a conversion that was stopped")
+
+
 # ----------------------------------------------------------------------------------------------- source
 # Checked before anything is loaded, so that a wrong path or model fails before any work.
 if not args.source.is_dir():
@@ -90,6 +128,7 @@ if args.output.exists() and not args.output.is_dir():
 # An output under a file failed only when the converted model was saved, with a traceback.
 if in_the_way := next((parent for parent in args.output.parents if parent.exists() and not parent.is_dir()), None):
     fail(f"the output {args.output} lies under {in_the_way}, a file, not a folder")
+recover_from_stopped_conversions(args.output.resolve())
 held = sorted(path.name for path in args.output.iterdir()) if args.output.is_dir() else []
 if held and not args.overwrite_output_dir:
     fail(f"{args.output} already holds files ({', '.join(held[:5])}{' ...' if len(held) > 5 else ''}): pass "
@@ -203,9 +242,10 @@ if args.check:
 
 # ----------------------------------------------------------------------------------------------- save
 # Written beside the output, then renamed into place: a crash leaves the earlier folder or the complete new one
-# (between the two renames, both under hidden names), never a mix, and no stale file of the earlier folder stays.
+# (between the two renames, both under hidden names, which the next conversion into that output sets right:
+# `recover_from_stopped_conversions`), never a mix, and no stale file of the earlier folder stays.
 output = args.output.resolve()
-staging, replaced = (output.with_name(f".{output.name}.{what}-{os.getpid()}") for what in ("converting", "replaced"))
+staging, replaced = (aside(output, what) for what in ASIDE)
 staging.mkdir(parents=True)
 
 
