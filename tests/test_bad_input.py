@@ -777,6 +777,39 @@ def test_finetune_names_unlabelled_rows_of_a_class_label_column(hf_scratch, tmp_
     assert "the 'train' split: the label column 'label' has no value (id -1) in row 3" in stderr
 
 
+CLASS_LABEL_DATA = {  # ClassLabel ids need no value check, but their shape was not checked either
+    # labels shorter than the words: an IndexError traceback midway through tokenizing
+    "short": ("token-classification", [["a", "dog"], ["a", "man", "runs"]], [[0, 1], [0, 1]],
+              "the number of labels differs from the number of words in row 2"),
+    # longer: the extra labels were left out without a word, and the run trained
+    "long": ("token-classification", [["a", "dog"], ["a", "man"]], [[0, 1], [0, 1, 1]],
+             "the number of labels differs from the number of words in row 2"),
+    # one class per text for token classification: "TypeError: 'int' object is not subscriptable"
+    "scalar": ("token-classification", [["a", "dog"], ["a", "man"]], [0, 1],
+               "token classification needs lists in 'tokens' and 'label', one label per word; not lists in rows 1, 2"),
+    # multi-label ClassLabel lists (go_emotions' layout): "TypeError: list indices must be integers or slices"
+    "multi-label": ("text-classification", ["a dog", "a man"], [[0], [0, 1]],
+                    "(lists: text classification reads one class per text, multi-label classification is not "
+                    "offered; a label per word is --task token-classification) in rows 1, 2"),
+}
+
+
+@pytest.mark.parametrize("name", list(CLASS_LABEL_DATA))
+def test_finetune_checks_the_shape_of_class_label_columns(hf_scratch, tmp_path, name):
+    from datasets import ClassLabel, Dataset, Features, List, Value
+
+    task, inputs, labels, message = CLASS_LABEL_DATA[name]
+    column = "text" if task == "text-classification" else "tokens"
+    tags = ClassLabel(names=["O", "B-ANIMAL"])
+    features = Features({column: Value("string") if task == "text-classification" else List(Value("string")),
+                         "label": List(tags) if isinstance(labels[0], list) else tags})
+    Dataset.from_dict({column: inputs, "label": labels}, features=features).to_parquet(tmp_path / "data/train.parquet")
+    stderr = hf_scratch("finetune", "--model", config_only(tmp_path), "--task", task, "--dataset", tmp_path / "data",
+                        "--output-dir", tmp_path / "out")
+    assert "the 'train' split: " in stderr and message in stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_set_with_a_config_file_is_checked_as_with_a_preset(hf_scratch, corpus, tmp_path):
     # With --config, a misspelt --set field was dropped by `AutoConfig.from_pretrained` without a word, and an
     # impossible value failed with a traceback after the tokenizer and data work (`run_options.config_overrides`,

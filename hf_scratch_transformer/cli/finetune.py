@@ -155,27 +155,39 @@ def label_key(value) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def check_labels(where: str, data) -> set[str]:
-    """The label names of one split, or a parser error naming the rows whose labels (or words) are missing or
-    malformed."""
-    missing, fractional, malformed, mismatched = [], [], [], []
+def check_label_shapes(where: str, data) -> None:
+    """A parser error naming the rows whose labels are not shaped for the task: one label per text, or a list of words
+    and a list of as many labels. Checked for `datasets` ClassLabel columns too, whose ids need no other check: a
+    ClassLabel list per text, or a label list longer or shorter than its words, failed midway through tokenizing
+    with a traceback, or had its extra labels left out without a word."""
     if args.task == "text-classification":
-        values = [[value] for value in data[args.label_column]]
-    else:
-        values = data[args.label_column]
-        for index, (words, labels) in enumerate(zip(data[input_column], values, strict=True)):
-            if not isinstance(words, list) or not isinstance(labels, list):
-                malformed.append(index)
-            elif len(words) != len(labels):
-                mismatched.append(index)
-        if malformed:
-            parser.error(f"{where}: token classification needs lists in {input_column!r} and {args.label_column!r}, "
-                         f"one label per word; not lists in {rows(malformed)}")
-        if mismatched:
-            first = data[mismatched[0]]
-            parser.error(f"{where}: the number of labels differs from the number of words in {rows(mismatched)}; "
-                         f"row {mismatched[0] + 1} has {len(first[input_column])} words in {input_column!r} and "
-                         f"{len(first[args.label_column])} labels in {args.label_column!r}: give one label per word")
+        if lists := [index for index, value in enumerate(data[args.label_column]) if isinstance(value, list)]:
+            parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
+                         "(lists: text classification reads one class per text, multi-label classification is not "
+                         f"offered; a label per word is --task token-classification) in {rows(lists)}")
+        return
+    malformed, mismatched = [], []
+    for index, (words, labels) in enumerate(zip(data[input_column], data[args.label_column], strict=True)):
+        if not isinstance(words, list) or not isinstance(labels, list):
+            malformed.append(index)
+        elif len(words) != len(labels):
+            mismatched.append(index)
+    if malformed:
+        parser.error(f"{where}: token classification needs lists in {input_column!r} and {args.label_column!r}, "
+                     f"one label per word; not lists in {rows(malformed)}")
+    if mismatched:
+        first = data[mismatched[0]]
+        parser.error(f"{where}: the number of labels differs from the number of words in {rows(mismatched)}; "
+                     f"row {mismatched[0] + 1} has {len(first[input_column])} words in {input_column!r} and "
+                     f"{len(first[args.label_column])} labels in {args.label_column!r}: give one label per word")
+
+
+def check_labels(where: str, data) -> set[str]:
+    """The label names of one split (shaped for the task: `check_label_shapes`), or a parser error naming the rows
+    whose labels are missing or malformed."""
+    missing, fractional, malformed = [], [], []
+    labels = data[args.label_column]
+    values = [[value] for value in labels] if args.task == "text-classification" else labels
     for index, row in enumerate(values):
         for value in row:
             if value is None or (isinstance(value, float) and value != value):  # None, or NaN
@@ -190,9 +202,7 @@ def check_labels(where: str, data) -> set[str]:
         parser.error(f"{where}: fractional labels in {args.label_column!r} (scores for regression?) in "
                      f"{rows(sorted(set(fractional)))}: classification needs class names or integer ids")
     if malformed:
-        hint = (" (lists: text classification reads one class per text, multi-label classification is not offered; "
-                "a label per word is --task token-classification)" if args.task == "text-classification" else "")
-        parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids{hint} "
+        parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
                      f"in {rows(sorted(set(malformed)))}")
     return {label_key(value) for row in values for value in row}
 
@@ -236,6 +246,7 @@ for name in raw:
         if no_text := [i for i, text in enumerate(raw[name][input_column])
                        if not isinstance(text, str) or not text.strip()]:
             parser.error(f"{where[name]}: the text column {input_column!r} holds no text in {rows(no_text)}")
+    check_label_shapes(where[name], raw[name])
 
 labels_feature = raw["train"].features[args.label_column]
 # `datasets` ClassLabel columns hold ids already and carry their names; other labels are mapped to ids here, from
