@@ -643,6 +643,12 @@ BAD_FINETUNE_DATA = {
     "short.json": ("token-classification",
                    '{"tokens": ["a", "dog"], "tags": ["O", "ANIMAL"]}\n{"tokens": ["a", "man"], "tags": ["O"]}\n',
                    "the number of labels differs from the number of words in row 2"),
+    # a null word was trained on as the text "None"; a null first word, or numbers, failed in the tokenizer
+    "null_word.json": ("token-classification",
+                       '{"tokens": ["a", "dog"], "tags": ["O", "B-A"]}\n{"tokens": ["a", null], "tags": ["O", "O"]}\n',
+                       "words in 'tokens' that are not text (missing, or numbers) in row 2"),
+    "numbers.json": ("token-classification", '{"tokens": [1, 2], "tags": ["O", "B-A"]}\n',
+                     "words in 'tokens' that are not text (missing, or numbers) in row 1"),
     "tokens.csv": ("token-classification", "tokens,tags\n\"['a', 'dog']\",\"['O', 'ANIMAL']\"\n",
                    "token classification needs a list of words and a list of labels per row"),
     "corpus.txt": ("text-classification", "a dog\na man\n", "unsupported format '.txt'; use CSV (.csv) or JSON"),

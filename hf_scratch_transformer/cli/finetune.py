@@ -157,24 +157,30 @@ def label_key(value) -> str:
 
 def check_label_shapes(where: str, data) -> None:
     """A parser error naming the rows whose labels are not shaped for the task: one label per text, or a list of words
-    and a list of as many labels. Checked for `datasets` ClassLabel columns too, whose ids need no other check: a
-    ClassLabel list per text, or a label list longer or shorter than its words, failed midway through tokenizing
-    with a traceback, or had its extra labels left out without a word."""
+    (strings) and a list of as many labels. Checked for `datasets` ClassLabel columns too, whose ids need no other
+    check: a ClassLabel list per text, or a label list longer or shorter than its words, failed midway through
+    tokenizing with a traceback, or had its extra labels left out without a word."""
     if args.task == "text-classification":
         if lists := [index for index, value in enumerate(data[args.label_column]) if isinstance(value, list)]:
             parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
                          "(lists: text classification reads one class per text, multi-label classification is not "
                          f"offered; a label per word is --task token-classification) in {rows(lists)}")
         return
-    malformed, mismatched = [], []
+    malformed, mismatched, not_words = [], [], []
     for index, (words, labels) in enumerate(zip(data[input_column], data[args.label_column], strict=True)):
         if not isinstance(words, list) or not isinstance(labels, list):
             malformed.append(index)
         elif len(words) != len(labels):
             mismatched.append(index)
+        elif not all(isinstance(word, str) for word in words):
+            not_words.append(index)
     if malformed:
         parser.error(f"{where}: token classification needs lists in {input_column!r} and {args.label_column!r}, "
                      f"one label per word; not lists in {rows(malformed)}")
+    # A null word was tokenized as the text "None" (a null first word, or numbers, failed in the tokenizer)
+    if not_words:
+        parser.error(f"{where}: words in {input_column!r} that are not text (missing, or numbers) in "
+                     f"{rows(not_words)}: each word is a string")
     if mismatched:
         first = data[mismatched[0]]
         parser.error(f"{where}: the number of labels differs from the number of words in {rows(mismatched)}; "
