@@ -134,8 +134,13 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
         if getattr(features[column], "dtype", None) not in ("string", "large_string"):
             raise ValueError(f"Dataset {dataset!r}: column {column!r} holds {features[column]}, not text.")
     raw = raw.rename_columns({name: ours for name, ours in columns.items() if name != ours})
-    return raw.filter(lambda *texts: all(text and not text.isspace() for text in texts),
-                      input_columns=list(columns.values()), desc="missing or blank texts")
+    raw = raw.filter(lambda *texts: all(text and not text.isspace() for text in texts),
+                     input_columns=list(columns.values()), desc="missing or blank texts")
+    # A split left without rows failed with a traceback as training began, or (a causal LM's validation) after it
+    if empty := [split for split in ("train", "validation") if split in raw and raw[split].num_rows == 0]:
+        raise ValueError(f"Dataset {dataset!r}: its {empty[0]!r} split holds no example: every row's "
+                         f"{' or '.join(map(repr, columns))} is missing or blank.")
+    return raw
 
 
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:

@@ -253,6 +253,24 @@ def test_training_data_too_small_to_split_off_validation_is_named(tmp_path):
     assert training.load_texts([str(one)], validation_files=[str(one)])["validation"].num_rows == 1
 
 
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_a_dataset_split_without_text_is_named(tmp_path, split):
+    """Rows without text are left out; a split left without rows failed with a traceback as training began (a
+    causal LM's validation split: with KeyError 'loss', after training)."""
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "pairs").mkdir()
+    for name in ("train", "validation"):
+        blank = name == split
+        (tmp_path / f"texts/{name}.csv").write_text("text\n\" \"\n" if blank else "text\na dog\na cat\n")
+        (tmp_path / f"pairs/{name}.csv").write_text("source,target\na man,\" \"\n" if blank else
+                                                    "source,target\na dog,ein Hund\na cat,eine Katze\n")
+    with pytest.raises(ValueError, match=rf"its '{split}' split holds no example: every row's 'text' is missing"):
+        training.load_texts(dataset=str(tmp_path / "texts"))
+    with pytest.raises(ValueError, match=rf"'{split}' split holds no example: every row's 'source' or 'target' is"):
+        training.load_parallel(dataset=str(tmp_path / "pairs"))
+
+
 # ---------------------------------------------------------------------------------------------- weights files
 
 
