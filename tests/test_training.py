@@ -277,6 +277,12 @@ def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     assert sorted(training.load_texts(doc, validation_files=doc)["validation"]["text"]) == ["one", "two"]
     pairs = training.load_parallel(en, de, en, de)["validation"]
     assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("two", "zwei")]
+    # as are the text files of a --dataset folder (`datasets`' text builder reads them as UTF-8, BOM and all)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder/train.txt").write_text("one\ntwo\n", encoding="utf-8-sig")
+    (tmp_path / "folder/validation.txt").write_text("three\n", encoding="utf-8-sig")
+    data = training.load_texts(dataset=str(tmp_path / "folder"))
+    assert sorted(data["train"]["text"]) == ["one", "two"] and list(data["validation"]["text"]) == ["three"]
 
 
 def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_out(tmp_path):

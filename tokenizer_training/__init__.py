@@ -145,11 +145,14 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
     if path.is_file() and builder != "parquet":
         check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
     try:
+        # The text builder reads a .txt file, or a local folder of them, as UTF-8 with its BOM (csv and json skip it)
+        text = (builder == "text" if path.is_file()
+                else path.is_dir() and datasets.load_dataset_builder(str(name), config).name == "text")
+        encoding = {"encoding": TEXT_ENCODING} if text else {}
         if path.is_file():
-            encoding = {"encoding": TEXT_ENCODING} if builder == "text" else {}  # csv and json skip a BOM
             data = datasets.load_dataset(builder, data_files=str(path), split=split, **encoding)
         else:
-            data = datasets.load_dataset(str(name), config, split=split)
+            data = datasets.load_dataset(str(name), config, split=split, **encoding)
     except datasets.exceptions.DatasetGenerationError as error:  # the parser's own error is its cause
         raise ValueError(f"{name}: cannot be read{f' as {builder.upper()}' if builder else ''}: "
                          f"{error.__cause__ or error}") from error
