@@ -35,6 +35,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .linear_kernels import (
     ONEDNN_AVAILABLE,
@@ -240,12 +241,17 @@ def one_thread():
 
 
 @contextlib.contextmanager
-def own_saved_tensors():
-    """A timing's gradients keep their saved tensors as plain autograd does. A training step times its kernels at its
-    first product, inside the layer; under non-reentrant gradient checkpointing (transformers' and TRL's default) the
-    checkpoint's saved-tensor hooks took the timing's tensors for the layer's, and its recomputation, which times
-    nothing, failed with a CheckpointError. Only the innermost hooks apply: identity ones shadow the checkpoint's."""
-    with torch.autograd.graph.saved_tensors_hooks(lambda tensor: tensor, lambda tensor: tensor):
+def apart_from_the_caller():
+    """A timing runs inside the forward whose product first needed it, apart from the caller's contexts:
+    - its gradients keep their saved tensors as plain autograd does: under non-reentrant gradient checkpointing
+      (transformers' and TRL's default) the checkpoint's saved-tensor hooks took the timing's tensors for the layer's,
+      and its recomputation, which times nothing, failed with a CheckpointError. Only the innermost hooks apply:
+      identity ones shadow the checkpoint's;
+    - the caller's dispatch and torch-function modes do not see it: a `FlopCounterMode` around a first training step
+      counted 2.05 GFLOP for a 15 MFLOP step, and under `FakeTensorMode` the kernels were timed on fake tensors, an
+      answer the process kept."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda tensor: tensor, lambda tensor: tensor), \
+            _disable_current_modes(), torch._C.DisableTorchFunction():
         yield
 
 
@@ -301,7 +307,7 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
     # threads, 1.08x on one): those are timed with the threads they run on; the best of the rounds, so that a busy
     # moment is not what decides.
     threads = one_thread() if training else contextlib.nullcontext()
-    with threads, own_saved_tensors(), torch.inference_mode(False), torch.set_grad_enabled(training), \
+    with threads, apart_from_the_caller(), torch.inference_mode(False), torch.set_grad_enabled(training), \
             torch.autocast("cpu", enabled=False):
         out_features, in_features = shape
         inputs = torch.randn(TIMED_ROWS[regime], in_features, generator=generator, device="cpu", requires_grad=training)
@@ -417,7 +423,7 @@ def time_bf16_kernels(repeats: int = BF16_TIMED_ROUNDS) -> dict[str, float]:
     without bf16 instructions, where it is 100 times slower), those answer. A generator of its own leaves the global
     random state alone."""
     generator = torch.Generator().manual_seed(0)
-    with one_thread(), own_saved_tensors(), torch.inference_mode(False), torch.enable_grad(), \
+    with one_thread(), apart_from_the_caller(), torch.inference_mode(False), torch.enable_grad(), \
             torch.autocast("cpu", torch.bfloat16):
         out_features, in_features = BF16_TIMED_SHAPE
         inputs = torch.randn(BF16_TIMED_ROWS, in_features, generator=generator, requires_grad=True)

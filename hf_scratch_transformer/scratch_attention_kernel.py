@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from .kernel_choice import one_thread, own_saved_tensors
+from .kernel_choice import apart_from_the_caller, one_thread
 from .linear_kernels import inside_torch_func
 
 ATTENTION_VARIABLE = "HF_SCRATCH_CPU_ATTENTION"
@@ -66,7 +66,7 @@ def time_kernels(repeats: int = 3) -> tuple[float, float]:
     generator = torch.Generator().manual_seed(0)
     shape = (2, 8, EAGER_MAX_KEYS, 64)
     best = {"sdpa": math.inf, "eager": math.inf}
-    with one_thread(), own_saved_tensors(), torch.inference_mode(False), torch.enable_grad(), \
+    with one_thread(), apart_from_the_caller(), torch.inference_mode(False), torch.enable_grad(), \
             torch.autocast("cpu", enabled=False):
         query, key, value = (torch.randn(shape, generator=generator).bfloat16().requires_grad_() for _ in range(3))
         grad_output = torch.randn(shape, generator=generator).transpose(1, 2).bfloat16()  # eager's (B, T, H, D)

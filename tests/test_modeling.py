@@ -9,6 +9,7 @@ import transformers
 from packaging import version
 from safetensors.torch import load_file
 from tiny_models import EOS, FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -492,6 +493,23 @@ def test_kernels_timed_inside_a_checkpointed_layer_leave_the_checkpoint_alone(ch
         loss.backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+@pytest.mark.parametrize("choice", list(TIMED_CHOICES))
+def test_kernels_timed_inside_a_counted_step_leave_the_count_alone(choice, force_choice):
+    """The kernels are timed inside the forward that first needs them, which a dispatch mode may be watching: a
+    `FlopCounterMode` around a first training step counted the timing's products too (2.05 GFLOP for a 15 MFLOP
+    step), and `FakeTensorMode` had them timed on fake tensors. The first step counts as the second."""
+    variable, clear, bf16 = TIMED_CHOICES[choice]
+    force_choice(variable, clear, "auto")
+    inputs = lm_inputs("decoder", batch=4, length=40)
+    model = tiny_lm("decoder").train()
+    counts = []
+    for _ in range(2):  # the first step times the kernels
+        with FlopCounterMode(display=False) as counter, torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            model(**inputs).loss.backward()
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1]
 
 
 @pytest.mark.parametrize("family", ["encoder", "seq2seq"])
