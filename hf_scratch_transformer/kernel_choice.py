@@ -310,9 +310,10 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
     with threads, apart_from_the_caller(), torch.inference_mode(False), torch.set_grad_enabled(training), \
             torch.autocast("cpu", enabled=False):
         out_features, in_features = shape
-        inputs = torch.randn(TIMED_ROWS[regime], in_features, generator=generator, device="cpu", requires_grad=training)
-        weight = torch.randn(out_features, in_features, generator=generator, device="cpu", requires_grad=training)
-        grad_output = torch.randn(TIMED_ROWS[regime], out_features, generator=generator, device="cpu")
+        drawn = {"generator": generator, "dtype": torch.float32, "device": "cpu"}  # not the default dtype/device
+        inputs = torch.randn(TIMED_ROWS[regime], in_features, **drawn, requires_grad=training)
+        weight = torch.randn(out_features, in_features, **drawn, requires_grad=training)
+        grad_output = torch.randn(TIMED_ROWS[regime], out_features, **drawn)
         products = {"native": F.linear, "onednn": onednn_product,  # recorded where training (grad enabled)
                     "transposed": transposed_linear}
         weights = [weight] * (5 if regime == DECODING else 1)
@@ -338,7 +339,8 @@ def weights_read_once(shape: tuple[int, int], from_memory: bool) -> tuple[torch.
     cache = last_level_cache_bytes()
     read = min(2 * cache, MAX_STREAMED_BYTES) if from_memory else min(cache // 2, MAX_CACHED_BYTES)
     count = min(-(-read // (4 * out_features * in_features)), MAX_TIMED_WEIGHTS)
-    return torch.full((count * out_features, in_features), 0.5).split(out_features)  # (count x out, in) -> (out, in)s
+    block = torch.full((count * out_features, in_features), 0.5, dtype=torch.float32, device="cpu")
+    return block.split(out_features)  # (count x out, in) -> (out, in)s
 
 
 def best_interleaved(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -426,9 +428,10 @@ def time_bf16_kernels(repeats: int = BF16_TIMED_ROUNDS) -> dict[str, float]:
     with one_thread(), apart_from_the_caller(), torch.inference_mode(False), torch.enable_grad(), \
             torch.autocast("cpu", torch.bfloat16):
         out_features, in_features = BF16_TIMED_SHAPE
-        inputs = torch.randn(BF16_TIMED_ROWS, in_features, generator=generator, requires_grad=True)
-        weight = torch.randn(out_features, in_features, generator=generator, requires_grad=True)
-        grad_output = torch.randn(BF16_TIMED_ROWS, out_features, generator=generator).bfloat16()
+        drawn = {"generator": generator, "dtype": torch.float32, "device": "cpu"}  # not the default dtype/device
+        inputs = torch.randn(BF16_TIMED_ROWS, in_features, **drawn, requires_grad=True)
+        weight = torch.randn(out_features, in_features, **drawn, requires_grad=True)
+        grad_output = torch.randn(BF16_TIMED_ROWS, out_features, **drawn).bfloat16()
         products = {"native": F.linear, "fp32": widened_bf16_linear}
         runs = {kernel: functools.partial(
             lambda product: torch.autograd.grad(product(inputs, weight, None), (inputs, weight), grad_output), product)
@@ -508,7 +511,7 @@ def time_row_reads(repeats: int = 10) -> tuple[float, float]:
     global random state stays as it was."""
     with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
         weights = weights_read_once(TIMED_SHAPE, from_memory=False)
-        row = torch.full((1, TIMED_SHAPE[1]), 0.5)
+        row = torch.full((1, TIMED_SHAPE[1]), 0.5, dtype=torch.float32, device="cpu")
         best = best_interleaved({"F.linear": lambda: [F.linear(row, weight) for weight in weights],
                                  "sum": lambda: [weight.sum(-1) for weight in weights]}, repeats)
     return best["F.linear"], best["sum"]

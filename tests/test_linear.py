@@ -522,6 +522,28 @@ def test_timing_works_in_inference_mode_and_leaves_the_random_state_alone(kernel
     assert fp32_kernel(kernel_choice.BATCH_DECODING) in {"native", "onednn", "transposed"}
 
 
+def test_timing_works_under_another_default_dtype(kernels):
+    """An fp32 layer run after `torch.set_default_dtype(torch.float64)` (native layers run so): the timing drew its
+    tensors in the default dtype and oneDNN refused them ("expects float/bfloat16/half/int8/fp8 tensor
+    inputDouble"), failing the first training step, prefill and `generate()` on the default (auto) choices."""
+    kernels("auto")
+    layer = ScratchLinear(8, 4)
+    inputs = torch.randn(MANY_ROWS, 8)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        training = layer(inputs)
+        with torch.no_grad():
+            prefill, few_rows, one_row = layer(inputs), layer(inputs[:3]), layer(inputs[:1])
+    finally:
+        torch.set_default_dtype(default)
+    expected = F.linear(inputs, layer.weight, layer.bias)
+    for output in (training, prefill):
+        torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(few_rows, expected[:3])
+    torch.testing.assert_close(one_row, expected[:1])
+
+
 def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, monkeypatch):
     monkeypatch.setattr(kernel_choice, "time_kernels", lambda *args, **kwargs: pytest.fail("timed while compiling"))
     kernels("auto")
