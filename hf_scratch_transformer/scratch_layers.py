@@ -26,6 +26,7 @@ from .scratch_attention import ScratchAttention
 from .scratch_dropout import dropout
 from .scratch_linear import ScratchLinear
 from .scratch_positions import ScratchLearnedPositionalEmbedding, ScratchSinusoidalPositionalEmbedding
+from .value_checks import values_unreadable
 
 # Smaller results are not written over their inputs: glibc hands out blocks under its mmap threshold (128 KiB by
 # default) from its free lists without page faults, so there the checks and autograd's in-place bookkeeping cost more
@@ -266,10 +267,9 @@ class ScratchBlock(GradientCheckpointingLayer):
 
 
 def value_range(tensor: torch.Tensor) -> tuple[int, int] | None:
-    """(min, max) of an id tensor, read in one pass, for the range checks of SPEC section 10; None when there is
-    nothing to read, while compiling (reading a value would break the graph) or under a `torch.func` transform
-    (vmap refuses to read one: per-sample gradients, `vmap(grad(loss))`, failed there)."""
-    if torch.compiler.is_compiling() or inside_torch_func() or tensor.numel() == 0:
+    """(min, max) of an id tensor, read in one pass, for the range checks of SPEC section 10; None where its values
+    are not read (`values_unreadable`)."""
+    if values_unreadable(tensor):
         return None
     low, high = torch.aminmax(tensor)
     return int(low), int(high)

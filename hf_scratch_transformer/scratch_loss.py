@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers.loss.loss_utils import ForSequenceClassificationLoss, ForTokenClassification
 
 from .linear_kernels import inside_torch_func
+from .value_checks import values_unreadable
 
 # Fewer logits (tokens x vocabulary) than this take `F.cross_entropy`. Measured in fp32 and bf16, AVX-512 and AVX2
 # (docs/nanogpt.md): ours was 1.6-1.9x slower at 50 thousand logits, on a par from 130 to 520 thousand (0.8-1.4x),
@@ -141,10 +142,10 @@ def check_label_ids(labels: torch.Tensor, vocab_size: int, ignore_index: int = -
     """Labels must be integer ids in [0, vocab_size) or `ignore_index`: a float or out-of-range label would
     otherwise fail inside the loss's gather (CPU) or a device-side assert (CUDA), naming neither (SPEC section 10).
     `kind` "token": ids of a vocabulary of `vocab_size`; "class": ids of `vocab_size` = `num_labels` classes.
-    The range is read from the data, so it is not checked while compiling or under `torch.func` transforms."""
+    The range is read from the data, so it is not checked where those are not read (`values_unreadable`)."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"`labels` must be integer {kind} ids, got dtype {labels.dtype}.")
-    if torch.compiler.is_compiling() or inside_torch_func() or labels.numel() == 0:
+    if values_unreadable(labels):
         return
     low, high = (int(value) for value in torch.aminmax(labels))
     if 0 <= low and high < vocab_size:  # nothing ignored, nothing out of range: one read, no masked copy

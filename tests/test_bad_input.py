@@ -15,6 +15,7 @@ import pytest
 import torch
 from tiny_models import FAMILIES, VOCAB, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import TOKENIZER_KINDS, byte_level_bpe
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hf_scratch_transformer import (
     ScratchDecoderConfig,
@@ -75,6 +76,24 @@ def test_labels_outside_the_vocabulary_are_a_clear_error(family, wrong):
     inputs["labels"][1, 1] = -100  # ignored labels are fine
     with pytest.raises(ValueError, match=rf"`labels` must lie in \[0, {VOCAB - 1}\].*got \[{wrong}\]"):
         model(**inputs)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("where", ["meta", "fake"])
+def test_the_range_checks_leave_tensors_without_values_alone(family, where):
+    """A model on the meta device, or run under `FakeTensorMode` (shape and memory estimates, tracers), has no
+    values to check: the id and label checks failed there ("Tensor.item() cannot be called on meta tensors", a
+    DataDependentOutputException) where native models run. The loss and logits keep their shapes."""
+    model, inputs = tiny_lm(family).train(), lm_inputs(family)
+    if where == "meta":
+        model, inputs = model.to("meta"), {name: tensor.to("meta") for name, tensor in inputs.items()}
+        outputs = model(**inputs)
+    else:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            outputs = model(**{name: fake.from_tensor(tensor) for name, tensor in inputs.items()})
+            outputs.loss.backward()
+    assert outputs.loss.shape == ()
+    assert outputs.logits.shape == (*inputs["labels"].shape, VOCAB)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
