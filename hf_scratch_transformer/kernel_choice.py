@@ -41,6 +41,7 @@ from .linear_kernels import (
     ONEDNN_AVAILABLE,
     PLAIN_TYPES,
     inside_torch_func,
+    onednn_enabled,
     onednn_product,
     transposed_linear,
     widened_bf16_linear,
@@ -176,13 +177,19 @@ def _timed_kernel(regime: str, shape: tuple[int, int], threads: int, /) -> str: 
         return choice
     if regime in FEW_ROW_REGIMES and shape[0] * shape[1] <= UNTIMED_WEIGHT_ELEMENTS:
         return "native"
-    candidates = [kernel for kernel in TIMED_KERNELS[regime] if kernel != "onednn" or ONEDNN_AVAILABLE]
+    candidates = timed_kernels(regime)
     if candidates == ["native"]:
         return "native"
     seconds = time_kernels(regime, shape=shape)
     faster = [kernel for kernel in candidates
               if kernel == "native" or seconds[kernel] < kernel_margin(regime, kernel) * seconds["native"]]
     return min(faster, key=seconds.__getitem__)
+
+
+def timed_kernels(regime: str) -> list[str]:
+    """The regime's TIMED_KERNELS this process may take (`onednn_enabled`): a choice made while oneDNN is turned off
+    is made without it, and kept."""
+    return [kernel for kernel in TIMED_KERNELS[regime] if kernel != "onednn" or onednn_enabled()]
 
 
 # The transposed product is the BLAS too, so its timing is as steady as the BLAS's own: taken where 10% faster (a tie
@@ -290,7 +297,7 @@ TIMING_DEADLINE_SECONDS = 1.0
 
 
 def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int] = TIMED_SHAPE) -> dict[str, float]:
-    """Best seconds of each of the regime's TIMED_KERNELS (a kernel -> seconds) for a layer with a weight of this shape
+    """Best seconds of each of the regime's `timed_kernels` (kernel -> seconds) for a layer with a weight of this shape
     (out, in), the kernels interleaved over `repeats` rounds (default TIMED_ROUNDS) after a warm-up round: forward and
     both gradients over TIMED_ROWS rows on one core (TRAINING), one forward (PREFILL), 5 one-row forwards (DECODING)
     or one forward of a decoding step with each of as many such weights as fill half the largest cache
@@ -327,7 +334,7 @@ def time_kernels(regime: str, repeats: int | None = None, shape: tuple[int, int]
                 for each_weight in weights:
                     products[kernel](inputs, each_weight, None)
 
-        return best_interleaved({kernel: functools.partial(run, kernel) for kernel in TIMED_KERNELS[regime]}, repeats)
+        return best_interleaved({kernel: functools.partial(run, kernel) for kernel in timed_kernels(regime)}, repeats)
 
 
 def weights_read_once(shape: tuple[int, int], from_memory: bool) -> tuple[torch.Tensor, ...]:
@@ -380,6 +387,7 @@ def eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
+        and (kernel != "onednn" or torch.backends.mkldnn.enabled)  # turned off since chosen, or forced
     ):
         return "native"
     return kernel

@@ -18,6 +18,13 @@ from torch import nn
 ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def onednn_enabled() -> bool:
+    """Whether oneDNN's product may be taken now: built in, and not turned off by the user
+    (`torch.backends.mkldnn.enabled = False`, `torch.backends.mkldnn.flags(enabled=False)`), as PyTorch's own ops
+    honour it (a user turns oneDNN off to step around one of its bugs)."""
+    return ONEDNN_AVAILABLE and torch.backends.mkldnn.enabled
+
+
 def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """inputs (..., in) x weight (out, in) -> (..., out); weight may be any strided view (a transpose is free)."""
     return torch.ops.mkldnn._linear_pointwise(inputs, weight, bias, "none", [], "")

@@ -544,6 +544,26 @@ def test_timing_works_under_another_default_dtype(kernels):
     torch.testing.assert_close(one_row, expected[:1])
 
 
+@pytest.mark.parametrize("how", ["forced", "timed", "chosen before"])
+def test_onednn_turned_off_by_the_user_is_not_taken(how, kernels, monkeypatch):
+    """`torch.backends.mkldnn.flags(enabled=False)` (a user stepping around a oneDNN bug) turns oneDNN off for
+    PyTorch's ops: products took it anyway where it was forced or chosen, and the timing called it."""
+    calls = []
+    monkeypatch.setattr(linear_kernels, "onednn_linear", lambda *args: calls.append(args) or ONEDNN_LINEAR(*args))
+    layer, inputs = ScratchLinear(8, 4), torch.randn(MANY_ROWS, 8)
+    kernels("onednn" if how == "forced" else "auto")
+    if how == "chosen before":
+        monkeypatch.setattr(kernel_choice, "time_kernels", lambda regime, shape: seconds(0.5))
+        assert fp32_kernel(kernel_choice.TRAINING) == fp32_kernel(kernel_choice.PREFILL) == "onednn"
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)  # as `flags(enabled=False)` sets it
+    output = layer(inputs)
+    output.sum().backward()
+    with torch.no_grad():
+        layer(inputs)
+    assert calls == []
+    torch.testing.assert_close(output, F.linear(inputs, layer.weight, layer.bias))
+
+
 def test_compiled_layers_neither_time_nor_take_onednn(kernels, onednn_calls, monkeypatch):
     monkeypatch.setattr(kernel_choice, "time_kernels", lambda *args, **kwargs: pytest.fail("timed while compiling"))
     kernels("auto")
