@@ -190,10 +190,9 @@ def write_model_card(
     names the model's class where the task's default does not); `model_name` titles the card and is the id in its usage
     snippet (give the Hub repo id, e.g. "user/scratch-gpt-shakespeare"); `config` is the model's config as a dict;
     `dataset` a `datasets` id or a short name, and `dataset_on_hub=False` says it names local data: the card names it
-    but leaves it out of the metadata: the `datasets` list and `model-index` results name a Hub dataset id
-    (hf.co/datasets/NAME), and transformers' Trainer cards leave local data out of both too; `eval_results` maps metric
-    keys ("perplexity", "eval_loss", "mlm_accuracy", "bleu", "chrf", "accuracy", "f1", ...) to values, shown in the
-    card's results table and, for a Hub dataset, in its `model-index` metadata. A
+    but leaves it out of the `datasets` metadata, which the Hub links to hf.co/datasets/NAME (transformers' Trainer
+    cards leave local data out too); `eval_results` maps metric keys ("perplexity", "eval_loss",
+    "mlm_accuracy", "bleu", "chrf", "accuracy", "f1", ...) to values, which also go to the `model-index` metadata. A
     `folder/loss_curve.png` is shown when present. The template is package data (`TEMPLATE`), so cards are written
     from an installed wheel as from a checkout.
     """
@@ -214,7 +213,7 @@ def write_model_card(
         tags=["hf-scratch-transformer", spec["hub_task"]],
         datasets=[dataset] if dataset_on_hub else None,
         pipeline_tag=spec["hub_task"],
-        eval_results=(results or None) if dataset_on_hub else None,  # an empty model-index is invalid metadata
+        eval_results=results or None,  # an empty model-index is invalid metadata
     )
     card = ModelCard.from_template(
         card_data,

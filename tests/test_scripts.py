@@ -46,12 +46,6 @@ def run_script(name: str, *arguments, cwd: Path, returncode: int = 0) -> str:
     return result.stdout + result.stderr
 
 
-def card_results(card: ModelCard) -> dict[str, float]:
-    """The results table of a card's text, metric name to value: a run on local data has no model-index metadata."""
-    rows = re.findall(r"^\| (.+?) \| .+? \| ([-+.\deE]+|nan) \|$", card.text.split("## Evaluation results")[1], re.M)
-    return {name: float(value) for name, value in rows}
-
-
 def _words(count: int, seed: int) -> list[str]:
     generator = torch.Generator().manual_seed(seed)
     vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
@@ -214,8 +208,8 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     assert {"README.md", "config.json", "model.safetensors", "loss_curve.png"} <= set(plan)
     card = ModelCard.load(tmp_path / "cls/model/README.md")
     assert card.data.pipeline_tag == "text-classification"
-    assert set(card_results(card)) == {"Accuracy", "Macro F1", "Eval loss"}
-    assert card.data.datasets is None and card.data.eval_results is None  # a local file: no Hub dataset "train"
+    assert {result.metric_name for result in card.data.eval_results} == {"Accuracy", "Macro F1", "Eval loss"}
+    assert card.data.datasets is None  # a local file: not linked as the Hub dataset "train"
     assert "(`ScratchEncoderForSequenceClassification`)" in card.text and "| steps_trained | 4 |" in card.text
     assert "# scratch-text-classification-train\n" in card.text and str(tmp_path / "train.csv") not in card.text
 
@@ -287,7 +281,8 @@ def test_finetune_scores_entity_tags_as_run_ner_does(tmp_path):
     assert set(results) == {"loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1"}
     assert all(0 <= results[f"entity_{score}"] <= 1 for score in ("precision", "recall", "f1"))
     card = ModelCard.load(tmp_path / "ner/model/README.md")
-    assert card_results(card)["Entity F1 (seqeval)"] == pytest.approx(results["entity_f1"])
+    names = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    assert names["Entity F1 (seqeval)"] == pytest.approx(results["entity_f1"])
 
 
 def _tiny_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoderForMaskedLM, **config) -> Path:
