@@ -138,24 +138,24 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
     return total / (labels != ignore_index).sum()  # the mean over counted rows; 0 / 0 = nan, as F.cross_entropy
 
 
-def check_label_ids(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100, kind: str = "token") -> None:
-    """Labels must be integer ids in [0, vocab_size) or `ignore_index`: a float or out-of-range label would
-    otherwise fail inside the loss's gather (CPU) or a device-side assert (CUDA), naming neither (SPEC section 10).
-    `kind` "token": ids of a vocabulary of `vocab_size`; "class": ids of `vocab_size` = `num_labels` classes.
+def check_label_ids(labels: torch.Tensor, num_ids: int, ignore_index: int = -100, kind: str = "token") -> None:
+    """Labels must be integer ids in [0, num_ids) or `ignore_index`: a float or out-of-range label would otherwise
+    fail inside the loss's gather (CPU) or a device-side assert (CUDA), naming neither (SPEC section 10). `kind`
+    "token": token ids of a vocabulary of `num_ids`; "class": class ids of `num_labels` = `num_ids` classes.
     The range is read from the data, so it is not checked where those are not read (`values_unreadable`)."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"`labels` must be integer {kind} ids, got dtype {labels.dtype}.")
     if values_unreadable(labels):
         return
     low, high = (int(value) for value in torch.aminmax(labels))
-    if 0 <= low and high < vocab_size:  # nothing ignored, nothing out of range: one read, no masked copy
+    if 0 <= low and high < num_ids:  # nothing ignored, nothing out of range: one read, no masked copy
         return
     low, high = torch.aminmax(labels.masked_fill(labels == ignore_index, 0))
-    if low < 0 or high >= vocab_size:
-        wrong = labels[(labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))].unique()
-        size = f"the vocabulary size is {vocab_size}" if kind == "token" else f"`num_labels` is {vocab_size}"
+    if low < 0 or high >= num_ids:
+        wrong = labels[(labels != ignore_index) & ((labels < 0) | (labels >= num_ids))].unique()
+        size = f"the vocabulary size is {num_ids}" if kind == "token" else f"`num_labels` is {num_ids}"
         raise ValueError(
-            f"`labels` must lie in [0, {vocab_size - 1}] ({size}) or be {ignore_index} "
+            f"`labels` must lie in [0, {num_ids - 1}] ({size}) or be {ignore_index} "
             f"(ignored), got {wrong[:5].tolist()}{' ...' if len(wrong) > 5 else ''}."
         )
 
