@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -36,6 +35,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
+
+from .configuration_scratch import own_fields
 
 MANIFEST = "COMPLETE.json"
 LOSS_WINDOW = "loss_window.json"  # Trainer checkpoints: the loss summed since the last log (CrashSafeCheckpoints)
@@ -575,8 +576,7 @@ def _check_same_config(checkpoint: str, model) -> None:
     saved = _saved_config(checkpoint, model)
     if saved is None:
         return
-    base = {field.name for field in fields(PreTrainedConfig)}
-    knobs = ({field.name for field in fields(type(model.config))} - base - _TRAINING_KNOBS) | {"rope_parameters"}
+    knobs = (own_fields(type(model.config)) - _TRAINING_KNOBS) | {"rope_parameters"}
     there, here = saved.to_dict(), model.config.to_dict()
     differing = [f"{name} {there.get(name)!r} there, {here.get(name)!r} here" for name in sorted(knobs)
                  if there.get(name) != here.get(name)]

@@ -25,6 +25,11 @@ ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
 BASE_FIELDS = {field.name for field in dataclasses.fields(PreTrainedConfig)}
 
 
+def own_fields(config_class: type[PreTrainedConfig]) -> set[str]:
+    """The fields a config class adds to transformers' (BASE_FIELDS): the model's knobs."""
+    return {field.name for field in dataclasses.fields(config_class)} - BASE_FIELDS
+
+
 def _check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
@@ -181,7 +186,7 @@ class ScratchConfigBase(PreTrainedConfig):
         of `__post_init__`: a `dropout` of 1.5, an unknown `position_embedding_type` (a model without positions) or
         `norm_type` loaded without a word, and `head_dim` failed with "property has no setter". Our knobs go to the
         constructor instead, with the saved values; the rest (`num_labels`, `dtype`, ...) as transformers does."""
-        knobs = {field.name for field in dataclasses.fields(cls)} - BASE_FIELDS
+        knobs = own_fields(cls)
         knobs |= {"is_encoder_decoder", "head_dim", "sliding_window", *ROPE_KEYS, *cls.attribute_map}
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in knobs}
         return super().from_dict(_with_rope_shorthands(config_dict, overrides), **kwargs)

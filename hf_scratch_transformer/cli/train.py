@@ -17,7 +17,6 @@ import argparse
 import copy
 import json
 import os
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -26,7 +25,6 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
-    PreTrainedConfig,
     Seq2SeqTrainingArguments,
     TrainingArguments,
     default_data_collator,
@@ -73,6 +71,7 @@ from hf_scratch_transformer.cli.run_options import (
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
 )
+from hf_scratch_transformer.configuration_scratch import own_fields
 from hf_scratch_transformer.presets import get_preset
 from hf_scratch_transformer.sharding import ShardedTrainer
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
@@ -313,7 +312,7 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
                                  title=f"{preset or 'model'} {task}")
         files = run_data_files(args)
         dataset_name = run_data_name(args, files)
-        knobs = {f.name for f in fields(type(model.config))} - {f.name for f in fields(PreTrainedConfig)}
+        knobs = own_fields(type(model.config))
         hub.write_model_card(
             written, task=task, preset=preset,
             model_name=args.model_name or hub.default_repo_name(preset or "scratch", dataset_name),
