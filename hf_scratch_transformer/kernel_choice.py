@@ -387,7 +387,7 @@ def eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
-        and (kernel != "onednn" or torch.backends.mkldnn.enabled)  # turned off since chosen, or forced
+        and (kernel != "onednn" or onednn_enabled())  # turned off since chosen, or forced
     ):
         return "native"
     return kernel
