@@ -272,7 +272,6 @@ def test_training_data_too_small_to_split_off_validation_is_named(tmp_path):
     assert training.load_texts([str(one)], validation_files=[str(one)])["validation"].num_rows == 1
 
 
-
 @pytest.mark.parametrize("split", ["train", "validation"])
 def test_a_dataset_split_without_text_is_named(tmp_path, split):
     """Rows without text are left out; a split left without rows failed with a traceback as training began (a

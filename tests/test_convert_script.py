@@ -457,12 +457,18 @@ def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path)
         torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
 
 
-def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_was(tmp_path, monkeypatch):
-    """It ended in a safetensors traceback, leaving the partial copy (the model's size, on the full disk) in a hidden
-    folder beside the output that no later command removed."""
+def _source_and_earlier_output(tmp_path: Path) -> tuple[Path, Path]:
+    """A native GPT-2 folder to convert, and the output folder of an earlier conversion that the next one replaces."""
     source, output = tmp_path / "native", tmp_path / "scratch"
     gpt2().save_pretrained(source)
     tiny_lm("decoder").save_pretrained(output)
+    return source, output
+
+
+def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+    """It ended in a safetensors traceback, leaving the partial copy (the model's size, on the full disk) in a hidden
+    folder beside the output that no later command removed."""
+    source, output = _source_and_earlier_output(tmp_path)
     earlier = {path.name: path.read_bytes() for path in output.iterdir()}
 
     def full_disk(tensors, filename, **kwargs):
@@ -490,9 +496,7 @@ def test_a_conversion_killed_between_its_renames_is_undone_by_the_next(tmp_path,
     output absent, the earlier one and the new one in hidden folders that only it knew: the next command puts the
     earlier one back (so it asks for --overwrite-output-dir) and removes the partial one; a running conversion's
     folders stay."""
-    source, output = tmp_path / "native", tmp_path / "scratch"
-    gpt2().save_pretrained(source)
-    tiny_lm("decoder").save_pretrained(output)
+    source, output = _source_and_earlier_output(tmp_path)
     earlier = {path.name: path.read_bytes() for path in output.iterdir()}
     dead, alive = _dead_pid(), os.getpid()
     output.rename(tmp_path / f".scratch.replaced-{dead}")
@@ -510,9 +514,7 @@ def test_a_conversion_killed_between_its_renames_is_undone_by_the_next(tmp_path,
 
 def test_a_conversion_killed_after_its_renames_leaves_nothing_behind_the_next(tmp_path, monkeypatch):
     """Killed before it removed the output it replaced, a conversion left that folder hidden, the model's size."""
-    source, output = tmp_path / "native", tmp_path / "scratch"
-    gpt2().save_pretrained(source)
-    tiny_lm("decoder").save_pretrained(output)
+    source, output = _source_and_earlier_output(tmp_path)
     (tmp_path / f".scratch.replaced-{_dead_pid()}").mkdir()
     convert_here(monkeypatch, source, output, "--overwrite-output-dir")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"]
