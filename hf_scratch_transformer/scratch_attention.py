@@ -101,7 +101,10 @@ def eager_attention_forward(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    # At least fp32 (half precision loses the sums), never narrower than the scores: fp32 turns a float64 mask's
+    # minimum into -inf, and a query whose keys are all masked (left padding) into NaN, which spreads to every token.
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.to(query.dtype)
     weights = scratch_dropout(weights, dropout, module.training)
     output = torch.matmul(weights, value)  # (B, H, T, D)
     return output.transpose(1, 2).contiguous(), weights

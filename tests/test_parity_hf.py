@@ -85,6 +85,20 @@ def test_losses_match():
             torch.testing.assert_close(from_hf(native)(**inputs).loss, native(**inputs).loss, atol=ATOL, rtol=0)
 
 
+def test_float64_eager_attention_over_a_left_padded_batch_matches_the_native_model():
+    """A float64 model under eager attention takes its softmax in float64, as GPT-2 does: in fp32 the float64 mask's
+    minimum became -inf, the fully masked queries of left padding NaN, and the padded row NaN throughout."""
+    native = gpt2(attn_implementation="eager").double()
+    ours = from_hf(native)
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        expected, actual = (model(input_ids=ids, attention_mask=mask).logits for model in (native, ours))
+    assert not actual.isnan().any()
+    torch.testing.assert_close(actual[mask.bool()], expected[mask.bool()], atol=1e-10, rtol=0)
+
+
 def test_training_mode_is_kept():
     assert from_hf(gpt2().train()).training
 
