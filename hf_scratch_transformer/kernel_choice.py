@@ -29,6 +29,7 @@ import math
 import os
 import pathlib
 import re
+import threading
 import time
 from collections.abc import Callable
 
@@ -234,17 +235,31 @@ def clear_kernel_choices() -> None:
     bf16_kernel.cache_clear()
 
 
+# Until a process's first parallel region the thread count is the process's (OpenMP's, after it each thread's own):
+# timings of two Python threads that overlap restore the count from before the first
+_one_thread = threading.Lock()
+_one_thread_users = 0
+_threads_before = 1
+
+
 @contextlib.contextmanager
 def one_thread():
     """Timings on one core. What differs between two kernels is their code for a core; and while the machine is
     busy, a parallel product whose threads wait for each other runs several times slower (about one scheduler
-    time slice per product), which would decide by the load of the moment."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    time slice per product), which would decide by the load of the moment. A second thread's timing that began
+    inside the first's took its 1 for the count to restore, and left the process on one thread for good."""
+    global _one_thread_users, _threads_before
+    with _one_thread:
+        if _one_thread_users == 0:
+            _threads_before = torch.get_num_threads()
+        _one_thread_users += 1
+        torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        with _one_thread:
+            _one_thread_users -= 1
+            torch.set_num_threads(_threads_before)  # each: where the count is each thread's, its own
 
 
 @contextlib.contextmanager

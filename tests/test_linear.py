@@ -2,6 +2,9 @@
 and gradients, the machine's choice between them is made once per process and can be forced, and the kernel chosen
 is the one taken."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -667,3 +670,30 @@ def test_a_few_rows_take_the_fastest_kernel_that_beats_f_linear_by_its_margin(on
     few = [2, kernel_choice.FEW_ROWS] if expected == "onednn" else []
     one_and_many = [1, MANY_ROWS] if onednn < 0.9 else []  # one row and prefill: oneDNN within their margins
     assert sorted(shape[0] for shape in onednn_calls) == sorted(one_and_many + few)
+
+
+OVERLAPPING_TIMINGS = """
+import threading, torch
+from hf_scratch_transformer import kernel_choice
+torch.set_num_threads(2)
+first_in, second_in = threading.Event(), threading.Event()
+def first_timing():
+    with kernel_choice.one_thread():
+        first_in.set()
+        second_in.wait(10)
+first = threading.Thread(target=first_timing)
+first.start()
+first_in.wait(10)
+with kernel_choice.one_thread():
+    second_in.set()
+    first.join(10)  # the first timing ends inside the second
+print(torch.get_num_threads())
+"""
+
+
+def test_overlapping_timings_of_two_threads_restore_the_thread_count():
+    """A timing runs on one thread (`one_thread`). Until the process's first parallel region the count is the
+    process's: a second thread's timing that began inside the first's took that 1 for the count to restore, and left
+    the process on one thread for good. A fresh interpreter, as the first steps of a process's threads."""
+    result = subprocess.run([sys.executable, "-c", OVERLAPPING_TIMINGS], capture_output=True, text=True, check=True)
+    assert result.stdout.split()[-1] == "2"
