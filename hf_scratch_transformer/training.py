@@ -332,21 +332,34 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
     bf16 still takes less memory (0.78-0.80 of fp32's peak in training there)."""
     if mixed_precision != "bf16" or torch.device(device).type != "cpu":
         return None
-    with one_thread():  # the kernels' speed, not the machine's load of the moment
-        bf16, fp32 = matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
+    distributed = torch.distributed.is_initialized()
+    main = not distributed or torch.distributed.get_rank() == 0
+    measured = [None, None]
+    if main:
+        with one_thread():  # the kernels' speed, not the machine's load of the moment
+            measured = [matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)]
+    if distributed:
+        # The main process's timing decides for every process of a launched run (and warns once): each timing its
+        # own, they could decide apart near a threshold, and another process refusing alone stopped the run without
+        # a word, since only the main process prints errors.
+        torch.distributed.broadcast_object_list(measured, src=0)
+    bf16, fp32 = measured
     if bf16 >= fp32:
         return None
     rates = (f"bf16 matrix products run at {bf16:.1f} GFLOP/s here, fp32 at {fp32:.1f} ({fp32 / bf16:.1f}x "
              f"faster)")
     if bf16 >= BF16_MIN_SPEED * fp32:
-        warnings.warn(f"bf16 mixed precision will likely train slower than fp32 on this CPU "
-                      f"({torch.backends.cpu.get_cpu_capability()}; bf16 products not faster than fp32 ones): {rates}. "
-                      f"It still takes less memory; for speed, train in fp32 (without {option}).", stacklevel=2)
+        if main:
+            warnings.warn(f"bf16 mixed precision will likely train slower than fp32 on this CPU "
+                          f"({torch.backends.cpu.get_cpu_capability()}; bf16 products not faster than fp32 ones): "
+                          f"{rates}. It still takes less memory; for speed, train in fp32 (without {option}).",
+                          stacklevel=2)
         return None
     reason = (f"bf16 mixed precision would slow training down on this CPU ({torch.backends.cpu.get_cpu_capability()}"
               f"; bf16 products not native, or slow): {rates}. Train in fp32 (without {option})")
     if force:
-        warnings.warn(f"{reason}; training in bf16 anyway, as --force-bf16 asks.", stacklevel=2)
+        if main:
+            warnings.warn(f"{reason}; training in bf16 anyway, as --force-bf16 asks.", stacklevel=2)
         return None
     return f"{reason}, or add --force-bf16 to train in bf16 anyway."
 

@@ -14,6 +14,8 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
              in a two-process run), while the main one writes its model card N seconds late, as on a slow disk
     clock    no kill: every process but the main one sees `--max-minutes`' clock run N times as fast, so that its
              budget runs out steps before the main one's, as where processes cross it at different steps
+    bf16     no kill: the bf16 speed check measures fp32 products at 370 GFLOP/s and bf16 ones at N on the main
+             process, at 70 (slow: refused) on the others, as where processes time them apart near a threshold
 
 The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
 sends Ctrl-C's signal instead of SIGKILL.
@@ -107,6 +109,9 @@ def main() -> None:
     elif point == "clock":
         if int(os.environ.get("RANK", "0")) != 0:
             training.time = SimpleNamespace(monotonic=lambda: count * time.monotonic())
+    elif point == "bf16":
+        bf16 = count if int(os.environ.get("RANK", "0")) == 0 else 70
+        training.matmul_gflops = lambda dtype, *args, **kwargs: bf16 if dtype == torch.bfloat16 else 370
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

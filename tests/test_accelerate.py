@@ -570,6 +570,19 @@ def test_bf16_where_it_is_slow_is_refused_with_the_rates(workspace, script, bf16
     assert not (workspace / "slow-bf16").exists(), "a refused run leaves no output folder behind"
 
 
+@pytest.mark.parametrize(("main_bf16", "force"), [(900, []), (70, ["--force-bf16"])])
+def test_the_main_process_times_bf16_for_every_process(workspace, main_bf16, force):
+    """Each process timed bf16 on its own: where another process's timing alone said slow, it refused alone, without
+    a word (only the main process prints errors), and the run stopped with exit status 2 and no message; a
+    --force-bf16 warning came once a process. The main process's rates now decide for all."""
+    launcher, env = two_cpu_processes("torchrun")
+    stdout = run(ROOT / "tests/crash_injection.py", "bf16", main_bf16, "hf_scratch_transformer.cli.train_accelerate",
+                 *causal(workspace), *RUN, *TINY, "--max-steps", 1, "--batch-size", 2, "--mixed-precision", "bf16",
+                 *force, "--output-dir", workspace / f"bf16-timed-{main_bf16}", launcher=launcher, env=env,
+                 cwd=workspace, timeout=300)
+    assert stdout.count("GFLOP/s") == len(force), stdout[-3000:]  # the forced run's warning, once
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
 def test_fp16_without_a_gpu_fails_clearly(workspace):
     output = run(SCRIPT, *causal(workspace), *RUN, "--mixed-precision", "fp16", "--output-dir", workspace / "fp16",
