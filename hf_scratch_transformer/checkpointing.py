@@ -50,6 +50,11 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete (interrupted while being written) or corrupt."""
 
 
+class WriteError(CheckpointError):
+    """Something of a run's that could not be written (a full disk, a quota): a process's own, which under a launcher
+    the other processes need not meet (`write_error_named`)."""
+
+
 def checkpoint_path(folder: str | Path, step: int, prefix: str = ACCELERATE_PREFIX) -> Path:
     return Path(folder) / f"{prefix}-{step}"
 
@@ -107,13 +112,13 @@ def model_folder_reported_as_not_written(final: Path):
 
 @contextlib.contextmanager
 def write_error_named(what: str, where: Path, next_step: str):
-    """Any error inside as a `CheckpointError` naming `what` was being written in the folder `where`, the error, the
+    """Any error inside as a `WriteError` naming `what` was being written in the folder `where`, the error, the
     free space there and the `next_step` to take."""
     try:
         yield
     except Exception as error:
         free = shutil.disk_usage(where).free // 2**20 if where.is_dir() else 0
-        raise CheckpointError(
+        raise WriteError(
             f"{what} could not be written in {where} ({type(error).__name__}: {error}; {free} MiB free on that file "
             f"system). {next_step}"
         ) from error

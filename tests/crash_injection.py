@@ -16,12 +16,15 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
              budget runs out steps before the main one's, as where processes cross it at different steps
     bf16     no kill: the bf16 speed check measures fp32 products at 370 GFLOP/s and bf16 ones at N on the main
              process, at 70 (slow: refused) on the others, as where processes time them apart near a threshold
+    full     no kill: every process but the main one finds its disk full at its N-th save of a random state (its own
+             file of a checkpoint), as where the processes write to disks of their own
 
 The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
 sends Ctrl-C's signal instead of SIGKILL.
 """
 
 import atexit
+import errno
 import os
 import runpy
 import shutil
@@ -70,6 +73,21 @@ def kill_inside_deletion(count: int) -> None:
     shutil.rmtree = rmtree
 
 
+def fail_random_state_save(count: int) -> None:
+    """The `count`-th `torch.save` of a random state (Accelerate's random_states_N.pkl, Trainer's rng_state_N.pth)
+    fails as on a full disk."""
+    original, calls = torch.save, [0]
+
+    def save(obj, file, *args, **kwargs):
+        if "random_state" in str(file) or "rng_state" in str(file):
+            calls[0] += 1
+            if calls[0] == count:
+                raise OSError(errno.ENOSPC, "No space left on device", str(file))
+        return original(obj, file, *args, **kwargs)
+
+    torch.save = save
+
+
 def main() -> None:
     point, count, module, *arguments = sys.argv[1:]
     count = int(count)
@@ -112,6 +130,9 @@ def main() -> None:
     elif point == "bf16":
         bf16 = count if int(os.environ.get("RANK", "0")) == 0 else 70
         training.matmul_gflops = lambda dtype, *args, **kwargs: bf16 if dtype == torch.bfloat16 else 370
+    elif point == "full":
+        if int(os.environ.get("RANK", "0")) != 0:
+            fail_random_state_save(count)
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

@@ -245,6 +245,22 @@ def test_a_time_budget_stops_every_process_after_the_same_step(workspace):
     assert (output / "model/model.safetensors").is_file()
 
 
+@pytest.mark.parametrize("module", ["hf_scratch_transformer.cli.train", "hf_scratch_transformer.cli.train_accelerate"])
+def test_a_checkpoint_that_another_process_cannot_write_is_named_by_it(workspace, module):
+    """Errors were said by the main process alone: another process that could not write its own file of a checkpoint
+    (its disk full) stopped without a word, and the run ended in gloo's "Connection closed by peer" traceback. The
+    complete checkpoint before stays, for --resume."""
+    launcher, env = two_cpu_processes("torchrun")
+    output = workspace / f"full-{module.rsplit('.', 1)[1]}"
+    stdout = run(ROOT / "tests/crash_injection.py", "full", 2, module, *causal(workspace), *RUN, *TINY,
+                 "--max-steps", 4, "--save-steps", 2, "--batch-size", 2, "--output-dir", output, launcher=launcher,
+                 env=env, cwd=workspace, timeout=300, expect_failure=True)
+    assert re.search(r"error in process 1: Checkpoint (checkpoint|step)-4 could not be written in .*No space left on "
+                     r"device", stdout), stdout[-3000:]
+    assert {path.name for path in (output / "checkpoints").iterdir() if not path.name.endswith(".tmp")} in (
+        {"checkpoint-2"}, {"step-2"})
+
+
 def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
     launcher, env = two_cpu_processes("torchrun")
     stdout = run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,

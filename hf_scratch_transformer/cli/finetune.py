@@ -44,6 +44,7 @@ from hf_scratch_transformer.cli.run_options import (
     check_model_folder,
     claim_output_dir,
     dataset_name,
+    fail_with,
     is_rank_zero,
     local_path,
     on_the_hub,
@@ -387,8 +388,8 @@ trainer = CrashSafeTrainer(
 refuse_lone_processes(parser, trainer)
 try:
     trainer.train(resume_from_checkpoint=resumed)
-except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
-    parser.error(str(error))
+except CheckpointError as error:  # found before any training step, or a checkpoint not written: one line, no traceback
+    fail_with(parser, error)
 reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
            if key.removeprefix("eval_") in reported}

@@ -74,6 +74,15 @@ def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
+def fail_with(parser: argparse.ArgumentParser, error: checkpointing.CheckpointError) -> NoReturn:
+    """`fail` with a checkpoint's or a write's error. A write error may be one process's alone (its share of a
+    checkpoint, on its disk): said by the main process only, it went unsaid, and the run ended in the launcher's
+    traceback. So every process that meets one says it, naming itself; other errors all processes meet alike."""
+    if isinstance(error, checkpointing.WriteError) and not is_rank_zero():
+        print(f"{parser.prog}: error in process {os.environ.get('RANK')}: {error}", file=sys.stderr, flush=True)
+    fail(parser, str(error))
+
+
 def fail_together(parser: argparse.ArgumentParser, accelerator, problem: str | None) -> None:
     """Called by every process at the same point with the problem it found, or None: if any process found one, all
     stop with it. One process stopping alone would leave the others waiting for it in their next collective
@@ -105,7 +114,7 @@ def model_folder_written(parser: argparse.ArgumentParser, folder: Path):
         with checkpointing.model_folder_reported_as_not_written(folder):
             yield
     except checkpointing.CheckpointError as error:
-        fail(parser, str(error))
+        fail_with(parser, error)
 
 
 @contextmanager

@@ -52,6 +52,7 @@ from hf_scratch_transformer.cli.run_options import (
     config_file_fields_replaced,
     config_overrides,
     fail,
+    fail_with,
     follow_the_tokenizer,
     fraction,
     is_rank_zero,
@@ -284,8 +285,8 @@ if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.a
 refuse_lone_processes(parser, trainer)
 try:
     trainer.train(resume_from_checkpoint=resumed)
-except CheckpointError as error:  # found before any training step: say what is wrong, without a traceback
-    fail(parser, str(error))
+except CheckpointError as error:  # found before any training step, or a checkpoint not written: one line, no traceback
+    fail_with(parser, error)
 if budget and budget.stopped_at:
     say(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
         "(checkpointed: --resume continues)")

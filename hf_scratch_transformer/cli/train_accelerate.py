@@ -61,6 +61,7 @@ from hf_scratch_transformer.cli.run_options import (
     continues_run,
     fail,
     fail_together,
+    fail_with,
     follow_the_tokenizer,
     fraction,
     load_run_data,
@@ -403,7 +404,7 @@ for step in range(start_step + 1, stop + 1):
             checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
                                           extra_files=extra_files)
         except checkpointing.CheckpointError as error:  # not written (a full disk): say so, without a traceback
-            fail(parser, str(error))
+            fail_with(parser, error)
 progress.close()
 if stop < args.max_steps:
     accelerator.print(f"stopped after step {stop} of {args.max_steps}; continue with --resume")
