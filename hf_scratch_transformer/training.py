@@ -134,13 +134,19 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
         if getattr(features[column], "dtype", None) not in ("string", "large_string"):
             raise ValueError(f"Dataset {dataset!r}: column {column!r} holds {features[column]}, not text.")
     raw = raw.rename_columns({name: ours for name, ours in columns.items() if name != ours})
-    raw = raw.filter(lambda *texts: all(text and not text.isspace() for text in texts),
-                     input_columns=list(columns.values()), desc="missing or blank texts")
+    raw = _without_blank_texts(raw, list(columns.values()))
     # A split left without rows failed with a traceback as training began, or (a causal LM's validation) after it
     if empty := [split for split in ("train", "validation") if split in raw and raw[split].num_rows == 0]:
         raise ValueError(f"Dataset {dataset!r}: its {empty[0]!r} split holds no example: every row's "
                          f"{' or '.join(map(repr, columns))} is missing or blank.")
     return raw
+
+
+def _without_blank_texts(data: Dataset | DatasetDict, columns: list[str]) -> Dataset | DatasetDict:
+    """`data` without the rows whose text in one of `columns` is missing or blank: no example, whichever route the data
+    came by (a pair with a blank side teaches the model to translate nothing into a sentence, or the reverse)."""
+    return data.filter(lambda *texts: all(text and not text.isspace() for text in texts), input_columns=columns,
+                       desc="missing or blank texts")
 
 
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
@@ -157,7 +163,8 @@ def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
     sources, targets = list(itertools.chain(*sources)), list(itertools.chain(*targets))
     if len(sources) != len(targets):
         raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")
-    return Dataset.from_dict({"source": sources, "target": targets})
+    # Aligned first, then the pairs with a blank side left out, as from a dataset's columns
+    return _without_blank_texts(Dataset.from_dict({"source": sources, "target": targets}), ["source", "target"])
 
 
 def _with_validation(raw: DatasetDict, validation_split: float, seed: int, source: str, unit: str) -> DatasetDict:

@@ -371,6 +371,16 @@ def test_blank_lines_ending_a_parallel_file_are_no_sentences(tmp_path):
     assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("two", "zwei")]
 
 
+def test_a_pair_with_a_blank_side_is_no_example_from_files_as_from_a_dataset(tmp_path):
+    """A blank line inside parallel files made the pair ("", "drei") an example, where the --dataset route left such
+    pairs out; the alignment of the other pairs holds."""
+    (tmp_path / "a.en").write_text("one\ntwo\n\nfour\n")
+    (tmp_path / "a.de").write_text("eins\n \ndrei\nvier\n")
+    files = [str(tmp_path / "a.en")], [str(tmp_path / "a.de")]
+    pairs = training.load_parallel(*files, *files)["validation"]
+    assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("four", "vier")]
+
+
 def test_parallel_files_split_at_line_breaks_only(tmp_path):
     # `str.splitlines` also split at \u2028 and \x0c: 5 "lines" on each side, so nothing was refused, and every pair
     # after "two" was silently out of alignment ("half" -> "drei"). Universal newlines split at a lone \r (a stray
