@@ -81,8 +81,8 @@ def fail(message: str) -> None:
 ASIDE = ("converting", "replaced")
 
 
-def aside(output: Path, what: str, pid: int = os.getpid()) -> Path:
-    return output.with_name(f".{output.name}.{what}-{pid}")
+def aside(output: Path, what: str) -> Path:
+    return output.with_name(f".{output.name}.{what}-{os.getpid()}")
 
 
 def process_alive(pid: int) -> bool:
