@@ -328,6 +328,21 @@ def matmul_gflops(dtype: torch.dtype, size: int = 256, product: Callable = torch
     return 2 * size**3 / seconds / 1e9
 
 
+def one_core_product_rates() -> tuple[float, float]:
+    """GFLOP/s of bf16 and of fp32 products on one CPU core, what `--bf16` decides by (`slow_bf16_refusal`, and the
+    benchmark's bf16 rows): the kernels' speed, not the machine's load of the moment. With all threads, a parallel
+    fp32 product on a busy machine ran 85x slower (2.1 against 181 GFLOP/s beside another process's products), where
+    an emulated bf16 one, serial, did not, which made bf16 look native on an AVX2 CPU."""
+    with one_thread():
+        return matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
+
+
+def bf16_is_native(bf16: float, fp32: float) -> bool:
+    """Whether the CPU has bf16 instructions, from `one_core_product_rates`: emulated products run far below
+    BF16_MIN_SPEED of fp32's rate."""
+    return bf16 >= BF16_MIN_SPEED * fp32
+
+
 def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: bool, option: str) -> str | None:
     """The error to stop a run with that asks for bf16 mixed precision (by `option`) on a CPU whose bf16 products
     are slow: without AVX-512 BF16 or AMX, PyTorch computes them about 100x slower than fp32 on an AVX2 CPU and about
@@ -341,10 +356,7 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
         return None
     distributed = torch.distributed.is_initialized()
     main = not distributed or torch.distributed.get_rank() == 0
-    measured = [None, None]
-    if main:
-        with one_thread():  # the kernels' speed, not the machine's load of the moment
-            measured = [matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)]
+    measured = list(one_core_product_rates()) if main else [None, None]
     if distributed:
         # The main process's timing decides for every process of a launched run (and warns once): each timing its
         # own, they could decide apart near a threshold, and another process refusing alone stopped the run without
@@ -355,7 +367,7 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
         return None
     rates = (f"bf16 matrix products run at {bf16:.1f} GFLOP/s here, fp32 at {fp32:.1f} ({fp32 / bf16:.1f}x "
              f"faster)")
-    if bf16 >= BF16_MIN_SPEED * fp32:
+    if bf16_is_native(bf16, fp32):
         if main:
             warnings.warn(f"bf16 mixed precision will likely train slower than fp32 on this CPU "
                           f"({torch.backends.cpu.get_cpu_capability()}; bf16 products not faster than fp32 ones): "

@@ -55,14 +55,14 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
   here (best of 8 products of square --mm-size matrices after a warm-up, fp32 and bf16, through torch.mm, i.e.
   the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
-- the header names the CPU capability, whether bf16 is native (bf16 products at least a quarter as fast as fp32,
-  the test `--bf16` makes before training: below, they are emulated) and the fp32 kernels ScratchLinear chose in
-  this process for decoding steps of one row and of several (batch 8: 8 rows; timed over 4), each for models whose
-  weights fit in the CPU's largest cache and for larger ones (read from memory at every step), by weight shape
-  (out x in), and for prefill (no gradients) and training (`kernel_choice.fp32_kernel`, HF_SCRATCH_CPU_KERNELS:
-  "native" is F.linear, "transposed" the BLAS on the transposed product), and, where bf16 is native, the kernel of
-  bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands widened to fp32 for the
-  BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
+- the header names the CPU capability, whether bf16 is native (bf16 products on one core at least a quarter as
+  fast as fp32, the test `--bf16` makes before training: below, they are emulated) and the fp32 kernels
+  ScratchLinear chose in this process for decoding steps of one row and of several (batch 8: 8 rows; timed over 4),
+  each for models whose weights fit in the CPU's largest cache and for larger ones (read from memory at every
+  step), by weight shape (out x in), and for prefill (no gradients) and training (`kernel_choice.fp32_kernel`,
+  HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the transposed product), and, where bf16
+  is native, the kernel of bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands
+  widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -553,9 +553,14 @@ def machine(peaks: dict) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     # A GPU says whether it has bf16 (Ampere and newer); its rates at --quick's tiny products are launch overhead.
-    bf16_native = (torch.cuda.is_bf16_supported() if DEVICE.type == "cuda"
-                   else peaks["bf16"] >= training.BF16_MIN_SPEED * peaks["fp32"])
+    # A CPU is tested as `--bf16` tests it, on one core.
+    if DEVICE.type == "cuda":
+        bf16_native, bf16_speed = torch.cuda.is_bf16_supported(), peaks["bf16"] / peaks["fp32"]
+    else:
+        bf16, fp32 = training.one_core_product_rates()
+        bf16_native, bf16_speed = training.bf16_is_native(bf16, fp32), bf16 / fp32
     return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(), bf16_native=bf16_native,
+                bf16_speed=bf16_speed,
                 cores=os.cpu_count(), cache_mib=last_level_cache_bytes() >> 20,
                 torch_threads=torch.get_num_threads(), torch=torch.__version__,
                 transformers=transformers.__version__, python=platform.python_version(),
@@ -608,7 +613,7 @@ def _number(value: float) -> str:
 def markdown(report: dict) -> str:
     m, s, peaks, k = report["machine"], report["settings"], report["matmul_gflops"], report["kernels"]
     bf16 = (f"bf16 {'native' if m['bf16_native'] else 'not native'} (bf16 products at "
-            f"{peaks['bf16'] / peaks['fp32']:.2f}x the fp32 rate)")
+            f"{m['bf16_speed']:.2f}x the fp32 rate{'' if m['gpu'] else ' on one core'})")
     if m["gpu"]:
         kernels = (f"GPU {m['gpu']}, CUDA {m['cuda']}: both sides run PyTorch's CUDA kernels (cuBLAS products, fp32 "
                    f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
@@ -722,7 +727,7 @@ def main() -> None:
     if not this_machine["bf16_native"]:
         args.no_bf16 = True
         print(f"bf16 is not native on this {args.device.upper()} (bf16 products at "
-              f"{peaks['bf16'] / peaks['fp32']:.3f}x the fp32 rate): no bf16 training rows.")
+              f"{this_machine['bf16_speed']:.3f}x the fp32 rate on one core): no bf16 training rows.")
     report = dict(machine=this_machine, settings={k: getattr(args, k) for k in SIZES["full"]},
                   matmul_gflops={k: v / 1e9 for k, v in peaks.items()}, results=[], details={})
     families = FAMILIES if args.family == "all" else (args.family,)
