@@ -96,7 +96,9 @@ class _SummedCrossEntropy(torch.autograd.Function):
             )
         saved, labels = ctx.saved_tensors
         index = _label_index(labels, ctx.ignore_index)
-        row_weight = (labels != ctx.ignore_index).to(torch.float32)[:, None] * grad_loss  # (N, 1)
+        # Selected, not multiplied: with every label ignored the mean is 0 / 0 and `grad_loss` not finite, and
+        # 0 x inf made every gradient nan, where PyTorch's are zeros.
+        row_weight = torch.where(labels[:, None] != ctx.ignore_index, grad_loss.float(), 0.0)  # (N, 1)
         if saved.dtype == torch.float32:
             # Over the saved log-probabilities: a fresh (N, V) buffer costs as much as the arithmetic (page faults).
             # A second backward through this graph (retain_graph=True) would need them: autograd then raises, as for

@@ -1,6 +1,8 @@
 """`scratch_loss`: the language-model losses give transformers' values and gradients (`ForCausalLMLoss`,
 `ForMaskedLMLoss`), on the CPU cross-entropy that reuses its log-probabilities."""
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,8 +42,10 @@ def test_cross_entropy_matches_pytorch(rows, ignored, reduction, dtype, smoothin
     reference = F.cross_entropy(reference_input.float(), labels, reduction=reduction, label_smoothing=smoothing)
     if (labels == -100).all() and reduction == "mean":
         assert ours.isnan() and reference.isnan()  # nothing counted: 0 / 0, as PyTorch says
-        return
-    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-6)
+    else:
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-6)
+    # Ignored rows get no gradient even from that nan mean (PyTorch's are zeros): ours were nan, which an optimizer
+    # step wrote into every weight.
     ours.backward()
     reference.backward()
     assert ours_input.grad.dtype == dtype
@@ -109,6 +113,22 @@ def test_lm_loss_matches_transformers(shift, reference, num_items_in_batch):
     ours = lm_loss(logits, labels, VOCAB, num_items_in_batch=num_items_in_batch, shift=shift)
     expected = reference(logits, labels, VOCAB, num_items_in_batch=num_items_in_batch)
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_items_in_batch", [None, 0])
+def test_a_batch_with_every_label_ignored_gets_transformers_zero_gradients(num_items_in_batch):
+    """Trainer's micro-batch whose labels are all -100 (completions truncated away), counted (0 items in the whole
+    step) or not (the mean): the loss is nan, as transformers', and the gradients zeros, not nan."""
+    logits = torch.randn(2, 6, VOCAB, generator=torch.Generator().manual_seed(0))
+    labels = torch.full((2, 6), -100)
+    gradients = []
+    for loss_function in (partial(lm_loss, shift=True), ForCausalLMLoss):
+        inputs = logits.clone().requires_grad_()
+        loss = loss_function(inputs, labels, VOCAB, num_items_in_batch=num_items_in_batch)
+        assert loss.isnan()
+        loss.backward()
+        gradients.append(inputs.grad)
+    assert torch.equal(gradients[0], gradients[1]) and not gradients[0].any()
 
 
 def test_given_shift_labels_are_used_as_they_are():
