@@ -901,11 +901,11 @@ def test_a_preset_or_config_of_another_family_than_the_task_is_refused(hf_scratc
     # `--task masked-lm --preset gpt-mini` trained a tokenizer, then failed in `AutoModelForMaskedLM.from_config`
     # with a traceback listing fifty native config classes.
     run = ["train", "--train-files", corpus, "--output-dir", tmp_path / "out"]
-    assert ("--preset gpt-mini is a decoder preset, but --task masked-lm trains the encoder family: use one of "
-            "bert-base, bert-prenorm") in hf_scratch(*run, "--task", "masked-lm", "--preset", "gpt-mini")
+    assert ("--preset gpt-mini is a preset of the decoder family, but --task masked-lm trains the encoder family: "
+            "use one of bert-base, bert-prenorm") in hf_scratch(*run, "--task", "masked-lm", "--preset", "gpt-mini")
     tiny_config("decoder").save_pretrained(tmp_path / "config")
-    assert "is a decoder config (scratch_decoder), but --task seq2seq trains the seq2seq family" in hf_scratch(
-        *run, "--task", "seq2seq", "--config", tmp_path / "config")
+    assert ("is a config of the decoder family (scratch_decoder), but --task seq2seq trains the seq2seq family"
+            in hf_scratch(*run, "--task", "seq2seq", "--config", tmp_path / "config"))
 
 
 class BuiltModel(Exception):

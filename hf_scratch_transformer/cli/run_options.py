@@ -333,15 +333,15 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
             config_family = check_config_file_overrides(args.config, overrides)
             if config_family not in (None, family):
                 model_type = FAMILY_CONFIGS[config_family].model_type
-                parser.error(f"--config {args.config} is a {config_family} config ({model_type}), but --task "
-                             f"{args.task} trains the {family} family.")
+                parser.error(f"--config {args.config} is a config of the {config_family} family ({model_type}), but "
+                             f"--task {args.task} trains the {family} family.")
         else:
             preset = args.preset or DEFAULTS[args.task][0]
             get_preset(preset, **overrides)
             if PRESETS[preset]["family"] != family:
                 presets = ", ".join(name for name, values in PRESETS.items() if values["family"] == family)
-                parser.error(f"--preset {preset} is a {PRESETS[preset]['family']} preset, but --task {args.task} "
-                             f"trains the {family} family: use one of {presets}.")
+                parser.error(f"--preset {preset} is a preset of the {PRESETS[preset]['family']} family, but --task "
+                             f"{args.task} trains the {family} family: use one of {presets}.")
     except ValueError as error:
         parser.error(str(error))
     # The training commands set these from the tokenizer (`special_token_ids`), over any --set: refused, not replaced.
