@@ -26,7 +26,11 @@ from tokenizer_training import padded_vocab_size, special_token_ids
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 12
-START_TIMEOUT = 60  # seconds for the server to load the model and answer /health
+# Guards against a hang, not speed limits: on a busy machine (one core shared with two other processes) a server
+# took 38-60 s to refuse its folder at start, and `--compile`'s first request, which compiles the decoding step, 107 s
+# (26 s alone on the core): past the 60 s both had, and the test failed with "Request timed out".
+START_TIMEOUT = 300  # seconds for the server to load the model and answer /health
+REQUEST_TIMEOUT = 300  # seconds for an answer
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -121,7 +125,7 @@ def _running(folder, options: list[str], log, env: dict | None = None):
     try:
         _wait_until_healthy(process, port, log)
         yield openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60,
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=REQUEST_TIMEOUT,
             http_client=openai.DefaultHttpxClient(trust_env=False),  # loopback only, whatever proxy is configured
         )
     finally:
