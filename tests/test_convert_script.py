@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from forked_python import run_python
@@ -498,10 +499,10 @@ def test_a_conversion_killed_between_its_renames_is_undone_by_the_next(tmp_path,
     folders stay."""
     source, output = _source_and_earlier_output(tmp_path)
     earlier = {path.name: path.read_bytes() for path in output.iterdir()}
-    dead, alive = _dead_pid(), os.getpid()
-    output.rename(tmp_path / f".scratch.replaced-{dead}")
-    (tmp_path / f".scratch.converting-{dead}").mkdir()
-    (tmp_path / f".scratch.converting-{dead}" / "config.json").write_text("{}")
+    dead, alive = _dead_pid(), f"{os.getpid()}-{round(psutil.Process().create_time() * 100)}"
+    output.rename(tmp_path / f".scratch.replaced-{dead}-1")
+    (tmp_path / f".scratch.converting-{dead}-1").mkdir()
+    (tmp_path / f".scratch.converting-{dead}-1" / "config.json").write_text("{}")
     (tmp_path / f".scratch.converting-{alive}").mkdir()
     with pytest.raises(SystemExit) as stopped:
         convert_here(monkeypatch, source, output)
@@ -509,13 +510,35 @@ def test_a_conversion_killed_between_its_renames_is_undone_by_the_next(tmp_path,
     assert {path.name: path.read_bytes() for path in output.iterdir()} == earlier
     assert sorted(path.name for path in tmp_path.iterdir()) == [f".scratch.converting-{alive}", "native", "scratch"]
     said = capsys.readouterr().out
-    assert f"restored {output} from .scratch.replaced-{dead}" in said and f".scratch.converting-{dead}" in said
+    assert f"restored {output} from .scratch.replaced-{dead}-1" in said and f".scratch.converting-{dead}-1" in said
+
+
+def test_a_stopped_conversion_whose_process_id_was_reused_is_undone(tmp_path, monkeypatch):
+    """Its folders were named by the process id alone, and a process id is reused once its process ends (after a
+    restart, by the first processes started): a live process holding it left the earlier output hidden and absent."""
+    source, output = _source_and_earlier_output(tmp_path)
+    earlier = {path.name: path.read_bytes() for path in output.iterdir()}
+    output.rename(tmp_path / f".scratch.replaced-{os.getpid()}-1")  # this process's id, another start
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, output)
+    assert "already holds files" in str(stopped.value.code)
+    assert {path.name: path.read_bytes() for path in output.iterdir()} == earlier
+
+
+def test_an_older_releases_folders_named_by_the_process_id_alone_are_recovered_too(tmp_path, monkeypatch):
+    source, output = _source_and_earlier_output(tmp_path)
+    output.rename(tmp_path / f".scratch.replaced-{_dead_pid()}")
+    (tmp_path / f".scratch.converting-{os.getpid()}").mkdir()  # a live process: left alone
+    with pytest.raises(SystemExit):
+        convert_here(monkeypatch, source, output)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [f".scratch.converting-{os.getpid()}", "native",
+                                                                 "scratch"]
 
 
 def test_a_conversion_killed_after_its_renames_leaves_nothing_behind_the_next(tmp_path, monkeypatch):
     """Killed before it removed the output it replaced, a conversion left that folder hidden, the model's size."""
     source, output = _source_and_earlier_output(tmp_path)
-    (tmp_path / f".scratch.replaced-{_dead_pid()}").mkdir()
+    (tmp_path / f".scratch.replaced-{_dead_pid()}-1").mkdir()
     convert_here(monkeypatch, source, output, "--overwrite-output-dir")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"]
     assert json.loads((output / "config.json").read_text())["model_type"] == "scratch_decoder"

@@ -32,6 +32,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import psutil
+
 # model_type -> the class loaded from the source folder: native ones convert with `from_hf`, ours with `to_hf`
 NATIVE_CLASSES = {
     "gpt2": "GPT2LMHeadModel",
@@ -81,18 +83,24 @@ def fail(message: str) -> None:
 ASIDE = ("converting", "replaced")
 
 
+def process_name(pid: int) -> str:
+    """`pid-start`: the process id and when that process started (in 1/100 s). An id is reused once its process ends
+    (after a restart, by the first processes started), so the id alone could make a stopped conversion look alive."""
+    return f"{pid}-{round(psutil.Process(pid).create_time() * 100)}"
+
+
 def aside(output: Path, what: str) -> Path:
-    return output.with_name(f".{output.name}.{what}-{os.getpid()}")
+    return output.with_name(f".{output.name}.{what}-{process_name(os.getpid())}")
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def process_alive(name: str) -> bool:
+    pid, _, start = name.partition("-")
+    try:  # a name without a start is an older release's, which named folders by the process id alone
+        return process_name(int(pid)) == name if start else psutil.pid_exists(int(pid))
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:  # another user's
+    except psutil.AccessDenied:  # another user's
         return True
-    return True
 
 
 def recover_from_stopped_conversions(output: Path) -> None:
@@ -100,10 +108,10 @@ def recover_from_stopped_conversions(output: Path) -> None:
     that process knew them): its partial new folder is removed, and an earlier output it had renamed aside, where
     the new one never took its place, is put back: the output is as it was before that conversion. Folders of a
     conversion still running are left alone."""
-    left = re.compile(rf"\.{re.escape(output.name)}\.({'|'.join(ASIDE)})-(\d+)")
+    left = re.compile(rf"\.{re.escape(output.name)}\.({'|'.join(ASIDE)})-(\d+(?:-\d+)?)")
     for path in sorted(output.parent.iterdir()) if output.parent.is_dir() else []:
         match = left.fullmatch(path.name)
-        if not match or not path.is_dir() or process_alive(int(match[2])):
+        if not match or not path.is_dir() or process_alive(match[2]):
             continue
         if match[1] == "replaced" and not output.exists():
             os.replace(path, output)
