@@ -157,7 +157,7 @@ def run_benchmark(*options: str, cwd: Path = ROOT, timeout: int = 300) -> subpro
 
 @pytest.mark.slow
 def test_compiled_adds_a_row_of_batch_1_decoding_compiled_over_a_static_cache():
-    result = run_benchmark("--quick", "--family", "gpt2", "--compiled")
+    result = run_benchmark("--quick", "--family", "gpt2", "--compiled", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert table_rows(result.stdout)["gpt2"] == expected_rows(result.stdout)["gpt2"] | {"decode batch 1 compiled"}
     decimals, interval = r"[\d.]+", r"\([\d.]+-[\d.]+\)"
