@@ -246,9 +246,21 @@ class ScratchGenerationMixin(GenerationMixin):
         """transformers' inputs of a decoding step. Over a static cache the step may run compiled, where the forward
         reads no values back (`value_range`): a step past the table of absolute positions failed in inductor's code
         with "index out of bounds" (on a GPU, a device-side assert). So its positions are checked here, eagerly.
-        `inputs_embeds` named: `generate()` takes them only from a model whose signature here names them."""
-        if getattr(kwargs.get("cache", kwargs.get("past_key_values")), "is_compileable", False):  # 5.24: `cache`
+        `inputs_embeds` named: `generate()` takes them only from a model whose signature here names them.
+
+        A prefill over a cache that holds part of `decoder_input_ids` runs the rest only. transformers (5.23-5.24)
+        cuts a continued sequence to what its cache lacks by the length of the mask, which it records for
+        decoder-only models alone: an encoder-decoder without `decoder_attention_mask` fed its whole
+        `decoder_input_ids` again on top of the cache (the cached prefix twice: wrong logits when continuing from
+        a returned `past_key_values`, and wrong drafts from an assistant, which continues so at every round)."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # 5.24: `cache`
+        if getattr(cache, "is_compileable", False):
             self._check_positions_of_step(input_ids, kwargs)
+        if (self.config.is_encoder_decoder and cache is not None and kwargs.get("next_sequence_length") is None
+                and kwargs.get("decoder_attention_mask") is None):
+            past_length = cache.get_seq_length()
+            if 0 < past_length < input_ids.shape[-1]:
+                kwargs["next_sequence_length"] = input_ids.shape[-1] - past_length
         return super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
 
     def _check_positions_of_step(self, input_ids: torch.LongTensor, kwargs: dict) -> None:

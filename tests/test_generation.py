@@ -270,6 +270,42 @@ def test_seq2seq_continuing_from_a_returned_cache():
     assert torch.equal(continued, _greedy(model, {"input_ids": source}))
 
 
+def test_seq2seq_continuing_from_a_returned_cache_runs_only_what_it_lacks():
+    """`decoder_input_ids` holding a returned cache's tokens and more (a next turn) give the uncached logits: without
+    a `decoder_attention_mask`, transformers fed them whole on top of the cache (the cached prefix twice; greedy's
+    tokens from a tiny model hid it, its logits were 0.1 off). Native Marian does the same."""
+    model = tiny_lm("seq2seq")
+    source = _prompt()
+    first = model.generate(input_ids=source, max_new_tokens=3, do_sample=False, eos_token_id=None,
+                           return_dict_in_generate=True)
+    kwargs = dict(input_ids=source, decoder_input_ids=torch.cat([first.sequences, _prompt(length=2)], dim=1),
+                  max_new_tokens=3, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+                  output_logits=True)
+    continued = model.generate(**kwargs, past_key_values=first.past_key_values)
+    uncached = model.generate(**kwargs, use_cache=False)
+    torch.testing.assert_close(torch.stack(continued.logits), torch.stack(uncached.logits), atol=1e-5, rtol=1e-5)
+    assert continued.past_key_values.get_seq_length() == continued.sequences.shape[1] - 1
+
+
+def test_seq2seq_assistant_continues_its_cache_without_running_it_again():
+    """An assistant drafts each round from its cache, cropped to the accepted tokens, and the whole sequence: it
+    ran all of it again on top of the cache (drafts from a corrupt cache, fewer of them accepted)."""
+    model = tiny_lm("seq2seq")
+    assistant = tiny_lm("seq2seq")
+    assistant.generation_config.update(assistant_confidence_threshold=0.0, num_assistant_tokens=4,
+                                       num_assistant_tokens_schedule="constant")
+    reach = []  # the cached and new decoder tokens of each of the assistant's forwards
+
+    def record(_, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.24 names it `cache`
+        reach.append(cache.get_seq_length() + kwargs["decoder_input_ids"].shape[1])
+
+    assistant.register_forward_pre_hook(record, with_kwargs=True)
+    out = _greedy(model, {"input_ids": _prompt()}, max_new_tokens=12, assistant_model=assistant)
+    assert torch.equal(out, _greedy(model, {"input_ids": _prompt()}, max_new_tokens=12))
+    assert max(reach) < out.shape[1]
+
+
 @pytest.mark.parametrize("family", ["decoder", "seq2seq"])
 def test_generate_from_inputs_embeds(family):
     model = tiny_lm(family)
