@@ -1,10 +1,23 @@
-"""Exact parity with the native models: `from_hf` turns a randomly initialised GPT-2, BERT or Marian into a
-Scratch model with the same logits (1e-4, fp32, eval mode) and the same greedy and beam-search tokens."""
+"""Exact parity with the native models: `from_hf` turns a randomly initialised GPT-2, Llama, BERT or Marian into a
+Scratch model with the same logits (1e-4, fp32, eval mode) and the same `generate()` outputs: tokens of greedy,
+sampling and beam search, and their scores, logits, attentions, hidden states and cache."""
+
+import functools
 
 import pytest
 import torch
-from tiny_native import ATOL, VOCAB, bert, gpt2, marian
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, DynamicCache, GPT2Model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_native import ATOL, VOCAB, bert, gpt2, llama, marian
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    Cache,
+    DynamicCache,
+    GPT2Model,
+)
+from transformers.utils import ModelOutput
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.conversion import from_hf
@@ -195,6 +208,65 @@ def test_marian_greedy_and_beam_tokens_match():
         expected = native.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kwargs)
         actual = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kwargs)
         assert torch.equal(actual, expected), kwargs
+
+
+@functools.cache
+def _native_and_ours(name: str, attn_implementation: str):
+    """A native model with wide weights (a tiny model's greedy tokens then depend on every input) and ours from it."""
+    torch.manual_seed(0)
+    width = {"init_std": 0.3} if name == "marian" else {"initializer_range": 0.3}
+    native = {"gpt2": gpt2, "llama": llama, "marian": marian}[name](attn_implementation=attn_implementation, **width)
+    return native, from_hf(native)
+
+
+def _assert_same_generation(expected, actual, path="out"):
+    """Equal ids, close floats, one cache class of one length, through `generate()`'s dict outputs."""
+    if isinstance(expected, Cache):
+        assert type(actual) is type(expected), path
+        assert actual.get_seq_length() == expected.get_seq_length(), path
+    elif isinstance(expected, torch.Tensor):
+        if expected.is_floating_point():
+            torch.testing.assert_close(actual, expected, atol=ATOL, rtol=1e-4, msg=path)
+        else:
+            assert torch.equal(actual, expected), path
+    elif isinstance(expected, ModelOutput | tuple):
+        assert type(actual) is type(expected) and len(actual) == len(expected), path
+        names = expected.keys() if isinstance(expected, ModelOutput) else range(len(expected))
+        for name in names:
+            _assert_same_generation(expected[name], actual[name], f"{path}.{name}")
+    else:
+        assert actual == expected, path
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["gpt2", "llama", "marian"]), attn_implementation=st.sampled_from(["eager", "sdpa"]),
+       padding=st.lists(st.integers(0, 7), min_size=1, max_size=3), seed=st.integers(0, 99),
+       strategy=st.sampled_from([dict(do_sample=False), dict(do_sample=True, top_k=5),
+                                 dict(num_beams=3, num_return_sequences=2, length_penalty=0.5, early_stopping=True),
+                                 dict(num_beams=2, do_sample=True, early_stopping="never")]),
+       processors=st.sampled_from([{}, dict(no_repeat_ngram_size=2), dict(repetition_penalty=1.3),
+                                   dict(min_new_tokens=4, eos_token_id=[2, 5])]),
+       cache_implementation=st.sampled_from([None, "static"]), with_internals=st.booleans())
+def test_generate_gives_the_native_models_outputs(name, attn_implementation, padding, seed, strategy, processors,
+                                                  cache_implementation, with_internals):
+    """Left-padded prompts (right-padded sources), whole rows of padding included, through greedy, sampling (same
+    seed), beam and beam-sample search with logits processors, dynamic or static caches: the same sequences, scores,
+    logits, beam indices, attentions and hidden states as the native model, and its cache class."""
+    native, ours = _native_and_ours(name, attn_implementation)
+    ids = _ids(batch=len(padding), length=7, seed=seed)
+    kept = torch.arange(7)[None] < 7 - torch.tensor(padding)[:, None]
+    if name != "marian":
+        kept = kept.flip(-1)  # decoder-only prompts are padded on the left
+    ids = ids.masked_fill(~kept, native.config.pad_token_id)
+    internals = dict(output_attentions=True, output_hidden_states=True) if with_internals else {}
+    outputs = []
+    for model in (native, ours):
+        torch.manual_seed(seed)
+        outputs.append(model.generate(
+            input_ids=ids, attention_mask=kept.long(), max_new_tokens=6, cache_implementation=cache_implementation,
+            return_dict_in_generate=True, output_scores=True, output_logits=True, **strategy, **processors,
+            **internals))
+    _assert_same_generation(*outputs)
 
 
 # ---------------------------------------------------------------------------------------------- saving
