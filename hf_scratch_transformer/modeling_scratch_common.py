@@ -263,6 +263,19 @@ class ScratchGenerationMixin(GenerationMixin):
                 kwargs["next_sequence_length"] = input_ids.shape[-1] - past_length
         return super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
 
+    def _prefill(self, input_ids: torch.LongTensor, generation_config, model_kwargs: dict, *args, **kwargs):
+        """transformers' (5.23-5.24) chunked prefill splits `input_ids` and cuts the mask and positions to each chunk,
+        but passes a decoder-only model's `inputs_embeds` whole with the first: the forward failed on mismatched
+        sizes (GPT-2 and Llama alike), a "tensor a (7) must match tensor b (0)" from inside the embeddings. Refused by
+        name here."""
+        chunked = generation_config.prefill_chunk_size is not None
+        if chunked and not self.config.is_encoder_decoder and model_kwargs.get("inputs_embeds") is not None:
+            raise ValueError(
+                "`generate(prefill_chunk_size=...)` chunks `input_ids` only, not `inputs_embeds`: leave "
+                "`prefill_chunk_size` unset to generate from `inputs_embeds`."
+            )
+        return super()._prefill(input_ids, generation_config, model_kwargs, *args, **kwargs)
+
     def _check_positions_of_step(self, input_ids: torch.LongTensor, kwargs: dict) -> None:
         """The last position a step reaches: the positions `generate()` made from the mask (decoder-only, since
         transformers 5.24) or the user gave, read back (a read a step, where the model has a table), or else the

@@ -372,6 +372,17 @@ def test_seq2seq_chunked_prefill_is_refused_by_name():
         _greedy(model, {"input_ids": ids, "attention_mask": mask}, prefill_chunk_size=2)
 
 
+def test_chunked_prefill_from_inputs_embeds_is_refused_by_name():
+    """transformers' chunked prefill splits `input_ids` and passes `inputs_embeds` whole with the first chunk's mask
+    and positions: native GPT-2 and Llama fail on mismatched sizes inside the embeddings, as ours did."""
+    model = tiny_lm("decoder")
+    ids = _prompt(batch=2, length=6)
+    embeds = model.get_input_embeddings()(ids)
+    for inputs in ({"inputs_embeds": embeds}, {"input_ids": ids, "inputs_embeds": embeds}):
+        with pytest.raises(ValueError, match="prefill_chunk_size.*inputs_embeds"):
+            _greedy(model, inputs, prefill_chunk_size=2)
+
+
 def test_generation_config_ships_the_token_ids(tmp_path):
     model = tiny_lm("seq2seq")
     model.save_pretrained(tmp_path)
