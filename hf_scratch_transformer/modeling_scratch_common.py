@@ -256,6 +256,7 @@ class ScratchGenerationMixin(GenerationMixin):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # 5.24: `cache`
         if getattr(cache, "is_compileable", False):
             self._check_positions_of_step(input_ids, kwargs)
+            self._check_room_in_cache(cache, input_ids, kwargs)
         if (self.config.is_encoder_decoder and cache is not None and kwargs.get("next_sequence_length") is None
                 and kwargs.get("decoder_attention_mask") is None):
             past_length = cache.get_seq_length()
@@ -275,6 +276,22 @@ class ScratchGenerationMixin(GenerationMixin):
                 "`prefill_chunk_size` unset to generate from `inputs_embeds`."
             )
         return super()._prefill(input_ids, generation_config, model_kwargs, *args, **kwargs)
+
+    def _check_room_in_cache(self, cache, input_ids: torch.LongTensor, kwargs: dict) -> None:
+        """A static cache's layers hold `max_cache_len` tokens each (sliding ones wrap around). A user's cache too
+        small for the generation, or a returned one continued past it, failed inside transformers' cache, native
+        models too: an IndexError from `index_copy_` (on a GPU, a device-side assert, which ends the process's CUDA
+        use) after the cache had counted the tokens as stored. Checked before the step, from the sequence's length."""
+        layers = getattr(cache, "self_attention_cache", cache).layers  # seq2seq: the decoder's own keys
+        room = min((layer.max_cache_len for layer in layers if not layer.is_sliding), default=None)
+        mask = kwargs.get("decoder_attention_mask" if self.config.is_encoder_decoder else "attention_mask")
+        length = max(input_ids.shape[-1], mask.shape[-1] if mask is not None else 0)
+        if room is not None and length > room:
+            raise ValueError(
+                f"The static cache holds {room} tokens (max_cache_len) and this decoding step needs {length}: build "
+                "the cache with a max_cache_len of at least the generation's max_length, or pass "
+                '`cache_implementation="static"` and let generate() size it.'
+            )
 
     def _check_positions_of_step(self, input_ids: torch.LongTensor, kwargs: dict) -> None:
         """The last position a step reaches: the positions `generate()` made from the mask (decoder-only, since

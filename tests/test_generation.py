@@ -234,6 +234,26 @@ def test_static_cache_object_can_be_passed_in():
     assert torch.equal(out, _greedy(model, {"input_ids": _prompt()}, max_new_tokens=5))
 
 
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_a_static_cache_too_small_for_the_generation_is_refused_by_name(family):
+    """Past its last slot transformers' cache raised IndexError from `index_copy_` (a device-side assert on a GPU),
+    native models too; a cache that holds every token the steps feed in (all but the last generated) is enough."""
+    model = tiny_lm(family)
+    inputs = {"input_ids": _prompt()}
+    fed = 5 + 8 - 1 if family == "decoder" else 1 + 8 - 1  # the prompt (seq2seq: the start token) and 7 new tokens
+    config = model.config.get_text_config(decoder=True)
+
+    def cache(length: int):
+        static = StaticCache(config=config, max_cache_len=length)
+        if family == "seq2seq":  # the cross-attention cache holds the 5 source tokens
+            return EncoderDecoderCache(static, StaticCache(config=config, max_cache_len=5))
+        return static
+
+    assert torch.equal(_greedy(model, inputs, past_key_values=cache(fed)), _greedy(model, inputs))
+    with pytest.raises(ValueError, match=f"holds {fed - 1} tokens .max_cache_len. and this decoding step needs {fed}"):
+        _greedy(model, inputs, past_key_values=cache(fed - 1))
+
+
 # ---------------------------------------------------------------------------------------------- conformance
 
 
