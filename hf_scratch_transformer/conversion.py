@@ -657,8 +657,8 @@ def _finish(source: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel
     tables = _computed_tables(target)
     target.to(device=source.device, dtype=source.dtype)
     # The attention back-end both sides have (eager returns the attention weights, sdpa none); any other (flash,
-    # flex) leaves the target's default.
-    if source.config._attn_implementation in ("eager", "sdpa"):
+    # kernels from the Hub) leaves the target's default.
+    if source.config._attn_implementation in ("eager", "sdpa", "flex_attention"):
         target.set_attn_implementation(source.config._attn_implementation)
     for module, name, table in tables:  # a source without tables (GPT-2, BERT, Marian) leaves ours as computed
         dtype = source_tables[0][2].dtype if source_tables else table.dtype

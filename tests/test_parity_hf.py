@@ -132,6 +132,20 @@ def test_dropout_sits_where_the_native_models_has_it(native_factory, monkeypatch
     torch.testing.assert_close(logits[1], logits[0], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("native_factory", [llama, marian])
+def test_flex_attention_is_kept(native_factory):
+    """A native model under `attn_implementation="flex_attention"` became ours under sdpa."""
+    native = native_factory(attn_implementation="flex_attention").eval()
+    ours = from_hf(native)
+    assert ours.config._attn_implementation == "flex_attention"
+    ids = _ids()
+    inputs = {"input_ids": ids}
+    if native.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = ids[:, :4]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("native_factory", [gpt2, marian])
 def test_eager_attention_is_kept_with_its_weights(native_factory):
     """A native model loaded with `attn_implementation="eager"` returns its attention weights; so does ours
