@@ -656,10 +656,11 @@ def _finish(source: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel
     source_tables = _computed_tables(source)
     tables = _computed_tables(target)
     target.to(device=source.device, dtype=source.dtype)
-    # The attention back-end both sides have (eager returns the attention weights, sdpa none); any other (flash,
-    # kernels from the Hub) leaves the target's default.
-    if source.config._attn_implementation in ("eager", "sdpa", "flex_attention"):
-        target.set_attn_implementation(source.config._attn_implementation)
+    # The attention back-end, where both sides have it (eager returns the attention weights, sdpa none; GPT-2 has no
+    # flex); any other (flash, kernels from the Hub) leaves the target's default.
+    backend = source.config._attn_implementation
+    if backend in ("eager", "sdpa") or backend == "flex_attention" and target._supports_flex_attn:
+        target.set_attn_implementation(backend)
     for module, name, table in tables:  # a source without tables (GPT-2, BERT, Marian) leaves ours as computed
         dtype = source_tables[0][2].dtype if source_tables else table.dtype
         setattr(module, name, table.to(device=source.device, dtype=dtype))

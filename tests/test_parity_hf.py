@@ -20,7 +20,7 @@ from transformers import (
 from transformers.utils import ModelOutput
 
 import hf_scratch_transformer as hst
-from hf_scratch_transformer.conversion import from_hf
+from hf_scratch_transformer.conversion import from_hf, to_hf
 
 
 def _ids(batch=2, length=9, seed=0):
@@ -133,17 +133,28 @@ def test_dropout_sits_where_the_native_models_has_it(native_factory, monkeypatch
 
 
 @pytest.mark.parametrize("native_factory", [llama, marian])
-def test_flex_attention_is_kept(native_factory):
+def test_flex_attention_is_kept_both_ways(native_factory):
     """A native model under `attn_implementation="flex_attention"` became ours under sdpa."""
     native = native_factory(attn_implementation="flex_attention").eval()
     ours = from_hf(native)
-    assert ours.config._attn_implementation == "flex_attention"
+    assert ours.config._attn_implementation == to_hf(ours).config._attn_implementation == "flex_attention"
     ids = _ids()
     inputs = {"input_ids": ids}
     if native.config.is_encoder_decoder:
         inputs["decoder_input_ids"] = ids[:, :4]
     with torch.no_grad():
         torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
+
+
+def test_flex_attention_exports_to_gpt2_under_its_default():
+    """GPT-2 has no flex: `to_hf` of a GPT-2-like model of ours under flex failed in `set_attn_implementation`."""
+    native = gpt2().eval()
+    ours = from_hf(native)
+    ours.set_attn_implementation("flex_attention")
+    exported = to_hf(ours)
+    assert exported.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        torch.testing.assert_close(exported(_ids()).logits, native(_ids()).logits, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("native_factory", [gpt2, marian])
