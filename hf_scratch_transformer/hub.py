@@ -11,7 +11,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import yaml
-from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 from transformers import AutoTokenizer
 
@@ -347,6 +347,10 @@ def _read_json(path: Path) -> dict:
     return content
 
 
+# The names of `save_pretrained`'s weights, in one file or sharded with their index.
+_WEIGHT_FILE = re.compile(r"model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors")
+
+
 def _weight_files(folder: Path) -> list[str]:
     """`model.safetensors`, or when sharded, every shard its index names. Both is an earlier save's leftover (see
     `remove_stale_weights`): `from_pretrained` reads the single file, whichever is the model, so it is refused."""
@@ -438,7 +442,8 @@ def publish(
     commit_message: str = "Upload hf-scratch-transformer model",
 ):
     """Upload `folder` to the Hub model repository `repo_id`, creating it if needed; return the commit URL. One commit
-    of the files of `upload_plan`, with the card's "How to use" loading `repo_id` (the folder's card is left as it is).
+    of the files of `upload_plan`, with the card's "How to use" loading `repo_id` (the folder's card is left as it is),
+    which also deletes the repo's weight files that the plan does not hold (an earlier upload's other layout).
 
     With `dry_run`, check the folder and the repo id and return the `upload_plan` without touching the network.
     """
@@ -453,4 +458,10 @@ def publish(
         CommitOperationAdd(path, _card_for(folder, repo_id) if path == "README.md" else folder / path)
         for path, _ in plan
     ]
+    # A repo published to before keeps weights of the other layout, which no upload replaces: its model.safetensors
+    # is what `from_pretrained` reads before a new index (the earlier weights, silently), as `remove_stale_weights`
+    # says of a folder. The repo's weight files that the plan does not hold go in the same commit.
+    uploaded = {path for path, _ in plan}
+    operations += [CommitOperationDelete(path) for path in api.list_repo_files(repo_id)
+                   if _WEIGHT_FILE.fullmatch(path) and path not in uploaded]
     return api.create_commit(repo_id, operations, commit_message=commit_message).commit_url

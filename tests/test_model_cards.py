@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from forked_python import run_python
-from huggingface_hub import ModelCard, RepoUrl, metadata_load
+from huggingface_hub import CommitOperationDelete, ModelCard, RepoUrl, metadata_load
 from huggingface_hub.utils import validate_repo_id
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -225,22 +225,37 @@ def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):
     assert "Traceback" not in completed.stderr
 
 
-def test_publish_creates_the_repo_and_uploads_the_plan(folders, monkeypatch):
-    calls = []
+class FakeApi:
+    """`HfApi` without the Hub: records the calls in `calls`; the repo holds `repo_files`."""
 
-    class FakeApi:
-        def __init__(self, token=None):
-            calls.append(("init", token))
+    calls: list = []
+    repo_files: list = []
 
-        def create_repo(self, repo_id, **kwargs):
-            calls.append(("create_repo", repo_id, kwargs))
-            return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else 'someone/' + repo_id}")
+    def __init__(self, token=None):
+        self.calls.append(("init", token))
 
-        def create_commit(self, repo_id, operations, **kwargs):
-            calls.append(("create_commit", repo_id, list(operations), kwargs))
-            return type("Commit", (), {"commit_url": "https://huggingface.co/someone/tiny/commit/abc"})()
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+        return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else 'someone/' + repo_id}")
 
+    def list_repo_files(self, repo_id):
+        return list(self.repo_files)
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        self.calls.append(("create_commit", repo_id, list(operations), kwargs))
+        return type("Commit", (), {"commit_url": "https://huggingface.co/someone/tiny/commit/abc"})()
+
+
+@pytest.fixture
+def fake_api(monkeypatch) -> type[FakeApi]:
+    monkeypatch.setattr(FakeApi, "calls", [])
+    monkeypatch.setattr(FakeApi, "repo_files", [".gitattributes"])
     monkeypatch.setattr(hub, "HfApi", FakeApi)
+    return FakeApi
+
+
+def test_publish_creates_the_repo_and_uploads_the_plan(folders, fake_api):
+    calls = fake_api.calls
     folder = folders["decoder"]  # its card was written for someone/tiny-decoder
     card = (folder / "README.md").read_bytes()
     assert hub.publish(folder, "someone/tiny", dry_run=True) == hub.upload_plan(folder)
@@ -261,6 +276,27 @@ def test_publish_creates_the_repo_and_uploads_the_plan(folders, monkeypatch):
     hub.publish(folder, "tiny")
     uploaded = {operation.path_in_repo: operation.path_or_fileobj for operation in calls[-1][2]}
     assert b'repo_id = "someone/tiny"\n' in uploaded["README.md"]
+
+
+
+def test_publishing_again_deletes_the_repos_weights_of_the_other_layout(folders, fake_api, tmp_path):
+    """A folder published sharded to a repo that holds an earlier single `model.safetensors`: `from_pretrained` reads
+    that file before the new index, so the repo served the earlier weights; and a single file over shards left them.
+    The weight files that the new upload does not hold are deleted in its commit; nothing else of the repo's is."""
+    single = folders["decoder"]
+    sharded = shutil.copytree(single, tmp_path / "sharded")
+    tiny_lm("decoder").save_pretrained(sharded, max_shard_size="20KB")
+    shards = [path for path, _ in hub.upload_plan(sharded) if path.startswith("model") and ".safetensors" in path]
+    assert len(shards) > 2 and "model.safetensors" not in shards
+    kept = [".gitattributes", "README.md", "model.fp16.safetensors", "results/model-1-of-2.safetensors"]
+    for folder, earlier in ((sharded, ["model.safetensors"]), (single, [*shards, "model-00009-of-00009.safetensors"])):
+        fake_api.repo_files = kept + earlier
+        hub.publish(folder, "someone/tiny")
+        operations = fake_api.calls[-1][2]
+        deleted = [operation.path_in_repo for operation in operations if isinstance(operation, CommitOperationDelete)]
+        assert sorted(deleted) == sorted(earlier)
+        added = {operation.path_in_repo for operation in operations} - set(deleted)
+        assert added == {path for path, _ in hub.upload_plan(folder)}
 
 
 def _card_not_yaml(folder: Path) -> None:

@@ -6,7 +6,8 @@
 
 The folder needs config.json, the weights and the model code (`save_pretrained` writes them), the tokenizer, and a
 README.md model card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not
-uploaded; the uploaded card's "How to use" loads --repo-id (the folder's card is left as it is).
+uploaded; the uploaded card's "How to use" loads --repo-id (the folder's card is left as it is). Weight files
+the repository holds from an earlier upload in the other layout (one file or shards) are deleted in the same commit.
 """
 
 import argparse
