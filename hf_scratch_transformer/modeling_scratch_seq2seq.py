@@ -197,6 +197,15 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Scra
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def init_continuous_batching(self, *args, **kwargs):
+        """transformers' continuous batching (`generate_batch`, `init_continuous_batching`) runs decoder-only models:
+        it packs prompts into one decoder row and has no encoder pass. Each request of an encoder-decoder ended with
+        an error about `decoder_input_ids` (native Marian's about `decoder_inputs_embeds`); refused here by name."""
+        raise NotImplementedError(
+            f"Continuous batching (`generate_batch`) runs decoder-only models; {type(self).__name__} is an "
+            "encoder-decoder: batch its inputs and call `generate()`."
+        )
+
     @can_return_tuple
     def forward(
         self,

@@ -60,6 +60,14 @@ def test_generate_batch_gives_each_request_the_tokens_of_generate(variant, imple
         torch.testing.assert_close(torch.tensor(result.logprobs), torch.tensor(logprobs), atol=1e-4, rtol=1e-4)
 
 
+def test_an_encoder_decoder_is_refused_continuous_batching_by_name():
+    """Each request ended with an error about `decoder_input_ids`, which the user never passed."""
+    model = tiny_lm("seq2seq")
+    with pytest.raises(NotImplementedError, match="decoder-only models; ScratchSeq2SeqForConditionalGeneration is an "
+                                                  "encoder-decoder"):
+        model.generate_batch(_prompts(), generation_config=GenerationConfig(max_new_tokens=2, do_sample=False))
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("variant", DECODER_VARIANTS, ids=variant_id)
 def test_packed_sequences_equal_separate_forwards(variant, implementation):
