@@ -364,10 +364,11 @@ def check_sharding(path: str | Path, fsdp: bool, state_dict_type=None) -> None:
         )
 
 
-def load_checkpoint(accelerator, path: str | Path, model=None) -> dict:
+def load_checkpoint(accelerator, path: str | Path, model=None, optimizer=None) -> dict:
     """Check the checkpoint at `path` against its manifest (and its weights against `model`, the prepared model,
     when given), then `accelerator.load_state` it; returns the manifest. Raises `CheckpointError` when this
-    process's random state was not restored."""
+    process's random state was not restored, or when the checkpoint's state replaced the settings of `optimizer`
+    (when given)."""
     manifest = verify_checkpoint(path)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     check_sharding(path, fsdp, accelerator.state.fsdp_plugin.state_dict_type if fsdp else None)
@@ -380,7 +381,10 @@ def load_checkpoint(accelerator, path: str | Path, model=None) -> dict:
             raise CheckpointError(f"Checkpoint {path} has no random state for process {process} "
                                   f"(random_states_{process}.pkl): it was saved by fewer processes than this run has.")
     rng_file = Path(path) / f"random_states_{accelerator.process_index}.pkl"
+    settings = optimizer_settings(optimizer) if optimizer is not None else None
     accelerator.load_state(str(path))
+    if settings is not None:
+        check_same_optimizer(path, settings, optimizer)
     try:  # as Accelerate reads it; it swallows any failure, so compare what it restored with the file
         saved = torch.load(rng_file, weights_only=False)["torch_manual_seed"]
         restored = torch.equal(torch.get_rng_state(), saved)
@@ -390,6 +394,36 @@ def load_checkpoint(accelerator, path: str | Path, model=None) -> dict:
     if not restored:
         raise CheckpointError(f"Checkpoint {path}: the random state {rng_file.name} was not restored.")
     return manifest
+
+
+# Optimizer settings a checkpoint's optimizer state brings back with it (`load_state_dict` takes each group's
+# hyperparameters from the file, and the schedule its base rates), by the name the user knows them.
+_OPTIMIZER_SETTINGS = {"initial_lr": "learning rate", "betas": "Adam betas", "eps": "Adam epsilon",
+                       "weight_decay": "weight decay"}
+
+
+def optimizer_settings(optimizer) -> list[dict]:
+    return [{key: tuple(value) if isinstance(value := group.get(key), list) else value for key in _OPTIMIZER_SETTINGS}
+            for group in optimizer.param_groups]
+
+
+def check_same_optimizer(checkpoint: str | Path, before: list[dict], optimizer) -> None:
+    """`optimizer`, just loaded from `checkpoint`, must keep the settings it had before (`before`,
+    `optimizer_settings`); else `CheckpointError` naming those that differ. A `--learning-rate` (or Adam or weight
+    decay option) changed for `--resume` was silently replaced by the checkpoint's, while the model card reported
+    the new value."""
+    differing = []
+    for here, there in zip(before, optimizer_settings(optimizer), strict=True):
+        for key, name in _OPTIMIZER_SETTINGS.items():
+            line = f"{name} {there[key]!r} there, {here[key]!r} here"
+            if there[key] != here[key] and line not in differing:
+                differing.append(line)
+    if differing:
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} was trained with other optimizer settings than this run's "
+            f"({'; '.join(differing)}), which its optimizer state would keep, ignoring this run's. Resume with the "
+            "run's own settings, or start a new run in another output folder."
+        )
 
 
 class CrashSafeCheckpoints:
@@ -493,6 +527,12 @@ class CrashSafeCheckpoints:
         _check_same_config(resume_from_checkpoint, self.model if model is None else model)
         _check_same_labels(resume_from_checkpoint, self.model if model is None else model)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        settings = optimizer_settings(self.optimizer) if checkpoint is not None else None
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if settings is not None:
+            check_same_optimizer(checkpoint, settings, self.optimizer)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if checkpoint is None:

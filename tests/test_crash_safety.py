@@ -304,6 +304,21 @@ def test_resuming_with_another_model_config_of_the_same_shapes_is_an_error_namin
     assert "saved" in run(command(entry, workspace, output, "--resume", "--set", "dropout=0.2"), workspace)
 
 
+def test_resuming_with_other_optimizer_settings_is_an_error_naming_them(workspace, uninterrupted, tmp_path):
+    """A checkpoint's optimizer state brings back its own learning rate, Adam and weight decay settings: a
+    --learning-rate changed for --resume was ignored without a word, and the model card reported the new one."""
+    entry, full = uninterrupted
+    output = tmp_path / "other-optimizer"
+    shutil.copytree(full, output)
+    shutil.rmtree(output / "checkpoints" / f"{ENTRY_POINTS[entry][2]}-10")  # a run killed after step 8
+    before = {path: path.stat().st_mtime_ns for path in output.rglob("*")}
+    other = ["--learning-rate", "0.05", "--weight-decay", "0.1"]
+    stderr = run(command(entry, workspace, output, "--resume", *other), workspace, returncode=2)
+    assert "was trained with other optimizer settings than this run's" in stderr and "Traceback" not in stderr
+    assert "learning rate 0.001 there, 0.05 here; weight decay 0.01 there, 0.1 here" in stderr
+    assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
+
+
 # Two gloo processes on this CPU (ACCELERATE_USE_CPU joins Trainer's too); torchrun itself reports a failed process.
 TWO_PROCESSES = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 

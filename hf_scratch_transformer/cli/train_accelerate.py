@@ -287,8 +287,8 @@ history, start_step = [], 0
 if resume:
     problem = None  # each process loads its own random state
     try:
-        # model (the same tensors), optimizer, schedule, RNG
-        checkpointing.load_checkpoint(accelerator, resume, model=model)
+        # model (the same tensors), optimizer (the same settings), schedule, RNG
+        checkpointing.load_checkpoint(accelerator, resume, model=model, optimizer=optimizer)
     except checkpointing.CheckpointError as error:
         problem = str(error)
     fail_together(parser, accelerator, problem)
