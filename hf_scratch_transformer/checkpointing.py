@@ -294,7 +294,12 @@ def verify_checkpoint(path: str | Path) -> dict:
     were: `_VERIFIED`). Raises `CheckpointError` naming the problem."""
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"No checkpoint at {path}: the folder does not exist.")
+        raise CheckpointError(f"No checkpoint at {path}: " + ("it is a file, not a checkpoint folder." if path.exists()
+                                                               else "the folder does not exist."))
+    if not (path / MANIFEST).is_file() and (inside := checkpoints(path) or checkpoints(path, TRAINER_PREFIX)):
+        # a run's folder of checkpoints, said to be an interrupted checkpoint
+        raise CheckpointError(f"{path} is a folder of checkpoints, not one: pass one of them (the newest: "
+                              f"{inside[-1]}).")
     if _LEFTOVER_NAME.fullmatch(path.name) or not (path / MANIFEST).is_file():
         raise CheckpointError(
             f"Checkpoint {path} is incomplete: it has no {MANIFEST}, so it was interrupted while being written "
@@ -375,6 +380,9 @@ def load_checkpoint(accelerator, path: str | Path, model=None, optimizer=None) -
     if model is not None:  # else Accelerate's loader fails on another model with a traceback of size mismatches
         _check_same_tensors(path, accelerator.unwrap_model(model))
         _check_same_config(path, accelerator.unwrap_model(model))
+    if not any(Path(path).glob("random_states_*.pkl")) and (Path(path) / TRAINER_STATE_NAME).is_file():
+        raise CheckpointError(f"Checkpoint {path} is one of `hf-scratch train` (Trainer), which continues it with "
+                              "--resume; this loop continues its own step-N checkpoints.")
     # Every process checks the files of all, so that all stop together (before `load_state`, which may communicate).
     for process in range(accelerator.num_processes):
         if not (Path(path) / f"random_states_{process}.pkl").is_file():

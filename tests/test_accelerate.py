@@ -386,6 +386,27 @@ def test_checkpoints_are_written_atomically_with_a_manifest(tmp_path):
     assert accelerator.loaded == str(tmp_path / "step-6")
 
 
+def test_resume_from_what_is_not_one_checkpoint_of_this_loop_says_what_it_is(tmp_path):
+    """A file was "a folder that does not exist", the run's folder of checkpoints "interrupted while being written",
+    and a `hf-scratch train` checkpoint "saved by fewer processes than this run has"."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpointing.save_checkpoint(FakeAccelerator(), checkpoints, 2)
+    (tmp_path / "notes.txt").write_text("a file")
+    with pytest.raises(CheckpointError, match="notes.txt: it is a file, not a checkpoint folder"):
+        checkpointing.verify_checkpoint(tmp_path / "notes.txt")
+    with pytest.raises(CheckpointError, match="is a folder of checkpoints, not one: pass one of them .*step-2"):
+        checkpointing.verify_checkpoint(checkpoints)
+    trainers = checkpoints / "checkpoint-4"
+    trainers.mkdir()
+    (trainers / "trainer_state.json").write_text("{}")
+    (trainers / "rng_state.pth").write_bytes(b"state")
+    checkpointing.write_manifest(trainers, 4)
+    accelerator = FakeAccelerator()
+    with pytest.raises(CheckpointError, match="is one of `hf-scratch train` \\(Trainer\\), which continues it"):
+        checkpointing.load_checkpoint(accelerator, trainers)
+    assert accelerator.loaded is None
+
+
 def test_a_checkpoint_resumes_only_under_the_sharding_it_was_saved_with(tmp_path):
     whole = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
     with pytest.raises(checkpointing.CheckpointError, match="saved without FSDP, and this run shards the model"):
