@@ -395,6 +395,19 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     run_options.claim_output_dir(parser, tmp_path / "writable" / "run", resume=False, overwrite=False)
 
 
+@pytest.mark.parametrize("options", [{}, {"resume": True}, {"overwrite": True}])
+def test_a_file_where_the_run_writes_a_folder_is_refused_before_any_work(tmp_path, capsys, options):
+    """A file named `checkpoints` failed with a traceback once the Trainer was built (after the data and tokenizer
+    work); --overwrite-output-dir failed removing it, after renaming it."""
+    (tmp_path / "checkpoints").write_text("the user's notes")
+    with pytest.raises(SystemExit) as stopped:
+        run_options.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, **{"resume": False,
+                                                                                       "overwrite": False} | options)
+    assert stopped.value.code == 2
+    assert f"{tmp_path / 'checkpoints'} is a file, where the run writes a folder" in capsys.readouterr().err
+    assert (tmp_path / "checkpoints").read_text() == "the user's notes"
+
+
 def test_an_empty_checkpoints_folder_is_no_earlier_run(tmp_path, capsys):
     """A run stopped (Ctrl-C, a kill) before its first checkpoint leaves an empty `checkpoints/`: the same command
     again was refused as "holds an earlier run (checkpoints)", over a folder holding nothing to keep."""

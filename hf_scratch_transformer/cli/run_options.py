@@ -613,6 +613,10 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     if not os.access(existing, os.W_OK | os.X_OK):
         parser.error(f"--output-dir {output_dir} cannot be written: {existing} is read-only (for this user, or "
                      "on a read-only file system). Choose another --output-dir.")
+    if files := [name for name in RUN_FILES[:3] if (output_dir / name).exists() and not (output_dir / name).is_dir()]:
+        # the run writes a folder there: a traceback after the data and tokenizer work (or, replacing, one removing it)
+        parser.error(f"{output_dir / files[0]} is a file, where the run writes a folder: move it away, or choose "
+                     "another --output-dir.")
     # An empty folder is what a run stopped before its first checkpoint leaves: nothing to continue or keep.
     earlier = [name for name in RUN_FILES if (path := output_dir / name).exists()
                and not (path.is_dir() and next(path.iterdir(), None) is None)]
