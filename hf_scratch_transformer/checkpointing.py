@@ -256,7 +256,7 @@ def latest_checkpoint(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
             newest_problem = newest_problem or error
     if found:
         raise CheckpointError(f"None of the {len(found)} checkpoints in {folder} verifies (the newest: "
-                              f"{newest_problem}). "
+                              f"{str(newest_problem).rstrip('.')}). "
                               "Repair them, or start the run again.")
     return None
 

@@ -176,7 +176,7 @@ def test_a_corrupt_or_unloadable_state_is_an_error_naming_the_file(workspace, un
         checkpointing.write_manifest(path, 8)
 
     stderr = run(command(entry, workspace, damaged("no-optimizer", missing_optimizer), "--resume"), workspace, 2)
-    assert "None of the 1 checkpoints" in stderr and f"the file {optimizer_file} is missing" in stderr
+    assert "None of the 1 checkpoints" in stderr and f"the file {optimizer_file} is missing). Repair them" in stderr
     stderr = run(command(entry, workspace, damaged("bad-rng", unloadable_rng), "--resume"), workspace, 2)
     assert f"the random state {rng_file} cannot be loaded" in stderr
 
