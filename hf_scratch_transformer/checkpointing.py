@@ -443,8 +443,13 @@ class CrashSafeCheckpoints:
 
     A checkpoint also keeps the training loss summed since the last log (`LOSS_WINDOW`), which Trainer starts
     again from zero when it resumes: with it, the resumed run logs the same losses as the uninterrupted one, also
-    when the checkpoint falls between two logs (a `--max-minutes` stop)."""
+    when the checkpoint falls between two logs (a `--max-minutes` stop). Its manifest records the arguments that
+    shape the steps (`STEP_SETTINGS`): a run resumed with others is told which, as the Accelerate loop tells it."""
 
+    # Taken from the resuming command, not the checkpoint: other values change the steps (the schedule is rebuilt
+    # from the resumed step; another batch or seed draws other batches), which Trainer did without a word.
+    STEP_SETTINGS = ("max_steps", "lr_scheduler_type", "warmup_steps", "per_device_train_batch_size",
+                     "gradient_accumulation_steps", "seed")
     _staging_dir: Path | None = None
     _resumed_loss_window: dict | None = None
 
@@ -484,7 +489,7 @@ class CrashSafeCheckpoints:
                 if best_is_new:  # the state it saved named the staging folder, which a resumed run would drop
                     self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
                 # Trainer keeps the best checkpoint past save_total_limit, to load it at the end: so does the prune.
-                commit_checkpoint(staged, final, step, keep=self.args.save_total_limit,
+                commit_checkpoint(staged, final, step, self._step_settings(), keep=self.args.save_total_limit,
                                   protect=self.state.best_model_checkpoint)
             staging.rmdir()
         self.accelerator.wait_for_everyone()
@@ -495,11 +500,14 @@ class CrashSafeCheckpoints:
             report = print if self.is_world_process_zero() else None
             resume_from_checkpoint = checkpoint_to_resume(folder, TRAINER_PREFIX, report)
         if resume_from_checkpoint:
-            verify_checkpoint(resume_from_checkpoint)
+            then = verify_checkpoint(resume_from_checkpoint)["metadata"]  # an older checkpoint's: none
             check_sharding(resume_from_checkpoint, self.is_fsdp_enabled,
                            self.accelerator.state.fsdp_plugin.state_dict_type if self.is_fsdp_enabled else None)
             if self.is_world_process_zero():
-                print(f"resuming from {resume_from_checkpoint}")
+                changed = {key: (then[key], now) for key, now in self._step_settings().items()
+                           if key in then and then[key] != now}  # (checkpoint's, now)
+                print(f"resuming from {resume_from_checkpoint}" + (f"; changed settings {changed} make the steps "
+                      "differ from an uninterrupted run" if changed else ""))
             resume_from_checkpoint = str(resume_from_checkpoint)
             finished = self._finished_run(resume_from_checkpoint)
             if finished is not None:
@@ -507,6 +515,9 @@ class CrashSafeCheckpoints:
             window = Path(resume_from_checkpoint) / LOSS_WINDOW
             self._resumed_loss_window = json.loads(window.read_text(encoding="utf-8")) if window.is_file() else None
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+    def _step_settings(self) -> dict:
+        return {key: json.loads(json.dumps(getattr(self.args, key), default=str)) for key in self.STEP_SETTINGS}
 
     def _finished_run(self, checkpoint: str) -> TrainOutput | None:
         """Trainer tests `max_steps` only after a step, so resuming a checkpoint at or past it would train one step

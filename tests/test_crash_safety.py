@@ -190,7 +190,7 @@ def test_a_time_budget_stops_with_a_checkpoint_that_resumes_exactly(workspace, u
     stdout = run(command(entry, workspace, output, "--max-minutes", "0.0001"), workspace)
     assert "stopped after step 1 of 10" in stdout and (output / "model/model.safetensors").is_file()
     checkpointing.verify_checkpoint(output / "checkpoints/checkpoint-1")
-    run(command(entry, workspace, output, "--resume"), workspace)
+    assert "changed settings" not in run(command(entry, workspace, output, "--resume"), workspace)
     assert loss_curve(entry, output) == loss_curve(entry, full)
     expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
@@ -219,6 +219,17 @@ def test_a_stop_between_two_logs_resumes_with_the_same_logged_losses(workspace, 
     expected = load_file(tmp_path / "full/model/model.safetensors")
     resumed = load_file(output / "model/model.safetensors")
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
+
+
+def test_resuming_with_settings_that_change_the_steps_says_which(workspace, uninterrupted, tmp_path):
+    """Trainer took a longer --max-steps (its schedule rebuilt from the resumed step: the learning rate jumped), another
+    scheduler, warm-up, batch size or seed without a word; the Accelerate loop named them."""
+    entry, full = uninterrupted
+    output = tmp_path / "longer"
+    shutil.copytree(full, output)
+    stdout = run(command(entry, workspace, output, "--resume", "--max-steps", "12", "--seed", "7"), workspace)
+    assert "changed settings {'max_steps': (10, 12), 'seed': (1337, 7)} make the steps differ from an uninterrupted " \
+           "run" in stdout
 
 
 def test_resuming_a_finished_run_trains_nothing_more(workspace, uninterrupted, tmp_path):
