@@ -32,7 +32,8 @@ from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields
 # Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
 DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
 AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
-RUN_FILES = ("checkpoints", "tokenizer", "model", "loss_curve.jsonl")  # what a run writes into its output folder
+RUN_FOLDERS = ("checkpoints", "tokenizer", "model")  # the folders a run writes into its output folder
+RUN_FILES = (*RUN_FOLDERS, "loss_curve.jsonl")  # all it writes there
 TOKENIZER_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")  # `special_token_ids`
 LOCK_FILE = ".hf-scratch.lock"  # held by the main process of the run writing the folder (claim_output_dir)
 _held_locks = []  # open for the life of the process: closing a file releases its lock
@@ -613,7 +614,7 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     if not os.access(existing, os.W_OK | os.X_OK):
         parser.error(f"--output-dir {output_dir} cannot be written: {existing} is read-only (for this user, or "
                      "on a read-only file system). Choose another --output-dir.")
-    if files := [name for name in RUN_FILES[:3] if (output_dir / name).exists() and not (output_dir / name).is_dir()]:
+    if files := [name for name in RUN_FOLDERS if (output_dir / name).exists() and not (output_dir / name).is_dir()]:
         # the run writes a folder there: a traceback after the data and tokenizer work (or, replacing, one removing it)
         parser.error(f"{output_dir / files[0]} is a file, where the run writes a folder: move it away, or choose "
                      "another --output-dir.")
