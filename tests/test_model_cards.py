@@ -278,7 +278,6 @@ def test_publish_creates_the_repo_and_uploads_the_plan(folders, fake_api):
     assert b'repo_id = "someone/tiny"\n' in uploaded["README.md"]
 
 
-
 def test_publishing_again_deletes_the_repos_weights_of_the_other_layout(folders, fake_api, tmp_path):
     """A folder published sharded to a repo that holds an earlier single `model.safetensors`: `from_pretrained` reads
     that file before the new index, so the repo served the earlier weights; and a single file over shards left them.
