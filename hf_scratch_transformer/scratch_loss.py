@@ -84,7 +84,9 @@ class _SummedCrossEntropy(torch.autograd.Function):
                 _row_losses(log_probs, index[rows], smoothing, row_loss[rows])
             ctx.save_for_backward(logits, labels)
         ctx.ignore_index, ctx.smoothing = ignore_index, smoothing
-        return (row_loss * (labels != ignore_index)).sum()
+        # Selected, not multiplied: an ignored row's non-finite logits (fp16 overflow, nan at padding) make its loss
+        # nan or inf, and 0 x that made the whole loss nan, where PyTorch's skips the row.
+        return torch.where(labels != ignore_index, row_loss, 0.0).sum()
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):

@@ -104,6 +104,26 @@ def test_chunks_change_nothing_bit_for_bit(dtype, monkeypatch):
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_logits_of_ignored_rows_leave_pytorchs_loss(value, dtype, smoothing, reduction):
+    """An ignored row's logits may be non-finite (fp16 overflow, or nan at padding): PyTorch's loss skips the row,
+    ours was nan (0 x its nan or inf row loss). Gradients are PyTorch's, nan in those rows included."""
+    logits, labels = _logits_and_labels(6, [True, False, True], dtype)
+    logits[0, 3] = value
+    logits[2] = value
+    ours_input, reference_input = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    ours = cross_entropy(ours_input, labels, reduction=reduction, label_smoothing=smoothing)
+    reference = F.cross_entropy(reference_input.float(), labels, reduction=reduction, label_smoothing=smoothing)
+    assert reference.isfinite()
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-6)
+    ours.backward()
+    reference.backward()
+    torch.testing.assert_close(ours_input.grad, reference_input.grad, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("num_items_in_batch", [None, 7, torch.tensor(5)])
 @pytest.mark.parametrize("shift, reference", [(True, ForCausalLMLoss), (False, ForMaskedLMLoss)])
 def test_lm_loss_matches_transformers(shift, reference, num_items_in_batch):
