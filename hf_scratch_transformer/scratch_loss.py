@@ -20,7 +20,7 @@ out.
 
 import torch
 import torch.nn.functional as F
-from transformers.loss.loss_utils import ForSequenceClassificationLoss, ForTokenClassification
+from transformers.loss.loss_utils import ForSequenceClassificationLoss, fixed_cross_entropy
 
 from .linear_kernels import inside_torch_func
 from .value_checks import values_unreadable
@@ -124,17 +124,23 @@ def _fp32_log_probs_by_chunk(logits: torch.Tensor):
         yield rows, torch.log_softmax(chunk.copy_(logits[rows]), dim=-1, out=chunk)
 
 
+def widened(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in at least fp32, the precision of the loss: transformers' losses widen with `.float()`, which rounded a
+    float64 model's logits and loss to fp32 (native BERT's and Marian's own `CrossEntropyLoss` keeps float64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
     """`F.cross_entropy(logits.float(), labels, ignore_index=..., reduction=..., label_smoothing=...)` for reduction
-    "mean" or "sum"; logits (N, V), labels (N,)."""
+    "mean" or "sum"; logits (N, V), labels (N,). float64 logits stay float64 (`widened`)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"`reduction` must be \"mean\" or \"sum\", got {reduction!r}.")
     if not 0.0 <= label_smoothing <= 1.0:  # as F.cross_entropy checks it
         raise ValueError(f"`label_smoothing` must be between 0.0 and 1.0, got {label_smoothing}.")
-    if (logits.device.type != "cpu" or torch.compiler.is_compiling() or logits.numel() < MIN_LOGITS
-            or inside_torch_func()):
-        return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction=reduction,
+    if (logits.dtype == torch.float64 or logits.device.type != "cpu" or torch.compiler.is_compiling()
+            or logits.numel() < MIN_LOGITS or inside_torch_func()):
+        return F.cross_entropy(widened(logits), labels, ignore_index=ignore_index, reduction=reduction,
                                label_smoothing=label_smoothing)
     total = _SummedCrossEntropy.apply(logits, labels, ignore_index, label_smoothing)
     if reduction == "sum":
@@ -205,6 +211,7 @@ def sequence_classification_loss(labels: torch.Tensor, pooled_logits: torch.Tens
 
 def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor, config, **kwargs) -> torch.Tensor:
     """transformers' `ForTokenClassification`, with each label checked to be a class id or -100 first: one out of
-    range failed inside the cross-entropy with an IndexError (SPEC section 10)."""
+    range failed inside the cross-entropy with an IndexError (SPEC section 10); float64 logits kept (`widened`)."""
     check_label_ids(labels, config.num_labels, kind="class")
-    return ForTokenClassification(logits, labels, config, **kwargs)
+    return fixed_cross_entropy(widened(logits).reshape(-1, config.num_labels), labels.reshape(-1).to(logits.device),
+                               **kwargs)

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import FAMILIES, lm_inputs, tiny_lm
+from tiny_models import FAMILIES, lm_inputs, tiny_config, tiny_lm
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 
+import hf_scratch_transformer as hst
 from hf_scratch_transformer import scratch_loss, training
 from hf_scratch_transformer.scratch_loss import cross_entropy, lm_loss
 
@@ -122,6 +123,21 @@ def test_non_finite_logits_of_ignored_rows_leave_pytorchs_loss(value, dtype, smo
     ours.backward()
     reference.backward()
     torch.testing.assert_close(ours_input.grad, reference_input.grad, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_float64_logits_keep_float64(reduction, smoothing):
+    """A float64 model's loss was rounded to fp32 (widened with `.float()`, as transformers' losses do)."""
+    logits, labels = _logits_and_labels(6, [True], torch.float64)
+    ours_input, reference_input = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    ours = cross_entropy(ours_input, labels, reduction=reduction, label_smoothing=smoothing)
+    reference = F.cross_entropy(reference_input, labels, reduction=reduction, label_smoothing=smoothing)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, reference, atol=1e-12, rtol=1e-12)
+    ours.backward()
+    reference.backward()
+    torch.testing.assert_close(ours_input.grad, reference_input.grad, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("num_items_in_batch", [None, 7, torch.tensor(5)])
@@ -236,6 +252,19 @@ def test_models_use_it_and_a_set_loss_function_wins(family, monkeypatch):
     torch.testing.assert_close(model(**inputs).loss, loss, atol=1e-6, rtol=1e-6)
     model.loss_function = lambda **kwargs: torch.tensor(42.0)
     assert model(**inputs).loss.item() == 42.0
+
+
+def test_a_float64_token_classifier_loss_is_float64():
+    """transformers' `ForTokenClassification` widens with `.float()`, which rounded a float64 model's loss to fp32;
+    native BERT's token classifier keeps float64."""
+    model = hst.ScratchEncoderForTokenClassification(tiny_config("encoder", num_labels=3)).double().eval()
+    inputs = lm_inputs("encoder")
+    labels = inputs["labels"] % 3
+    labels[0, :2] = -100
+    output = model(input_ids=inputs["input_ids"], labels=labels)
+    assert output.loss.dtype == torch.float64
+    expected = F.cross_entropy(output.logits.reshape(-1, 3), labels.reshape(-1))
+    torch.testing.assert_close(output.loss, expected, atol=1e-12, rtol=0)
 
 
 def test_label_smoothing_out_of_range_is_named():

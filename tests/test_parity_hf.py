@@ -98,6 +98,26 @@ def test_losses_match():
             torch.testing.assert_close(from_hf(native)(**inputs).loss, native(**inputs).loss, atol=ATOL, rtol=0)
 
 
+def test_float64_losses_are_float64():
+    """A float64 model's loss is float64, as native BERT's and Marian's (`CrossEntropyLoss`); ours was rounded to fp32.
+    GPT-2's goes through transformers' `ForCausalLMLoss`, whose `.float()` rounds it to fp32 (docs/native_models.md):
+    ours is the float64 cross-entropy of its logits."""
+    ids = _ids()
+    for native, inputs in [(bert(), {"input_ids": ids, "labels": torch.where(ids % 3 == 0, ids, -100)}),
+                           (marian(), {"input_ids": ids, "labels": ids[:, :6].contiguous()})]:
+        native = native.double()
+        with torch.no_grad():
+            expected, actual = native(**inputs).loss, from_hf(native)(**inputs).loss
+        assert expected.dtype == actual.dtype == torch.float64
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
+    native = gpt2().double()
+    with torch.no_grad():
+        logits, loss = native(input_ids=ids).logits, from_hf(native)(input_ids=ids, labels=ids).loss
+    assert loss.dtype == torch.float64
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, expected, atol=1e-12, rtol=0)
+
+
 def test_float64_eager_attention_over_a_left_padded_batch_matches_the_native_model():
     """A float64 model under eager attention takes its softmax in float64, as GPT-2 does: in fp32 the float64 mask's
     minimum became -inf, the fully masked queries of left padding NaN, and the padded row NaN throughout."""
