@@ -8,7 +8,8 @@ and declare it in `config.custom_pipelines`, so that
 
 works where this package is not installed. Output: one `{"generated_text": ...}` per returned sequence. Unless the
 call or the model's generation config says otherwise: 4 beams and 256 new tokens at most, or `max_position_embeddings`
-for learned and sinusoidal positions where that is fewer.
+for learned and sinusoidal positions where that is fewer. Sources are cut with `truncation=True` (at the tokenizer's
+`model_max_length`) or `max_source_length=N`, and uncut otherwise.
 """
 
 from transformers import GenerationConfig, Pipeline
@@ -43,8 +44,13 @@ class ScratchText2TextPipeline(Pipeline):
             defaults = self._generation_defaults
             defaults["max_new_tokens"] = min(defaults["max_new_tokens"], config.max_position_embeddings)
 
-    def _sanitize_parameters(self, max_source_length=None, skip_special_tokens=None, **generate_kwargs):
-        preprocess_params = {} if max_source_length is None else {"max_source_length": max_source_length}
+    def _sanitize_parameters(
+        self, max_source_length=None, truncation=None, skip_special_tokens=None, **generate_kwargs
+    ):
+        preprocess_params = {
+            name: value for name, value in (("max_source_length", max_source_length), ("truncation", truncation))
+            if value is not None
+        }
         postprocess_params = {} if skip_special_tokens is None else {"skip_special_tokens": skip_special_tokens}
         # `Pipeline.__init__` loads `assistant_model=` (and `assistant_tokenizer=`) but leaves passing them on to the
         # task, as transformers' text-generation pipeline does: otherwise they are kept and never used.
@@ -54,8 +60,11 @@ class ScratchText2TextPipeline(Pipeline):
             generate_kwargs |= {"tokenizer": self.tokenizer, "assistant_tokenizer": self.assistant_tokenizer}
         return preprocess_params, generate_kwargs, postprocess_params
 
-    def preprocess(self, text: str, max_source_length: int | None = None):
-        truncate = max_source_length is not None
+    def preprocess(self, text: str, max_source_length: int | None = None, truncation=None):
+        # `truncation=True`, as transformers' removed text2text pipeline took it (it reached `generate()` and failed
+        # there as an unused model kwarg): cut at `max_source_length`, else the tokenizer's `model_max_length` (the
+        # length the training commands trained at).
+        truncate = max_source_length is not None if truncation is None else truncation
         return self.tokenizer(text, return_tensors="pt", truncation=truncate, max_length=max_source_length)
 
     def _forward(self, model_inputs, **generate_kwargs):

@@ -167,6 +167,27 @@ def test_scratch_text2text_pipeline_with_generate_asked_for_a_dict(tokenizers, t
     assert translator([TEXT, "O Romeo"], batch_size=2, **settings) == expected
 
 
+def test_scratch_text2text_pipeline_truncates_sources_when_asked(tokenizers, tmp_path):
+    """`truncation=True`, as transformers' removed text2text pipeline took it, cuts each source at the tokenizer's
+    `model_max_length`: it reached `generate()` and failed there as a model kwarg that is not used."""
+    tokenizers["seq2seq"].save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, model_max_length=5)
+    torch.manual_seed(0)
+    model = hst.ScratchSeq2SeqForConditionalGeneration(tiny_config("seq2seq", vocab_size=len(tokenizer))).eval()
+    translator = pipeline(hst.TEXT2TEXT_TASK, model=model, tokenizer=tokenizer)
+    settings = dict(max_new_tokens=4, num_beams=1, do_sample=False)
+    source = "Now is the winter of our discontent"
+    cut = tokenizer(source, truncation=True, return_tensors="pt")
+    assert cut.input_ids.shape[-1] == 5 < len(tokenizer(source).input_ids)
+    expected = tokenizer.decode(model.generate(**cut, **settings)[0], skip_special_tokens=True).strip()
+    assert translator([source, TEXT], truncation=True, batch_size=2, **settings)[0] == [{"generated_text": expected}]
+    assert translator(source, max_source_length=5, **settings) == [{"generated_text": expected}]
+    uncut = tokenizer.decode(model.generate(**tokenizer(source, return_tensors="pt"), **settings)[0],
+                             skip_special_tokens=True).strip()
+    assert uncut != expected
+    assert translator(source, truncation=False, **settings) == [{"generated_text": uncut}]
+
+
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
 def test_scratch_text2text_default_length_stays_within_absolute_positions(tokenizers, tmp_path, positions):
     """The pipeline's default of 256 new tokens is more than a model with 128 absolute positions (`hf-scratch train
