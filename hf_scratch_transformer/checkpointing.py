@@ -235,6 +235,18 @@ def checkpoints(folder: str | Path, prefix: str = ACCELERATE_PREFIX) -> list[Pat
     return sorted((path for path in folder.iterdir() if name.fullmatch(path.name) and path.is_dir()), key=_step)
 
 
+def not_checkpoint_folders(folder: str | Path) -> list[Path]:
+    """What in a run's `folder` of checkpoints bears the name of a checkpoint (either command's, or a leftover of one)
+    but is no folder of the run's own: a file, or a symbolic link. `checkpoints` passes over it, and the run failed
+    only when it saved or removed that step (a rename onto the file; `rmtree` of the link, after renaming it), with
+    a message blaming the free space."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.iterdir()
+                  if _CHECKPOINT_NAME.fullmatch(path.name) and (path.is_symlink() or not path.is_dir()))
+
+
 def complete_checkpoints(folder: str | Path, prefix: str = ACCELERATE_PREFIX) -> list[Path]:
     """The checkpoints in `folder` that carry a manifest, oldest first (not verified: see `latest_checkpoint`)."""
     return [path for path in checkpoints(folder, prefix) if (path / MANIFEST).is_file()]
@@ -679,6 +691,8 @@ class CrashSafeSeq2SeqTrainer(CrashSafeCheckpoints, Seq2SeqTrainer):
 
 _NUMBERED_NAME = re.compile(r"[\w.]+-\d+")
 _LEFTOVER_NAME = re.compile(rf"[\w.]+-\d+({re.escape(PARTIAL_SUFFIX)}|{re.escape(DELETED_SUFFIX)})")
+_CHECKPOINT_NAME = re.compile(rf"({ACCELERATE_PREFIX}|{TRAINER_PREFIX})-\d+"
+                              rf"({re.escape(PARTIAL_SUFFIX)}|{re.escape(DELETED_SUFFIX)})?")
 
 
 def _step(path: Path) -> int:

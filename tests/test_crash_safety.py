@@ -419,6 +419,29 @@ def test_a_file_where_the_run_writes_a_folder_is_refused_before_any_work(tmp_pat
     assert (tmp_path / "checkpoints").read_text() == "the user's notes"
 
 
+@pytest.mark.parametrize("name", ["checkpoint-6", "step-8", "checkpoint-6.tmp", "step-4.deleted"])
+@pytest.mark.parametrize("kind", ["file", "link", "dangling link"])
+def test_a_file_or_link_named_as_a_checkpoint_is_refused_before_any_work(tmp_path, capsys, name, kind):
+    """`--resume` passed over a file `checkpoints/checkpoint-6` and failed on it when it saved step 6 (renaming the
+    checkpoint onto it), saying "free space"; a symbolic link there was renamed `.deleted`, then `rmtree` refused it."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "checkpoints").mkdir()
+    stray = tmp_path / "checkpoints" / name
+    if kind == "file":
+        stray.write_text("the user's notes")
+    else:
+        stray.symlink_to(tmp_path / ("notes" if kind == "link" else "gone"))
+    (tmp_path / "checkpoints" / "checkpoint-4").mkdir()
+    for resume, overwrite in ((True, False), (False, True)):
+        with pytest.raises(SystemExit) as stopped:
+            run_options.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, resume, overwrite)
+        assert stopped.value.code == 2
+        kind_said = "a file" if kind == "file" else "a symbolic link"
+        assert f"{stray} is {kind_said}, named as a checkpoint" in capsys.readouterr().err
+    assert stray.is_symlink() if kind != "file" else stray.read_text() == "the user's notes", "left as it was"
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == sorted(["checkpoint-4", name])
+
+
 def test_an_empty_checkpoints_folder_is_no_earlier_run(tmp_path, capsys):
     """A run stopped (Ctrl-C, a kill) before its first checkpoint leaves an empty `checkpoints/`: the same command
     again was refused as "holds an earlier run (checkpoints)", over a folder holding nothing to keep."""

@@ -618,6 +618,10 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
         # the run writes a folder there: a traceback after the data and tokenizer work (or, replacing, one removing it)
         parser.error(f"{output_dir / files[0]} is a file, where the run writes a folder: move it away, or choose "
                      "another --output-dir.")
+    if stray := checkpointing.not_checkpoint_folders(output_dir / "checkpoints"):
+        fail(parser, f"{stray[0]} is {'a symbolic link' if stray[0].is_symlink() else 'a file'}, named as a "
+                     "checkpoint: the run writes and removes checkpoint folders of its own under such names. Move it "
+                     "away, or choose another --output-dir.")
     # An empty folder is what a run stopped before its first checkpoint leaves: nothing to continue or keep.
     earlier = [name for name in RUN_FILES if (path := output_dir / name).exists()
                and not (path.is_dir() and next(path.iterdir(), None) is None)]
