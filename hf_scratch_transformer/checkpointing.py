@@ -283,6 +283,7 @@ def checkpoint_to_resume(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
     folder = Path(folder)
     checkpoint = latest_checkpoint(folder, prefix, report)
     if checkpoint is not None:
+        check_loop(checkpoint, prefix)
         return checkpoint
     other = TRAINER_PREFIX if prefix == ACCELERATE_PREFIX else ACCELERATE_PREFIX
     held = [f"its model in {folder.parent / 'model'}"] if (folder.parent / "model").is_dir() else []
@@ -356,6 +357,28 @@ def _file_stamps(path: Path, names) -> tuple:
     return tuple((name, (stat := (path / name).stat()).st_size, stat.st_mtime_ns) for name in sorted(names))
 
 
+# The file each loop writes into every checkpoint of its own, the loop, and how it continues one.
+_LOOPS = {ACCELERATE_PREFIX: ("random_states_0.pkl", "`hf-scratch train-accelerate` (the Accelerate loop)",
+                              "--resume-from it, or --resume under a step-N name"),
+          TRAINER_PREFIX: (TRAINER_STATE_NAME, "`hf-scratch train` (Trainer)", "--resume under a checkpoint-N name")}
+
+
+def check_loop(path: str | Path, prefix: str = ACCELERATE_PREFIX) -> None:
+    """A checkpoint (verified) must be one of the loop that resumes it (`prefix`: Accelerate's step-N, Trainer's
+    checkpoint-N); else `CheckpointError` naming what it is and what it lacks. A step-N folder renamed checkpoint-N
+    verified, and Trainer failed on it with a FileNotFoundError traceback (trainer_state.json)."""
+    own = _LOOPS[prefix][0]
+    if (Path(path) / own).is_file():
+        return
+    other = TRAINER_PREFIX if prefix == ACCELERATE_PREFIX else ACCELERATE_PREFIX
+    marker, loop, how = _LOOPS[other]
+    if (Path(path) / marker).is_file():
+        raise CheckpointError(f"Checkpoint {path} is one of {loop}, which continues it ({how}): it has no {own}, "
+                              f"which this command's {prefix}-N checkpoints hold.")
+    raise CheckpointError(f"Checkpoint {path} has neither {own} nor {marker}: it is no checkpoint of a training "
+                          "command.")
+
+
 # ----------------------------------------------------------------------------------------------- loading
 
 
@@ -387,14 +410,12 @@ def load_checkpoint(accelerator, path: str | Path, model=None, optimizer=None) -
     process's random state was not restored, or when the checkpoint's state replaced the settings of `optimizer`
     (when given)."""
     manifest = verify_checkpoint(path)
+    check_loop(path)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     check_sharding(path, fsdp, accelerator.state.fsdp_plugin.state_dict_type if fsdp else None)
     if model is not None:  # else Accelerate's loader fails on another model with a traceback of size mismatches
         _check_same_tensors(path, accelerator.unwrap_model(model))
         _check_same_config(path, accelerator.unwrap_model(model))
-    if not any(Path(path).glob("random_states_*.pkl")) and (Path(path) / TRAINER_STATE_NAME).is_file():
-        raise CheckpointError(f"Checkpoint {path} is one of `hf-scratch train` (Trainer), which continues it with "
-                              "--resume; this loop continues its own step-N checkpoints.")
     # Every process checks the files of all, so that all stop together (before `load_state`, which may communicate).
     for process in range(accelerator.num_processes):
         if not (Path(path) / f"random_states_{process}.pkl").is_file():
@@ -513,6 +534,7 @@ class CrashSafeCheckpoints:
             resume_from_checkpoint = checkpoint_to_resume(folder, TRAINER_PREFIX, report)
         if resume_from_checkpoint:
             then = verify_checkpoint(resume_from_checkpoint)["metadata"]  # an older checkpoint's: none
+            check_loop(resume_from_checkpoint, TRAINER_PREFIX)
             check_sharding(resume_from_checkpoint, self.is_fsdp_enabled,
                            self.accelerator.state.fsdp_plugin.state_dict_type if self.is_fsdp_enabled else None)
             if self.is_world_process_zero():

@@ -523,6 +523,22 @@ def test_resume_with_no_checkpoint_of_its_own_leaves_the_earlier_run_alone(works
         assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
 
 
+def test_a_checkpoint_of_the_other_command_under_this_ones_name_is_refused(workspace, uninterrupted, tmp_path):
+    """An Accelerate step-N renamed checkpoint-N verified, and `train --resume` failed on it with a FileNotFoundError
+    traceback (trainer_state.json), after naming "changed settings" read from the other loop's manifest."""
+    entry, full = uninterrupted
+    other = next(name for name in ENTRY_POINTS if name != entry)
+    renamed = tmp_path / "renamed" / "checkpoints" / f"{ENTRY_POINTS[other][2]}-10"
+    shutil.copytree(full / "checkpoints" / f"{ENTRY_POINTS[entry][2]}-10", renamed)
+    before = {path: path.stat().st_mtime_ns for path in renamed.parent.rglob("*")}
+    stderr = run(command(other, workspace, renamed.parent.parent, "--resume"), workspace, returncode=2)
+    loop = "`hf-scratch train` (Trainer)" if entry == "trainer" else \
+        "`hf-scratch train-accelerate` (the Accelerate loop)"
+    assert f"Checkpoint {renamed} is one of {loop}, which continues it" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and "changed settings" not in stderr
+    assert {path: path.stat().st_mtime_ns for path in renamed.parent.rglob("*")} == before, "nothing was touched"
+
+
 def test_a_checkpoint_the_user_removes_while_the_run_prunes_does_not_stop_the_run(tmp_path, monkeypatch):
     for step in (2, 4, 6):
         (tmp_path / f"step-{step}").mkdir()

@@ -153,6 +153,7 @@ claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None
 try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
     if args.resume_from:
         resume, manifest = args.resume_from, checkpointing.verify_checkpoint(args.resume_from)
+        checkpointing.check_loop(resume)
     else:
         resume = checkpointing.checkpoint_to_resume(checkpoints, report=accelerator.print) if args.resume else None
         manifest = checkpointing.verify_checkpoint(resume) if resume else None  # files not read again
