@@ -477,7 +477,8 @@ class CrashSafeCheckpoints:
     A checkpoint also keeps the training loss summed since the last log (`LOSS_WINDOW`), which Trainer starts
     again from zero when it resumes: with it, the resumed run logs the same losses as the uninterrupted one, also
     when the checkpoint falls between two logs (a `--max-minutes` stop). Its manifest records the arguments that
-    shape the steps (`STEP_SETTINGS`): a run resumed with others is told which, as the Accelerate loop tells it."""
+    shape the steps (`STEP_SETTINGS`, and the command's own `step_settings`): a run resumed with others is told
+    which, as the Accelerate loop tells it."""
 
     # Taken from the resuming command, not the checkpoint: other values change the steps (the schedule is rebuilt
     # from the resumed step; another batch or seed draws other batches), which Trainer did without a word.
@@ -486,8 +487,11 @@ class CrashSafeCheckpoints:
     _staging_dir: Path | None = None
     _resumed_loss_window: dict | None = None
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, step_settings: dict | None = None, **kwargs):
+        """`step_settings`: the command's own settings that shape the steps as well (--max-length, the data),
+        recorded and compared with `STEP_SETTINGS`."""
         super().__init__(*args, **kwargs)
+        self._own_step_settings = step_settings or {}
         self.add_callback(_RestoreLossWindow(self))
 
     def _get_output_dir(self, trial) -> str:
@@ -551,7 +555,8 @@ class CrashSafeCheckpoints:
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
 
     def _step_settings(self) -> dict:
-        return {key: json.loads(json.dumps(getattr(self.args, key), default=str)) for key in self.STEP_SETTINGS}
+        settings = {key: getattr(self.args, key) for key in self.STEP_SETTINGS} | self._own_step_settings
+        return {key: json.loads(json.dumps(value, default=str)) for key, value in settings.items()}
 
     def _finished_run(self, checkpoint: str) -> TrainOutput | None:
         """Trainer tests `max_steps` only after a step, so resuming a checkpoint at or past it would train one step

@@ -43,6 +43,7 @@ from hf_scratch_transformer.cli.run_options import (
     check_model_fits,
     check_model_folder,
     claim_output_dir,
+    data_settings,
     dataset_name,
     fail_with,
     is_rank_zero,
@@ -381,7 +382,7 @@ trainer = CrashSafeTrainer(
         dataloader_pin_memory=torch.accelerator.is_available(),  # pinned host memory is for copies to a GPU
     ),
     train_dataset=datasets["train"], eval_dataset=datasets["validation"], data_collator=collator,
-    processing_class=tokenizer,
+    processing_class=tokenizer, step_settings={"max_length": args.max_length, "data": data_settings(args)},
     compute_metrics=(training.classification_metrics if args.task == "text-classification"
                      else training.token_classification_metrics(names)),
 )

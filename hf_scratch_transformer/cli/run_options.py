@@ -528,6 +528,24 @@ def on_the_hub(dataset: str | None) -> bool:
     return dataset is not None and not Path(dataset).exists()
 
 
+# The options that name a run's data (the training commands' and finetune's), its files first.
+DATA_FILE_OPTIONS = ("train_files", "validation_files", "source_files", "target_files", "validation_source",
+                     "validation_target", "train_file", "validation_file")
+DATA_OPTIONS = (*DATA_FILE_OPTIONS, "dataset", "dataset_config", "text_column", "source_column", "target_column",
+                "tokens_column", "label_column")
+
+
+def data_settings(args) -> dict:
+    """The data a run reads, as its checkpoints record it among the settings that shape the steps (which a resumed
+    run names when they changed): the data options given, each file resolved (the same file named from another
+    working folder is the same data), and the embedded corpus where a language model is given no data."""
+    given = {name: value for name in DATA_OPTIONS if (value := getattr(args, name, None))}
+    if getattr(args, "task", None) in ("causal-lm", "masked-lm") and not (args.train_files or args.dataset):
+        given["train_files"] = [DEFAULT_CORPUS]
+    return {name: ([str(Path(file).resolve()) for file in value] if isinstance(value, list) else
+                   str(Path(value).resolve())) if name in DATA_FILE_OPTIONS else value for name, value in given.items()}
+
+
 def run_data_files(args) -> list[Path]:
     """The files a training run read, as its card lists them: a seq2seq run's both sides, or the embedded corpus."""
     given = args.train_files or (args.source_files or []) + (args.target_files or [])

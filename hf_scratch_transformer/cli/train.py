@@ -51,6 +51,7 @@ from hf_scratch_transformer.cli.run_options import (
     claim_output_dir,
     config_file_fields_replaced,
     config_overrides,
+    data_settings,
     fail,
     fail_with,
     follow_the_tokenizer,
@@ -263,7 +264,8 @@ if args.fsdp:  # as configs/accelerate/fsdp.yaml
     arguments |= dict(fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["ScratchBlock"],
                                                "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT"})
 trainer_kwargs = dict(model=model, train_dataset=datasets["train"], eval_dataset=datasets["validation"],
-                      data_collator=collator, processing_class=tokenizer)
+                      data_collator=collator, processing_class=tokenizer,
+                      step_settings={"max_length": args.max_length, "data": data_settings(args)})
 budget = training.TimeBudget(60 * args.max_minutes) if args.max_minutes else None
 if budget:
     trainer_kwargs["callbacks"] = [budget]

@@ -59,6 +59,7 @@ from hf_scratch_transformer.cli.run_options import (
     config_file_fields_replaced,
     config_overrides,
     continues_run,
+    data_settings,
     fail,
     fail_together,
     fail_with,
@@ -283,7 +284,8 @@ if len(loader) == 0:
     fail(parser, f"{len(datasets['train'])} training sequences do not fill one batch per process.")
 
 layout = {key: getattr(args, key) for key in ("task", "batch_size", "gradient_accumulation_steps", "max_steps",
-                                             "max_length", "seed")} | {"num_processes": accelerator.num_processes}
+                                             "lr_scheduler", "max_length", "seed")} | {
+    "warmup_steps": warmup_steps, "num_processes": accelerator.num_processes, "data": data_settings(args)}
 history, start_step = [], 0
 if resume:
     problem = None  # each process loads its own random state
@@ -302,8 +304,9 @@ if resume:
             (output_dir / name).write_bytes(content)
     start_step = manifest["step"]
     history = [json.loads(line) for line in (Path(resume) / "loss_curve.jsonl").read_text().splitlines()]
-    changed = {key: (manifest["metadata"].get(key), value) for key, value in layout.items()
-               if manifest["metadata"].get(key) != value}  # (checkpoint's, now)
+    then = manifest["metadata"]  # an older checkpoint's records fewer settings: those are not compared
+    changed = {key: (then[key], value) for key, value in layout.items()
+               if key in then and then[key] != value}  # (checkpoint's, now)
     accelerator.print(f"resumed from {resume} at step {start_step}" + (f"; changed settings {changed} make the steps "
                       "differ from an uninterrupted run" if changed else ""))
 else:
