@@ -459,6 +459,27 @@ def test_a_file_or_link_named_as_a_checkpoint_is_refused_before_any_work(tmp_pat
     assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == sorted(["checkpoint-4", name])
 
 
+def test_a_link_to_a_folder_the_run_replaces_is_refused_before_any_work(tmp_path, capsys):
+    """A symbolic link `model` (to another disk) was renamed `model.deleted` when the run wrote its model, then
+    `rmtree` refused it: the run ended with a message blaming the free space. So did `checkpoints` under
+    --overwrite-output-dir, with a traceback; resuming into a linked `checkpoints` works, and is left to do so."""
+    parser, run, elsewhere = run_options.RunParser(prog="train"), tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    for name in ("model", "checkpoints"):
+        (elsewhere / name / "step-2").mkdir(parents=True)
+        (run / name).symlink_to(elsewhere / name)
+    for link, resume, overwrite in (("model", True, False), ("model", False, True), ("checkpoints", False, True)):
+        if link == "checkpoints":
+            (run / "model").unlink()
+        with pytest.raises(SystemExit) as stopped:
+            run_options.claim_output_dir(parser, run, resume, overwrite)
+        assert stopped.value.code == 2
+        assert f"{run / link} is a symbolic link, to a folder the run replaces" in capsys.readouterr().err
+    run_options.claim_output_dir(parser, run, resume=True, overwrite=False)
+    assert (run / "checkpoints").is_symlink() and sorted(path.name for path in elsewhere.rglob("*")) == \
+        ["checkpoints", "model", "step-2", "step-2"], "left as they were"
+
+
 def test_an_empty_checkpoints_folder_is_no_earlier_run(tmp_path, capsys):
     """A run stopped (Ctrl-C, a kill) before its first checkpoint leaves an empty `checkpoints/`: the same command
     again was refused as "holds an earlier run (checkpoints)", over a folder holding nothing to keep."""

@@ -636,6 +636,12 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
         # the run writes a folder there: a traceback after the data and tokenizer work (or, replacing, one removing it)
         parser.error(f"{output_dir / files[0]} is a file, where the run writes a folder: move it away, or choose "
                      "another --output-dir.")
+    # The run replaces its model folder whole, --overwrite-output-dir its checkpoints: renamed aside, then removed,
+    # which `rmtree` refuses on a symbolic link (after the rename), said to be a full disk at the end of the run.
+    if links := [path for name in ("model", "checkpoints") if (path := output_dir / name).is_symlink()
+                 and (name == "model" or overwrite)]:
+        fail(parser, f"{links[0]} is a symbolic link, to a folder the run replaces whole (renaming it aside): move the "
+                     "link away, or give an --output-dir on the disk it points to.")
     if stray := checkpointing.not_checkpoint_folders(output_dir / "checkpoints"):
         fail(parser, f"{stray[0]} is {'a symbolic link' if stray[0].is_symlink() else 'a file'}, named as a "
                      "checkpoint: the run writes and removes checkpoint folders of its own under such names. Move it "
