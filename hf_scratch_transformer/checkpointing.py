@@ -320,8 +320,10 @@ def verify_checkpoint(path: str | Path) -> dict:
         )
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        files, step = manifest["files"], int(manifest["step"])
+        files, step, metadata = manifest["files"], int(manifest["step"]), manifest["metadata"]
         expected = {name: (int(entry["size"]), entry["sha256"]) for name, entry in files.items()}
+        if not isinstance(metadata, dict):  # the resuming command reads its settings there
+            raise TypeError(f"its metadata is {metadata!r}, not an object")
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"Checkpoint {path} is corrupt: its {MANIFEST} cannot be read ({error}).") from error
     if _NUMBERED_NAME.fullmatch(path.name) and _step(path) != step:

@@ -541,11 +541,21 @@ def test_a_save_interrupted_midway_never_looks_complete(tmp_path):
     assert not (tmp_path / "step-4.tmp").exists() and checkpointing.verify_checkpoint(tmp_path / "step-4")
 
 
+def edit_manifest(path: Path, edit) -> None:
+    manifest = json.loads((path / "COMPLETE.json").read_text())
+    edit(manifest)
+    (path / "COMPLETE.json").write_text(json.dumps(manifest))
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda p: (p / "optimizer.bin").write_bytes(b"\0" * 10), r"optimizer\.bin has 10 bytes, 512 were written"),
     (lambda p: (p / "optimizer.bin").write_bytes(b"\1" * 512), r"optimizer\.bin does not match its SHA-256"),
     (lambda p: (p / "random_states_0.pkl").unlink(), r"random_states_0\.pkl is missing"),
     (lambda p: (p / "COMPLETE.json").write_text("{not json"), r"COMPLETE\.json cannot be read"),
+    # Edited by hand: the resume read the settings there with a traceback (KeyError, TypeError)
+    (lambda p: edit_manifest(p, lambda manifest: manifest.pop("metadata")), r"cannot be read \('metadata'\)"),
+    (lambda p: edit_manifest(p, lambda manifest: manifest.update(metadata=5)),
+     r"cannot be read \(its metadata is 5, not an object\)"),
 ])
 def test_a_corrupt_checkpoint_fails_naming_the_problem(tmp_path, damage, message):
     path = checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 3)
