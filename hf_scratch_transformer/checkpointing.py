@@ -19,6 +19,7 @@ travels to the Hub). What a crash at each point leaves behind: docs/checkpoints.
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from accelerate.utils import DistributedType
 from accelerate.utils.constants import FSDP_MODEL_NAME
 from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedConfig, Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_pt_utils import nested_gather
@@ -48,6 +50,11 @@ TRAINER_PREFIX = "checkpoint"  # Trainer's PREFIX_CHECKPOINT_DIR: checkpoint-N
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete (interrupted while being written) or corrupt."""
+
+
+class TrainingDiverged(CheckpointError):
+    """Training whose weights went nan or inf: the run stops there, and no checkpoint or model of them is written
+    (`check_step_finite`, `check_weights_finite`)."""
 
 
 class WriteError(CheckpointError):
@@ -381,6 +388,66 @@ def check_loop(path: str | Path, prefix: str = ACCELERATE_PREFIX) -> None:
                           "command.")
 
 
+# ----------------------------------------------------------------------------------------------- divergence
+
+
+def check_step_finite(step: int, values: dict, skipped: bool, folder: str | Path,
+                      prefix: str = ACCELERATE_PREFIX) -> None:
+    """Raise `TrainingDiverged` when one of the training step `step`'s `values` (name -> its loss or gradient norm,
+    a float or tensor the same in every process; None: not computed) is nan or inf and its optimizer step was not
+    `skipped`: that step has made every weight nan. (fp16's GradScaler skips a step whose gradients overflowed, on
+    purpose: the weights stay finite, and the run goes on.) The values came from the weights after step `step - 1`,
+    which give them again to a run resumed from a checkpoint of those weights: the error names the one before."""
+    if skipped:
+        return
+    for name, value in values.items():
+        if value is not None and not math.isfinite(value := float(value)):
+            raise _diverged(f"the {name} of step {step} is {value}, computed from the weights after step {step - 1}",
+                            step - 1, folder, prefix)
+
+
+def check_weights_finite(model, step: int, folder: str | Path, prefix: str = ACCELERATE_PREFIX) -> None:
+    """Raise `TrainingDiverged` when a weight of `model` after step `step`, about to be saved, is nan or inf. Call it
+    in every process."""
+    if not _weights_finite(model):
+        raise _diverged(f"the weights after step {step} hold nan or inf", step, folder, prefix)
+
+
+def _weights_finite(model) -> bool:
+    """Whether every parameter of `model` is finite in every process (each reads its own shard of an FSDP model). One
+    pass over the weights, made before a checkpoint is saved and after one is loaded, never per step."""
+    finite = torch.stack([(p.to_local() if isinstance(p, DTensor) else p).isfinite().all()
+                          for p in model.parameters()]).all().int()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(finite, torch.distributed.ReduceOp.MIN)
+    return bool(finite)
+
+
+def _check_loaded_weights_finite(model, checkpoint: str | Path) -> None:
+    """`model`, just loaded from `checkpoint`, must hold finite weights. A checkpoint of nan or inf ones (written
+    before runs stopped at a divergence) verifies, but cannot be trained on: it is refused by name rather than
+    skipped, since the checkpoint before it, resumed with the same settings, would take the same steps to the same
+    end (and may hold nan weights too)."""
+    if not _weights_finite(model):
+        raise TrainingDiverged(
+            f"Checkpoint {checkpoint} holds nan or inf weights: its run diverged, and it was written before runs "
+            "stopped there, so no training continues from it. Train again with a lower learning rate."
+        )
+
+
+def _diverged(what: str, bad_from: int, folder: str | Path, prefix: str) -> TrainingDiverged:
+    """The error of a run whose weights after step `bad_from` are bad (`what` says how), naming the newest checkpoint
+    of `folder` before them."""
+    earlier = [path for path in complete_checkpoints(folder, prefix) if _step(path) < bad_from]
+    where = f"the newest checkpoint before those weights is {earlier[-1]}" if earlier else \
+        "no checkpoint before those weights is left"
+    return TrainingDiverged(
+        f"Training diverged: {what}. No checkpoint or model of nan or inf weights is written; {where}. Lower the "
+        "learning rate (or lengthen the warmup) and train again: from a checkpoint the same settings take the same "
+        "steps again, and --resume refuses another learning rate."
+    )
+
+
 # ----------------------------------------------------------------------------------------------- loading
 
 
@@ -428,6 +495,8 @@ def load_checkpoint(accelerator, path: str | Path, model=None, optimizer=None) -
     accelerator.load_state(str(path))
     if settings is not None:
         check_same_optimizer(path, settings, optimizer)
+    if model is not None:
+        _check_loaded_weights_finite(model, path)
     try:  # as Accelerate reads it; it swallows any failure, so compare what it restored with the file
         saved = torch.load(rng_file, weights_only=False)["torch_manual_seed"]
         restored = torch.equal(torch.get_rng_state(), saved)
@@ -500,8 +569,16 @@ class CrashSafeCheckpoints:
         # While a checkpoint is saved, Trainer writes `<staging>/checkpoint-N` and rotates inside <staging>.
         return str(self._staging_dir) if self._staging_dir is not None else super()._get_output_dir(trial)
 
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, model, trial, *args, **kwargs) -> None:
+        # After each optimizer step, before its log and save. Its gradient norm, the same in every process, is nan or
+        # inf whenever a loss of the step is (which Trainer's log leaves out, `logging_nan_inf_filter`).
+        check_step_finite(self.state.global_step, {"gradient norm": grad_norm},
+                          self.accelerator.optimizer_step_was_skipped, self._get_output_dir(trial), TRAINER_PREFIX)
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, *args, **kwargs)
+
     def _save_checkpoint(self, model, trial) -> None:
         step = self.state.global_step
+        check_weights_finite(self.model, step, self._get_output_dir(trial), TRAINER_PREFIX)
         final = checkpoint_path(self._get_output_dir(trial), step, TRAINER_PREFIX)
         staging = final.with_name(final.name + PARTIAL_SUFFIX)
         if self.args.should_save:
@@ -587,6 +664,7 @@ class CrashSafeCheckpoints:
         _check_same_config(resume_from_checkpoint, self.model if model is None else model)
         _check_same_labels(resume_from_checkpoint, self.model if model is None else model)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+        _check_loaded_weights_finite(self.model if model is None else model, resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         settings = optimizer_settings(self.optimizer) if checkpoint is not None else None

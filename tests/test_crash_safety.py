@@ -5,6 +5,7 @@ save; corrupt or unloadable state is an error naming the file; an earlier run is
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from forked_python import run_python
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
 from tiny_tokenizers import wordpiece, write_run_corpus
 from transformers import TrainingArguments
@@ -345,6 +346,55 @@ def test_resuming_with_other_optimizer_settings_is_an_error_naming_them(workspac
     assert "was trained with other optimizer settings than this run's" in stderr and "Traceback" not in stderr
     assert "learning rate 0.001 there, 0.05 here; weight decay 0.01 there, 0.1 here" in stderr
     assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_a_diverged_run_stops_at_its_step_and_keeps_its_finite_checkpoints(workspace, entry, tmp_path):
+    """A learning rate of 1e6 makes the weights after step 2 huge and the loss of step 3 nan. The runs went on to
+    their end: Trainer logged the losses as 0.0, both saved checkpoints of nan weights, whose pruning (2 kept)
+    deleted every finite one, and wrote a model folder of nan weights (Trainer's sample then failed with a
+    traceback). A checkpoint of nan weights that such a run left is refused by name on --resume."""
+    prefix = ENTRY_POINTS[entry][2]
+    output, checkpoints = tmp_path / "diverged", tmp_path / "diverged" / "checkpoints"
+    diverging = ["--learning-rate", "1e6", "--save-steps", "1", "--max-steps", "6"]
+    stderr = run(command(entry, workspace, output, *diverging), workspace, returncode=2)
+    value, good = "loss" if entry == "accelerate" else "gradient norm", re.escape(str(checkpoints / f"{prefix}-1"))
+    assert re.search(f"error: Training diverged: the {value} of step 3 is (nan|inf), computed from the weights after "
+                     f"step 2. .*the newest checkpoint before those weights is {good}. Lower the learning rate",
+                     stderr), stderr[-2000:]
+    assert "Traceback" not in stderr and not (output / "model").exists()
+    saved = checkpointing.checkpoints(checkpoints, prefix)
+    assert [path.name for path in saved] == [f"{prefix}-1", f"{prefix}-2"]
+    assert all(tensor.isfinite().all() for path in saved for tensor in load_file(path / "model.safetensors").values())
+
+    weights = load_file(saved[-1] / "model.safetensors")  # as a run diverged before this check saved it
+    save_file({name: torch.full_like(tensor, float("nan")) for name, tensor in weights.items()},
+              saved[-1] / "model.safetensors", metadata={"format": "pt"})
+    checkpointing.write_manifest(saved[-1], 2)
+    stderr = run(command(entry, workspace, output, *diverging, "--resume"), workspace, returncode=2)
+    assert f"error: Checkpoint {saved[-1]} holds nan or inf weights: its run diverged" in stderr
+    assert "Traceback" not in stderr and not (output / "model").exists()
+
+
+def test_a_step_that_fp16_skipped_goes_on_and_nan_weights_are_never_saved(tmp_path):
+    """fp16's GradScaler skips a step whose gradients overflowed, on purpose: the weights stay finite, and the run
+    goes on. Weights that went nan or inf without a nan loss are caught before they are saved."""
+    for step in (2, 4):
+        (tmp_path / f"step-{step}").mkdir()
+        checkpointing.write_manifest(tmp_path / f"step-{step}", step)
+    checkpointing.check_step_finite(5, {"loss": float("inf"), "gradient norm": torch.tensor(float("nan"))},
+                                    skipped=True, folder=tmp_path)
+    with pytest.raises(checkpointing.TrainingDiverged, match="the gradient norm of step 5 is nan, computed from the "
+                       f"weights after step 4. .* before those weights is {re.escape(str(tmp_path))}/step-2. Lower"):
+        checkpointing.check_step_finite(5, {"loss": 2.0, "gradient norm": torch.tensor(float("nan"))},
+                                        skipped=False, folder=tmp_path)
+    model = tiny_lm("decoder")
+    checkpointing.check_weights_finite(model, 6, tmp_path)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("inf")
+    with pytest.raises(checkpointing.TrainingDiverged, match="the weights after step 6 hold nan or inf. .* before "
+                       f"those weights is {re.escape(str(tmp_path))}/step-4. Lower"):
+        checkpointing.check_weights_finite(model, 6, tmp_path)
 
 
 # Two gloo processes on this CPU (ACCELERATE_USE_CPU joins Trainer's too); torchrun itself reports a failed process.

@@ -401,14 +401,18 @@ for step in range(start_step + 1, stop + 1):
             log.write(json.dumps(record) + "\n")
     progress.update(1)
     progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
-    if step % save_steps == 0 or step == stop:
-        extra_files = {"loss_curve.jsonl": log_file.read_text(), "config.json": config_json, **checkpoint_files} \
-            if accelerator.is_main_process else None
-        try:
+    try:  # a nan loss, nan weights or a checkpoint not written (a full disk): say so, without a traceback
+        # Read for the log already, the same in every process: nan or inf stops the run before it saves the weights
+        checkpointing.check_step_finite(step, {"loss": record["loss"], "gradient norm": record["grad_norm"]},
+                                        accelerator.optimizer_step_was_skipped, checkpoints)
+        if step % save_steps == 0 or step == stop:
+            checkpointing.check_weights_finite(model, step, checkpoints)
+            extra_files = {"loss_curve.jsonl": log_file.read_text(), "config.json": config_json,
+                           **checkpoint_files} if accelerator.is_main_process else None
             checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
                                           extra_files=extra_files)
-        except checkpointing.CheckpointError as error:  # not written (a full disk): say so, without a traceback
-            fail_with(parser, error)
+    except checkpointing.CheckpointError as error:
+        fail_with(parser, error)
 progress.close()
 if stop < args.max_steps:
     accelerator.print(f"stopped after step {stop} of {args.max_steps}; continue with --resume")
