@@ -391,17 +391,16 @@ def check_loop(path: str | Path, prefix: str = ACCELERATE_PREFIX) -> None:
 # ----------------------------------------------------------------------------------------------- divergence
 
 
-def check_step_finite(step: int, values: dict, skipped: bool, folder: str | Path,
+def check_step_finite(step: int, values: dict, skipped: Callable[[], bool], folder: str | Path,
                       prefix: str = ACCELERATE_PREFIX) -> None:
     """Raise `TrainingDiverged` when one of the training step `step`'s `values` (name -> its loss or gradient norm,
     a float or tensor the same in every process; None: not computed) is nan or inf and its optimizer step was not
-    `skipped`: that step has made every weight nan. (fp16's GradScaler skips a step whose gradients overflowed, on
-    purpose: the weights stay finite, and the run goes on.) The values came from the weights after step `step - 1`,
-    which give them again to a run resumed from a checkpoint of those weights: the error names the one before."""
-    if skipped:
-        return
+    `skipped()` (asked only then: on a GPU the GradScaler's answer waits for the step): that step has made every
+    weight nan. (fp16's GradScaler skips a step whose gradients overflowed, on purpose: the weights stay finite, and
+    the run goes on.) The values came from the weights after step `step - 1`, which give them again to a run resumed
+    from a checkpoint of those weights: the error names the one before."""
     for name, value in values.items():
-        if value is not None and not math.isfinite(value := float(value)):
+        if value is not None and not math.isfinite(value := float(value)) and not skipped():
             raise _diverged(f"the {name} of step {step} is {value}, computed from the weights after step {step - 1}",
                             step - 1, folder, prefix)
 
@@ -416,8 +415,8 @@ def check_weights_finite(model, step: int, folder: str | Path, prefix: str = ACC
 def _weights_finite(model) -> bool:
     """Whether every parameter of `model` is finite in every process (each reads its own shard of an FSDP model). One
     pass over the weights, made before a checkpoint is saved and after one is loaded, never per step."""
-    finite = torch.stack([(p.to_local() if isinstance(p, DTensor) else p).isfinite().all()
-                          for p in model.parameters()]).all().int()
+    flags = [(p.to_local() if isinstance(p, DTensor) else p).isfinite().all() for p in model.parameters()]
+    finite = torch.stack([flag.to(flags[0].device) for flag in flags]).all().int()  # a model over several devices
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(finite, torch.distributed.ReduceOp.MIN)
     return bool(finite)
@@ -571,9 +570,14 @@ class CrashSafeCheckpoints:
 
     def _maybe_log_save_evaluate(self, tr_loss, grad_norm, model, trial, *args, **kwargs) -> None:
         # After each optimizer step, before its log and save. Its gradient norm, the same in every process, is nan or
-        # inf whenever a loss of the step is (which Trainer's log leaves out, `logging_nan_inf_filter`).
-        check_step_finite(self.state.global_step, {"gradient norm": grad_norm},
-                          self.accelerator.optimizer_step_was_skipped, self._get_output_dir(trial), TRAINER_PREFIX)
+        # inf whenever a loss of the step is (which Trainer's log leaves out, `logging_nan_inf_filter`). Read at every
+        # step where that is free; on a GPU at the steps that log or save, which wait for the step anyway (Trainer
+        # keeps its other steps free of such waits), and the weights are checked before every save.
+        on_accelerator = isinstance(grad_norm, torch.Tensor) and grad_norm.device.type != "cpu"
+        if not on_accelerator or self.control.should_log or self.control.should_save:
+            check_step_finite(self.state.global_step, {"gradient norm": grad_norm},
+                              lambda: self.accelerator.optimizer_step_was_skipped, self._get_output_dir(trial),
+                              TRAINER_PREFIX)
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial) -> None:

@@ -383,11 +383,11 @@ def test_a_step_that_fp16_skipped_goes_on_and_nan_weights_are_never_saved(tmp_pa
         (tmp_path / f"step-{step}").mkdir()
         checkpointing.write_manifest(tmp_path / f"step-{step}", step)
     checkpointing.check_step_finite(5, {"loss": float("inf"), "gradient norm": torch.tensor(float("nan"))},
-                                    skipped=True, folder=tmp_path)
+                                    skipped=lambda: True, folder=tmp_path)
     with pytest.raises(checkpointing.TrainingDiverged, match="the gradient norm of step 5 is nan, computed from the "
                        f"weights after step 4. .* before those weights is {re.escape(str(tmp_path))}/step-2. Lower"):
         checkpointing.check_step_finite(5, {"loss": 2.0, "gradient norm": torch.tensor(float("nan"))},
-                                        skipped=False, folder=tmp_path)
+                                        skipped=lambda: False, folder=tmp_path)
     model = tiny_lm("decoder")
     checkpointing.check_weights_finite(model, 6, tmp_path)
     with torch.no_grad():

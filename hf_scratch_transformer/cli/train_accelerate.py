@@ -404,7 +404,7 @@ for step in range(start_step + 1, stop + 1):
     try:  # a nan loss, nan weights or a checkpoint not written (a full disk): say so, without a traceback
         # Read for the log already, the same in every process: nan or inf stops the run before it saves the weights
         checkpointing.check_step_finite(step, {"loss": record["loss"], "gradient norm": record["grad_norm"]},
-                                        accelerator.optimizer_step_was_skipped, checkpoints)
+                                        lambda: accelerator.optimizer_step_was_skipped, checkpoints)
         if step % save_steps == 0 or step == stop:
             checkpointing.check_weights_finite(model, step, checkpoints)
             extra_files = {"loss_curve.jsonl": log_file.read_text(), "config.json": config_json,
