@@ -707,6 +707,17 @@ def test_checkpoints_carry_the_runs_tokenizer(workspace, masked_lm_run, uninterr
         given.get_vocab()
 
 
+@pytest.mark.parametrize("script", [SCRIPT, ROOT / "scripts/train.py"])
+def test_a_checkpoint_trains_on_as_model_with_the_tokenizer_it_carries(workspace, uninterrupted, script, tmp_path):
+    """A new run from a checkpoint's weights (`--model .../step-N`, as the divergence error advises) takes the tokenizer
+    the checkpoint carries in its tokenizer/ folder: it failed with "Couldn't instantiate the backend tokenizer"."""
+    checkpoint = uninterrupted / "checkpoints/step-8"
+    run(script, "--train-files", workspace / "corpus.txt", "--model", checkpoint, *RUN, "--max-steps", "2",
+        "--output-dir", tmp_path / "next", cwd=workspace)
+    assert files(tmp_path / "next/model") and (AutoTokenizer.from_pretrained(tmp_path / "next/model").get_vocab()
+                                                 == AutoTokenizer.from_pretrained(checkpoint / "tokenizer").get_vocab())
+
+
 def test_a_branch_of_another_run_keeps_its_tokenizer_and_leaves_its_folder_untouched(workspace, masked_lm_run):
     before, checkpoint, branch = files(masked_lm_run), masked_lm_run / "checkpoints/step-2", workspace / "am2"
     stdout = run(*masked_lm(workspace), "--output-dir", branch, "--resume-from", checkpoint, cwd=workspace)

@@ -287,6 +287,15 @@ def config_override(item: str) -> tuple[str, object]:
         return key, value
 
 
+def model_tokenizer(folder: Path | None) -> Path | None:
+    """Where the tokenizer of a --model `folder` is: beside its weights (a `save_pretrained` folder, a Trainer
+    checkpoint), or in the `tokenizer/` folder an Accelerate checkpoint (step-N) carries, where loading the checkpoint
+    as --model failed with "Couldn't instantiate the backend tokenizer"."""
+    if folder is not None and not (folder / "tokenizer_config.json").is_file() and (folder / "tokenizer").is_dir():
+        return folder / "tokenizer"
+    return folder
+
+
 def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, converts_natives: bool = False) -> None:
     """A --model folder that cannot train, read from its config.json before anything is loaded: none there (a
     tokenizer's folder failed in `from_pretrained` with "Unrecognized model"), quantized weights (torchao's int8,

@@ -58,6 +58,7 @@ from hf_scratch_transformer.cli.run_options import (
     fraction,
     is_rank_zero,
     load_run_data,
+    model_tokenizer,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -171,7 +172,7 @@ raw, tokenizer_texts = load_run_data(parser, args)
 say(f"data: {len(raw['train'])} training and {len(raw['validation'])} validation examples")
 
 # ----------------------------------------------------------------------------------------------- tokenizer
-given = args.model or args.tokenizer
+given = model_tokenizer(args.model) or args.tokenizer
 # A resumed run keeps the tokenizer its checkpoint was trained with (Trainer saves it there; FSDP checkpoints do not,
 # but several processes need --tokenizer anyway): trained again, a tokenizer need not come out the same (WordPiece
 # does not), and another one given would change the ids under the weights.

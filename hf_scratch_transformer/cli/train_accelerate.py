@@ -68,6 +68,7 @@ from hf_scratch_transformer.cli.run_options import (
     load_run_data,
     main_process_first,
     model_folder_written,
+    model_tokenizer,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -175,7 +176,7 @@ with main_process_first(accelerator):  # the main process fills the `datasets` c
 # WordPiece and Unigram training is not deterministic, so the vocabulary could change under the weights.
 TOKENIZER = "tokenizer"
 tokenizer_dir = output_dir / TOKENIZER
-given = args.model or args.tokenizer  # a folder that holds the tokenizer, among other files
+given = model_tokenizer(args.model) or args.tokenizer  # a folder that holds the tokenizer, among others
 
 
 def resumed_tokenizer_folder(checkpoint: Path) -> Path | None:
