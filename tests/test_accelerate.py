@@ -718,6 +718,13 @@ def test_a_checkpoint_trains_on_as_model_with_the_tokenizer_it_carries(workspace
                                                  == AutoTokenizer.from_pretrained(checkpoint / "tokenizer").get_vocab())
 
 
+def test_finetune_takes_an_accelerate_checkpoint_with_its_tokenizer(masked_lm_run, classification_run, tmp_path):
+    checkpoint, (folder, arguments) = masked_lm_run / "checkpoints/step-4", classification_run
+    run(*arguments, "--model", checkpoint, "--output-dir", tmp_path / "classifier", cwd=folder)
+    assert AutoTokenizer.from_pretrained(tmp_path / "classifier/model").get_vocab() == \
+        AutoTokenizer.from_pretrained(checkpoint / "tokenizer").get_vocab()
+
+
 def test_a_branch_of_another_run_keeps_its_tokenizer_and_leaves_its_folder_untouched(workspace, masked_lm_run):
     before, checkpoint, branch = files(masked_lm_run), masked_lm_run / "checkpoints/step-2", workspace / "am2"
     stdout = run(*masked_lm(workspace), "--output-dir", branch, "--resume-from", checkpoint, cwd=workspace)

@@ -48,6 +48,7 @@ from hf_scratch_transformer.cli.run_options import (
     fail_with,
     is_rank_zero,
     local_path,
+    model_tokenizer,
     on_the_hub,
     positive_float,
     positive_int,
@@ -312,7 +313,7 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
 if type(AutoConfig.from_pretrained(source)) not in HEADS[args.task]._model_mapping:
     parser.error(f"--model {args.model}: a {config.model_type} model has no {args.task} head; {args.task} fine-tunes "
                  f"{MODELS_WITH_HEAD[args.task]}")
-tokenizer = AutoTokenizer.from_pretrained(args.model)
+tokenizer = AutoTokenizer.from_pretrained(model_tokenizer(args.model))
 if tokenizer.pad_token is None:
     tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no padding token
 # A decoder's tokenizer pads on the left for batched generation; with absolute positions, a left-padded text's tokens
