@@ -46,8 +46,9 @@ def check_padding_mask(
                 f"{tuple(scores_shape)}, got {tuple(mask.shape)}."
             )
         return
+    # Not while compiling or exporting: a static cache's `length` is a tensor there, unreadable (data-dependent).
     if mask.dim() != 2 or mask.shape[0] != batch_size or (
-        mask.shape[1] not in (length, cache_length) and not torch.compiler.is_compiling()
+        not torch.compiler.is_compiling() and mask.shape[1] not in (length, cache_length)
     ):
         static = f" or (batch_size, {cache_length}), the static cache's length" if cache_length is not None else ""
         raise ValueError(

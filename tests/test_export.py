@@ -1,0 +1,113 @@
+"""`torch.export` as transformers exports native models, side by side with GPT-2, BERT and Marian carrying the same
+weights (`from_hf`): the forward of each family with a dynamic batch and length (`transformers.exporters`'
+`DynamoExporter`), the decoder through `integrations.executorch`'s static-cache wrappers and `generate()`'s prefill and
+decode steps over a static cache. ONNX (`dynamo=True`) needs onnx and onnxscript, which the test extras do not
+install."""
+
+import copy
+
+import pytest
+import torch
+from tiny_models import tiny_lm
+from tiny_native import ATOL, VOCAB, bert, gpt2, marian
+from transformers import GenerationConfig
+from transformers.exporters import DynamoConfig, DynamoExporter
+from transformers.exporters.utils import decompose_for_generation
+from transformers.integrations.executorch import (
+    TorchExportableModuleForDecoderOnlyLM,
+    TorchExportableModuleWithStaticCache,
+    convert_and_export_with_cache,
+)
+
+from hf_scratch_transformer.conversion import from_hf
+
+pytestmark = pytest.mark.filterwarnings("ignore")  # the exporter's "experimental" and torch's tracing warnings
+
+
+def _ids(batch, length, seed=0):
+    return torch.randint(3, VOCAB - 2, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _forward_inputs(family, batch, length):
+    ids = _ids(batch, length)
+    mask = torch.ones_like(ids)
+    if family == "gpt2":
+        mask[-1, :2] = 0  # left padding
+        return {"input_ids": ids, "attention_mask": mask}
+    mask[-1, -2:] = 0
+    if family == "bert":
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    return {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": _ids(batch, length - 3, seed=1)}
+
+
+@pytest.mark.parametrize("family, make_native", [("gpt2", gpt2), ("bert", bert), ("marian", marian)],
+                         ids=["gpt2", "bert", "marian"])
+def test_forward_exports_with_a_dynamic_batch_and_length_as_the_native_model(family, make_native):
+    native = make_native()
+    ours = from_hf(native)
+    exported = {}
+    for name, model in (("native", native), ("ours", ours)):
+        program = DynamoExporter().export(model, _forward_inputs(family, 2, 7), DynamoConfig(dynamic=True)).program
+        exported[name] = program.module()
+    for batch, length in ((2, 7), (3, 11)):  # the traced shape and another
+        inputs = _forward_inputs(family, batch, length)
+        with torch.no_grad():
+            expected = native(**inputs).logits
+            torch.testing.assert_close(ours(**inputs).logits, expected, atol=ATOL, rtol=0)
+        torch.testing.assert_close(exported["ours"](**inputs).logits, expected, atol=ATOL, rtol=0)
+        torch.testing.assert_close(exported["native"](**inputs).logits, expected, atol=ATOL, rtol=0)
+
+
+def _static_cache(model, batch_size=1, max_cache_len=24):
+    model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static",
+                                               cache_config={"batch_size": batch_size, "max_cache_len": max_cache_len})
+    return model
+
+
+def test_static_cache_decoder_exports_and_decodes_the_native_tokens():
+    """`TorchExportableModuleForDecoderOnlyLM` with a dynamic length: a prefill of the prompt, then one token a step,
+    gives eager `generate()`'s tokens, which are GPT-2's; `convert_and_export_with_cache` driven by transformers' own
+    helper gives the native program's tokens (the helper feeds each new token one position late, on both)."""
+    native = gpt2()
+    ours = from_hf(native)
+    prompt = _ids(1, 6)
+    expected = native.generate(prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    assert torch.equal(ours.generate(prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False), expected)
+    length = {"input_ids": {1: torch.export.Dim.DYNAMIC}, "cache_position": {0: torch.export.Dim.DYNAMIC}}
+    program = TorchExportableModuleForDecoderOnlyLM(_static_cache(ours)).export(
+        input_ids=_ids(1, 3), cache_position=torch.arange(3), dynamic_shapes=length, strict=False
+    ).module()
+    logits = program(input_ids=prompt, cache_position=torch.arange(6))
+    tokens = prompt
+    for position in range(6, 16):
+        tokens = torch.cat([tokens, logits[:, -1:].argmax(-1)], dim=1)
+        if position < 15:
+            logits = program(input_ids=tokens[:, -1:], cache_position=torch.tensor([position]))
+    assert torch.equal(tokens, expected)
+    helped = [TorchExportableModuleWithStaticCache.generate(convert_and_export_with_cache(model), prompt, 10)
+              for model in (ours, _static_cache(native))]
+    assert torch.equal(helped[0], helped[1])
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(position_embedding_type="alibi")], ids=["gpt2", "alibi"])
+def test_generation_steps_export_over_a_static_cache(overrides):
+    """`DynamoExporter.export_for_generation` over a static cache: the prefill and decode graphs compute what the
+    model computes on the inputs `generate()` gave them (left padding). The padding mask's width was checked against
+    the cache's length, a tensor under `torch.export`: "Could not guard on data-dependent expression"."""
+    model = from_hf(gpt2()) if not overrides else tiny_lm("decoder", **overrides)
+    ids = _ids(2, 7)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    config = GenerationConfig(do_sample=False, cache_implementation="static", pad_token_id=0, eos_token_id=2)
+    steps = decompose_for_generation(model, inputs, generation_config=config, multi_token_decode=True)
+    exported = DynamoExporter().export_for_generation(model, inputs, DynamoConfig(dynamic=True),
+                                                      generation_config=config, multi_token_decode=True)
+    for name, (_, step_inputs) in steps.items():
+        step_inputs = {key: value for key, value in step_inputs.items() if key not in ("use_cache", "return_dict")}
+        with torch.no_grad():
+            expected = model(**copy.deepcopy(step_inputs)).logits
+        actual = exported.components[name].program.module()(**step_inputs).logits
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0,
+                                   msg=lambda message, name=name: f"{name}: {message}")
+
