@@ -335,7 +335,9 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
             "type": "text",
         }
     }
-    attribute_map: ClassVar[dict[str, str]] = {"num_hidden_layers": "decoder_layers"}
+    # `d_model`: the width's name in transformers' encoder-decoders (Marian, BART, T5), which code written for them
+    # reads (`Seq2SeqLMExportableModule.export()` sizes its example encoder states by it).
+    attribute_map: ClassVar[dict[str, str]] = {"num_hidden_layers": "decoder_layers", "d_model": "hidden_size"}
     family_is_encoder_decoder = True
 
     encoder_layers: int = 6

@@ -1,8 +1,8 @@
 """`torch.export` as transformers exports native models, side by side with GPT-2, BERT and Marian carrying the same
 weights (`from_hf`): the forward of each family with a dynamic batch and length (`transformers.exporters`'
 `DynamoExporter`), the decoder through `integrations.executorch`'s static-cache wrappers and `generate()`'s prefill and
-decode steps over a static cache. ONNX (`dynamo=True`) needs onnx and onnxscript, which the test extras do not
-install."""
+decode steps over a static cache, and the encoder-decoder through `Seq2SeqLMExportableModule`. ONNX (`dynamo=True`)
+needs onnx and onnxscript, which the test extras do not install."""
 
 import copy
 
@@ -14,6 +14,7 @@ from transformers import GenerationConfig
 from transformers.exporters import DynamoConfig, DynamoExporter
 from transformers.exporters.utils import decompose_for_generation
 from transformers.integrations.executorch import (
+    Seq2SeqLMExportableModule,
     TorchExportableModuleForDecoderOnlyLM,
     TorchExportableModuleWithStaticCache,
     convert_and_export_with_cache,
@@ -110,4 +111,25 @@ def test_generation_steps_export_over_a_static_cache(overrides):
         actual = exported.components[name].program.module()(**step_inputs).logits
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0,
                                    msg=lambda message, name=name: f"{name}: {message}")
+
+
+def test_seq2seq_exportable_module_exports_with_its_defaults_and_decodes_as_eager():
+    """`Seq2SeqLMExportableModule(model).export()` sizes its example encoder states by `config.d_model`, which
+    ours lacked (AttributeError). Its exported encoder and static-cache decoder, one token a step from
+    `decoder_start_token_id`, give the logits of the eager model, which are Marian's. (The module's own `generate`
+    starts from token 0, T5's start, and native Marian's exported decoder leaves out its `final_logits_bias`.)"""
+    native = marian()
+    ours = from_hf(native)
+    assert ours.config.d_model == ours.config.hidden_size
+    module = Seq2SeqLMExportableModule(ours, max_hidden_seq_length=64, max_cache_length=16).export()
+    source = _ids(1, 7)
+    encoded = module.exported_encoder.module()(source)
+    tokens, steps = [ours.config.decoder_start_token_id], []
+    for position in range(6):
+        logits = module.exported_decoder.module()(torch.tensor([tokens[-1:]]), encoded, torch.tensor([position]))
+        steps.append(logits[:, -1])
+        tokens.append(int(logits[0, -1].argmax()))
+    with torch.no_grad():
+        expected = native(input_ids=source, decoder_input_ids=torch.tensor([tokens[:-1]])).logits
+    torch.testing.assert_close(torch.stack(steps, dim=1), expected, atol=ATOL, rtol=0)
 
