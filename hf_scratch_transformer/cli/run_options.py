@@ -551,8 +551,11 @@ def data_settings(args) -> dict:
     given = {name: value for name in DATA_OPTIONS if (value := getattr(args, name, None))}
     if getattr(args, "task", None) in ("causal-lm", "masked-lm") and not (args.train_files or args.dataset):
         given["train_files"] = [DEFAULT_CORPUS]
-    return {name: ([str(Path(file).resolve()) for file in value] if isinstance(value, list) else
-                   str(Path(value).resolve())) if name in DATA_FILE_OPTIONS else value for name, value in given.items()}
+
+    def resolved(files):
+        return [str(Path(file).resolve()) for file in files] if isinstance(files, list) else str(Path(files).resolve())
+
+    return {name: resolved(value) if name in DATA_FILE_OPTIONS else value for name, value in given.items()}
 
 
 def run_data_files(args) -> list[Path]:
