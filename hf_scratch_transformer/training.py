@@ -8,6 +8,8 @@ line, aligned), or any dataset name `datasets.load_dataset` accepts.
 import copy
 import itertools
 import math
+import os
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -432,26 +434,65 @@ class MasksOfEachStep:
         return batch
 
 
-class TimeBudget(TrainerCallback):
-    """Stop `Trainer` once `seconds` of training have passed (checked after each optimizer step), with a checkpoint
-    of that step: the run then evaluates and saves its model as at its last step, and `--resume` continues the
-    schedule to `max_steps`. A budget in time as well as in steps keeps a run's length the same on slow machines."""
+class Preemption:
+    """SIGTERM as a request to stop after the optimizer step under way, with a checkpoint of that step: what job
+    schedulers (SLURM, Kubernetes, spot instances) send before they kill a job after a grace period, and torchrun
+    forwards to every process. Only around the training steps (`with Preemption() as preemption:`): the handler
+    sets `requested`, which the loop reads after each step, every process agreeing (`StopAfterStep`, the Accelerate
+    loop's loss reduction); the loop then saves, sets `stopped_at` and stops. Further SIGTERMs change nothing (SLURM
+    signals every process of a job step, and torchrun forwards its own: a worker gets two); SIGKILL and Ctrl-C still
+    end the run at once, a save included, which leaves that checkpoint incomplete, passed over by --resume.
+    Elsewhere SIGTERM ends the process at once, as it always did: before training (data, tokenizer work), and in
+    the final evaluation and model folder, which a short grace period would not see through."""
 
-    def __init__(self, seconds: float):
-        self.seconds, self.start, self.stopped_at = seconds, None, None
+    def __init__(self):
+        self.requested, self.stopped_at, self._before = False, None, None
+
+    def __enter__(self):
+        self._before = signal.signal(signal.SIGTERM, self._request)
+        return self
+
+    def _request(self, signum, frame) -> None:
+        self.requested = True
+
+    def __exit__(self, error_type, *rest) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if self._before is None else self._before)  # None: set in C
+        if self.requested and self.stopped_at is None and error_type is None:
+            # It came after the last step's check (during the last checkpoint): the process ends now, as it did.
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class StopAfterStep(TrainerCallback):
+    """Stop `Trainer` after an optimizer step, with a checkpoint of that step, once `seconds` of training have passed
+    (a time budget: the run then evaluates and saves its model as at its last step, and `--resume` continues the
+    schedule to `max_steps`; a budget in time as well as in steps keeps a run's length the same on slow machines),
+    or once `preemption` caught a SIGTERM (also after the last step: the command then ends without its evaluation
+    and model folder, `Preemption`). Both are checked after each optimizer step; `stopped_at` is the step."""
+
+    def __init__(self, seconds: float | None = None, preemption: Preemption | None = None):
+        self.seconds, self.preemption, self.start, self.stopped_at = seconds, preemption, None, None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
 
     def on_step_end(self, args, state, control, **kwargs):
-        over = time.monotonic() - self.start > self.seconds
+        flags = torch.tensor([self.seconds is not None and time.monotonic() - self.start > self.seconds,
+                              self.preemption is not None and self.preemption.requested], dtype=torch.float)
         if args.world_size > 1:
             # Every process stops after the same step: one that stopped alone left the others waiting in the next
-            # step's gradient exchange for it, for good. The clocks cross the budget at different steps.
-            over = bool(reduce(torch.tensor(float(over), device=args.device), "max"))
-        if over and state.global_step < state.max_steps:
+            # step's gradient exchange for it, for good. The clocks cross the budget, and a SIGTERM reaches the
+            # processes, at different steps. One two-number reduction per step, for both.
+            flags = reduce(flags.to(args.device), "max")
+        over, preempted = flags.tolist()
+        if preempted:
+            self.preemption.stopped_at = state.global_step
+        if preempted or (over and state.global_step < state.max_steps):
             control.should_training_stop = control.should_save = True
             self.stopped_at = state.global_step
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.stopped_at == state.global_step:  # saved; an epoch strategy would evaluate it and save it again
+            control.should_evaluate = control.should_save = False
 
 
 def perplexity(eval_loss: float) -> float:

@@ -18,6 +18,8 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
              process, at 70 (slow: refused) on the others, as where processes time them apart near a threshold
     full     no kill: every process but the main one finds its disk full at its N-th save of a random state (its own
              file of a checkpoint), as where the processes write to disks of their own
+    term     no kill: every process but the main one gets SIGTERM before its N-th optimizer step, the main one
+             none, as where a launcher's SIGTERM reaches the processes at different steps
 
 The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
 sends Ctrl-C's signal instead of SIGKILL.
@@ -133,6 +135,10 @@ def main() -> None:
     elif point == "full":
         if int(os.environ.get("RANK", "0")) != 0:
             fail_random_state_save(count)
+    elif point == "term":
+        if int(os.environ.get("RANK", "0")) != 0:
+            os.environ["CRASH_SIGNAL"] = "SIGTERM"
+            kill_on_call(torch.optim.AdamW, "step", lambda *args: True, count)
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

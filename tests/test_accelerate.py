@@ -7,9 +7,11 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -74,10 +76,16 @@ def run_launched(command: list[str], cwd: Path, env: dict, timeout: int) -> subp
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for launched in [*psutil.Process(process.pid).children(recursive=True), process]:
-                launched.kill()
+            kill_launched(process)
             raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def kill_launched(process: subprocess.Popen) -> None:
+    """Kill a launcher that still runs and the processes it started."""
+    if process.poll() is None:
+        for launched in [*psutil.Process(process.pid).children(recursive=True), process]:
+            launched.kill()
 
 
 def losses(folder: Path) -> dict[int, float]:
@@ -243,6 +251,55 @@ def test_a_time_budget_stops_every_process_after_the_same_step(workspace):
     assert len(stopped) == 1, stdout[-3000:]
     assert (output / f"checkpoints/checkpoint-{stopped[0]}").is_dir()
     assert (output / "model/model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("module", ["hf_scratch_transformer.cli.train", "hf_scratch_transformer.cli.train_accelerate"])
+def test_a_sigterm_to_one_process_stops_every_process_after_the_same_step(workspace, module):
+    """A launcher's SIGTERM reaches its processes at different steps (here the other process alone gets one, during
+    step 3): every process stops after the same step, the main one writing the checkpoint's manifest, rather than
+    the others waiting for one that left in the next step's gradient exchange."""
+    launcher, env = two_cpu_processes("torchrun")
+    output = workspace / f"sigterm-{module.rsplit('.', 1)[1]}"
+    stdout = run(ROOT / "tests/crash_injection.py", "term", 3, module, *causal(workspace), *RUN, *TINY, "--max-steps",
+                 10, "--save-steps", 2, "--batch-size", 2, "--output-dir", output, launcher=launcher, env=env,
+                 cwd=workspace, timeout=300, expect_failure=True)  # torchrun reports its processes' status 143
+    prefix = "step" if module.endswith("accelerate") else "checkpoint"
+    assert stdout.count(f"stopped by SIGTERM after step 3 of 10, checkpointed in {output}/checkpoints/{prefix}-3: "
+                        "--resume continues") == 1, stdout[-3000:]
+    manifest = checkpointing.verify_checkpoint(output / f"checkpoints/{prefix}-3")
+    assert {"random_states_1.pkl", "rng_state_1.pth"} & set(manifest["files"]), "the other process's state is in it"
+    assert not (output / "model").exists()
+
+
+def test_a_sigterm_to_the_launcher_stops_the_run_with_a_checkpoint(workspace):
+    """torchrun forwards a SIGTERM to every process (then kills them after --shutdown_timeout, 30 s): the run stops
+    after the step under way with a checkpoint of it, its loss log ending at that step."""
+    launcher, env = two_cpu_processes("torchrun")
+    output = workspace / "sigterm-launcher"
+    command = [*launcher, str(SCRIPT), *map(str, [*causal(workspace), *RUN, *TINY, "--max-steps", 100000,
+                                                  "--batch-size", 2, "--output-dir", output, "--cpu"])]
+    environment = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | env
+    with subprocess.Popen(command, cwd=workspace, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
+        deadline = time.monotonic() + 240
+        while not ((output / "loss_curve.jsonl").is_file() and len(losses(output)) >= 2):  # training under way
+            if process.poll() is not None or time.monotonic() > deadline:
+                kill_launched(process)
+                pytest.fail(process.communicate()[0][-3000:])
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        try:
+            stdout = process.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            kill_launched(process)
+            raise
+    stopped = re.findall(r"stopped by SIGTERM after step (\d+) of 100000, checkpointed in (\S+): --resume continues",
+                         stdout)
+    assert len(stopped) == 1, stdout[-3000:]
+    step, checkpoint = int(stopped[0][0]), Path(stopped[0][1])
+    assert checkpoint == output / f"checkpoints/step-{step}"
+    assert checkpointing.verify_checkpoint(checkpoint)["step"] == step
+    assert max(losses(output)) == step and not (output / "model").exists()
 
 
 @pytest.mark.parametrize("module", ["hf_scratch_transformer.cli.train", "hf_scratch_transformer.cli.train_accelerate"])

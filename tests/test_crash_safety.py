@@ -4,6 +4,7 @@ deletion, between steps), each time resumed, ends bit for bit as the uninterrupt
 save; corrupt or unloadable state is an error naming the file; an earlier run is never replaced unless asked."""
 
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from tiny_models import tiny_lm
 from tiny_tokenizers import wordpiece, write_run_corpus
 from transformers import TrainingArguments
 
-from hf_scratch_transformer import checkpointing
+from hf_scratch_transformer import checkpointing, training
 from hf_scratch_transformer.cli import run_options
 
 HERE = Path(__file__).resolve().parent
@@ -553,9 +554,52 @@ def test_ctrl_c_stops_with_one_line_and_the_run_resumes_exactly(workspace, unint
     assert loss_curve(entry, output) == loss_curve(entry, full)
 
 
-def test_ctrl_c_stops_finetune_with_one_line(tmp_path):
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_the_run_resumes_exactly(workspace, uninterrupted):
+    """A job scheduler's SIGTERM (SLURM, Kubernetes, spot instances: SIGKILL follows a grace period) ended the run as
+    a kill: every step since the last checkpoint was lost. The run now finishes the step under way, checkpoints it
+    and stops, without its evaluation and model folder; --resume continues as from any checkpoint."""
+    entry, full = uninterrupted
+    prefix = ENTRY_POINTS[entry][2]
+    output = workspace / f"{entry}-sigterm"
+    stopped = run(command(entry, workspace, output, kill=("step", 3)), workspace, returncode=128 + signal.SIGTERM,
+                  env={"CRASH_SIGNAL": "SIGTERM"})  # during step 3, between the saves of steps 2 and 4
+    line = f"stopped by SIGTERM after step 3 of 10, checkpointed in {output}/checkpoints/{prefix}-3: --resume continues"
+    assert stopped.count(line) == 1 and "Traceback" not in stopped, stopped[-3000:]
+    assert checkpointing.verify_checkpoint(output / f"checkpoints/{prefix}-3")["step"] == 3
+    assert not (output / "model").exists() and not (output / "model.tmp").exists()
+    run(command(entry, workspace, output, "--resume"), workspace)
+    assert loss_curve(entry, output) == loss_curve(entry, full)
+    expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
+
+
+def test_a_sigterm_after_training_ends_the_process_at_once_as_before():
+    """Outside the training steps a SIGTERM ends the process at once, as it did: one that came while the last
+    checkpoint was written (after the last step's check) is delivered again as training ends, so that the final
+    evaluation and model folder do not run on past the scheduler's grace period. While training, further SIGTERMs
+    change nothing (a torchrun worker under SLURM gets the scheduler's and torchrun's)."""
+
+    def train(stopped: bool) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with training.Preemption() as preemption:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert preemption.requested
+            preemption.stopped_at = 3 if stopped else None  # stopped after step 3, or it came after the last check
+        os._exit(0)  # the evaluation and model folder
+
+    for stopped, exitcode in ((True, 0), (False, -signal.SIGTERM)):
+        process = multiprocessing.get_context("fork").Process(target=train, args=(stopped,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == exitcode
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_stop_finetune_with_one_line(tmp_path, signal_name):
     """The script (scripts/finetune.py, as docs/distributed.md launches it) ended with a KeyboardInterrupt traceback
-    from every process; `hf-scratch finetune` alone stopped cleanly."""
+    from every process; `hf-scratch finetune` alone stopped cleanly. A SIGTERM ended it as a kill, losing every step
+    since the last checkpoint (one per epoch): it now stops after the step under way, checkpointed."""
     tokenizer = wordpiece()
     tiny_lm("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp_path / "mlm")
     tokenizer.save_pretrained(tmp_path / "mlm")
@@ -563,8 +607,18 @@ def test_ctrl_c_stops_finetune_with_one_line(tmp_path):
     arguments = ["--model", tmp_path / "mlm", "--task", "text-classification", "--train-file", tmp_path / "train.csv",
                  "--max-steps", 4, "--output-dir", tmp_path / "cls"]
     stopped = run([sys.executable, str(HERE / "crash_injection.py"), "step", "2", "hf_scratch_transformer.cli.finetune",
-                   *map(str, arguments)], tmp_path, returncode=128 + signal.SIGINT, env={"CRASH_SIGNAL": "SIGINT"})
-    assert "stopped by Ctrl-C: --resume continues" in stopped and "Traceback" not in stopped, stopped[-3000:]
+                   *map(str, arguments)], tmp_path, returncode=128 + getattr(signal, signal_name),
+                  env={"CRASH_SIGNAL": signal_name})
+    line = "stopped by Ctrl-C: --resume continues" if signal_name == "SIGINT" else (
+        f"stopped by SIGTERM after step 2 of 4, checkpointed in {tmp_path}/cls/checkpoints/checkpoint-2: --resume "
+        "continues")
+    assert line in stopped and "Traceback" not in stopped, stopped[-3000:]
+    if signal_name == "SIGTERM":
+        assert checkpointing.verify_checkpoint(tmp_path / "cls/checkpoints/checkpoint-2")["step"] == 2
+        # saved once, not evaluated and saved again as the epoch strategy would at the epoch's end
+        assert "eval_loss" not in stopped and "removing" not in stopped and not (tmp_path / "cls/model").exists()
+        run([sys.executable, "-m", "hf_scratch_transformer.cli.finetune", *map(str, arguments), "--resume"], tmp_path)
+        assert (tmp_path / "cls/model/model.safetensors").is_file()
 
 
 def test_a_tokenizer_the_main_process_cannot_train_stops_every_process_with_its_error(workspace, tmp_path):

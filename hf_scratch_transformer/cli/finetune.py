@@ -56,6 +56,7 @@ from hf_scratch_transformer.cli.run_options import (
     repo_id,
     say,
     sequence_length,
+    stop_after_sigterm,
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
 )
@@ -373,6 +374,7 @@ collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classificat
             else DataCollatorForTokenClassification(tokenizer))
 
 # ----------------------------------------------------------------------------------------------- training
+preemption = training.Preemption()
 trainer = CrashSafeTrainer(
     model=model,
     args=TrainingArguments(
@@ -386,12 +388,17 @@ trainer = CrashSafeTrainer(
     processing_class=tokenizer, step_settings={"max_length": args.max_length, "data": data_settings(args)},
     compute_metrics=(training.classification_metrics if args.task == "text-classification"
                      else training.token_classification_metrics(names)),
+    callbacks=[training.StopAfterStep(preemption=preemption)],
 )
 refuse_lone_processes(parser, trainer)
 try:
-    trainer.train(resume_from_checkpoint=resumed)
+    with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
+        trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step, or a checkpoint not written: one line, no traceback
     fail_with(parser, error)
+if (step := preemption.stopped_at) is not None:
+    stop_after_sigterm(trainer.accelerator, step, trainer.state.max_steps,
+                       output_dir / "checkpoints" / f"{TRAINER_PREFIX}-{step}")
 reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
            if key.removeprefix("eval_") in reported}

@@ -106,6 +106,17 @@ def stop_cleanly_on_ctrl_c() -> None:
     signal.signal(signal.SIGINT, stop)
 
 
+def stop_after_sigterm(accelerator, step: int, max_steps: int, checkpoint: Path) -> NoReturn:
+    """End a training command that a SIGTERM stopped after `step`, checkpointed in `checkpoint`
+    (`training.Preemption`): one line, and exit status 143 (128 + SIGTERM) as for a process the signal ended, without
+    the final evaluation and model folder, which a scheduler's grace period may not see through. The main process says
+    it before any process ends: a launcher stops the others as soon as one ends with an error."""
+    say(f"stopped by SIGTERM after step {step} of {max_steps}, checkpointed in {checkpoint}: --resume continues",
+        file=sys.stderr, flush=True)
+    accelerator.wait_for_everyone()
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 @contextmanager
 def model_folder_written(parser: argparse.ArgumentParser, folder: Path):
     """Around the writing of a run's model folder `folder`: a write error (a full disk, a quota) stops the command

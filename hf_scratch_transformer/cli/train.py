@@ -71,6 +71,7 @@ from hf_scratch_transformer.cli.run_options import (
     run_data_name,
     run_data_on_hub,
     say,
+    stop_after_sigterm,
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
 )
@@ -267,9 +268,9 @@ if args.fsdp:  # as configs/accelerate/fsdp.yaml
 trainer_kwargs = dict(model=model, train_dataset=datasets["train"], eval_dataset=datasets["validation"],
                       data_collator=collator, processing_class=tokenizer,
                       step_settings={"max_length": args.max_length, "data": data_settings(args)})
-budget = training.TimeBudget(60 * args.max_minutes) if args.max_minutes else None
-if budget:
-    trainer_kwargs["callbacks"] = [budget]
+preemption = training.Preemption()
+stopper = training.StopAfterStep(60 * args.max_minutes if args.max_minutes else None, preemption)
+trainer_kwargs["callbacks"] = [stopper]
 if optimisation["label_smoothing"] > 0:
     trainer_kwargs["compute_loss_func"] = training.smoothed_loss_function(task, optimisation["label_smoothing"])
 if task == "seq2seq":
@@ -287,11 +288,15 @@ if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.a
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
 try:
-    trainer.train(resume_from_checkpoint=resumed)
+    with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
+        trainer.train(resume_from_checkpoint=resumed)
 except CheckpointError as error:  # found before any training step, or a checkpoint not written: one line, no traceback
     fail_with(parser, error)
-if budget and budget.stopped_at:
-    say(f"--max-minutes {args.max_minutes:g}: stopped after step {budget.stopped_at} of {args.max_steps} "
+if (step := preemption.stopped_at) is not None:
+    stop_after_sigterm(trainer.accelerator, step, args.max_steps,
+                       output_dir / "checkpoints" / f"{TRAINER_PREFIX}-{step}")
+if stopper.stopped_at:
+    say(f"--max-minutes {args.max_minutes:g}: stopped after step {stopper.stopped_at} of {args.max_steps} "
         "(checkpointed: --resume continues)")
 
 # ----------------------------------------------------------------------------------------------- evaluation

@@ -79,6 +79,7 @@ from hf_scratch_transformer.cli.run_options import (
     run_data_files,
     run_data_name,
     run_data_on_hub,
+    stop_after_sigterm,
     stop_cleanly_on_ctrl_c,
 )
 from hf_scratch_transformer.presets import get_preset
@@ -374,47 +375,57 @@ stream = micro_batches(start_step * accumulation)
 config_json = accelerator.unwrap_model(model).config.to_json_string()
 progress = tqdm(total=args.max_steps, initial=start_step, disable=not accelerator.is_main_process, desc="training")
 model.train()
-for step in range(start_step + 1, stop + 1):
-    batches = [to_device(next(stream)) for _ in range(accumulation)]
-    # Labelled tokens in the whole global batch (all micro-steps, all processes), as Trainer's num_items_in_batch.
-    num_items = accelerator.reduce(sum(count_labels(batch["labels"]) for batch in batches), "sum").clamp(min=1)
-    step_loss = torch.zeros((), device=accelerator.device)
-    for batch in batches:
-        with accelerator.accumulate(model):
-            loss = summed_loss(batch, args.label_smoothing) / num_items
-            # `backward` divides by the accumulation steps and DDP averages over processes: undo both, so that the
-            # gradient is that of the mean loss over the global batch's tokens.
-            accelerator.backward(loss * accumulation * accelerator.num_processes)
-            step_loss += loss.detach()
-    assert accelerator.sync_gradients, "the last micro-step must synchronise the gradients"
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm) if args.max_grad_norm else None
-    lr = scheduler.get_last_lr()[0]
-    optimizer.step()
-    if not accelerator.optimizer_step_was_skipped:  # fp16: the GradScaler skips steps with inf/nan gradients
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+with training.Preemption() as preemption:  # a SIGTERM stops after the step under way, checkpointed
+    for step in range(start_step + 1, stop + 1):
+        batches = [to_device(next(stream)) for _ in range(accumulation)]
+        # Labelled tokens in the whole global batch (all micro-steps, all processes), as Trainer's num_items_in_batch.
+        num_items = accelerator.reduce(sum(count_labels(batch["labels"]) for batch in batches), "sum").clamp(min=1)
+        step_loss = torch.zeros((), device=accelerator.device)
+        for batch in batches:
+            with accelerator.accumulate(model):
+                loss = summed_loss(batch, args.label_smoothing) / num_items
+                # `backward` divides by the accumulation steps and DDP averages over processes: undo both, so that the
+                # gradient is that of the mean loss over the global batch's tokens.
+                accelerator.backward(loss * accumulation * accelerator.num_processes)
+                step_loss += loss.detach()
+        assert accelerator.sync_gradients, "the last micro-step must synchronise the gradients"
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm) if args.max_grad_norm else None
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        if not accelerator.optimizer_step_was_skipped:  # fp16: the GradScaler skips steps with inf/nan gradients
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
 
-    record = {"step": step, "loss": accelerator.reduce(step_loss, "sum").item(), "lr": lr, "tokens": num_items.item(),
-              "grad_norm": None if grad_norm is None else float(grad_norm)}
-    history.append(record)
-    if accelerator.is_main_process:
-        with log_file.open("a") as log:
-            log.write(json.dumps(record) + "\n")
-    progress.update(1)
-    progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
-    try:  # a nan loss, nan weights or a checkpoint not written (a full disk): say so, without a traceback
-        # Read for the log already, the same in every process: nan or inf stops the run before it saves the weights
-        checkpointing.check_step_finite(step, {"loss": record["loss"], "gradient norm": record["grad_norm"]},
-                                        lambda: accelerator.optimizer_step_was_skipped, checkpoints)
-        if step % save_steps == 0 or step == stop:
-            checkpointing.check_weights_finite(model, step, checkpoints)
-            extra_files = {"loss_curve.jsonl": log_file.read_text(), "config.json": config_json,
-                           **checkpoint_files} if accelerator.is_main_process else None
-            checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout, keep=args.keep_checkpoints,
-                                          extra_files=extra_files)
-    except checkpointing.CheckpointError as error:
-        fail_with(parser, error)
+        # The step's loss summed over the processes, and whether any caught a SIGTERM, in one reduction (the log's): a
+        # launcher's SIGTERM reaches the processes at different steps, and all stop after the same one.
+        requested = torch.tensor(float(preemption.requested), device=accelerator.device)
+        loss, preempted = accelerator.reduce(torch.stack([step_loss, requested]), "sum").tolist()
+        record = {"step": step, "loss": loss, "lr": lr, "tokens": num_items.item(),
+                  "grad_norm": None if grad_norm is None else float(grad_norm)}
+        history.append(record)
+        if accelerator.is_main_process:
+            with log_file.open("a") as log:
+                log.write(json.dumps(record) + "\n")
+        progress.update(1)
+        progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
+        try:  # a nan loss, nan weights or a checkpoint not written (a full disk): say so, without a traceback
+            # Read for the log already, the same in every process: nan or inf stops the run before it saves the weights
+            checkpointing.check_step_finite(step, {"loss": record["loss"], "gradient norm": record["grad_norm"]},
+                                            lambda: accelerator.optimizer_step_was_skipped, checkpoints)
+            if step % save_steps == 0 or step == stop or preempted:
+                checkpointing.check_weights_finite(model, step, checkpoints)
+                extra_files = {"loss_curve.jsonl": log_file.read_text(), "config.json": config_json,
+                               **checkpoint_files} if accelerator.is_main_process else None
+                checkpointing.save_checkpoint(accelerator, checkpoints, step, metadata=layout,
+                                              keep=args.keep_checkpoints, extra_files=extra_files)
+        except checkpointing.CheckpointError as error:
+            fail_with(parser, error)
+        if preempted:
+            preemption.stopped_at = step
+            break
 progress.close()
+if (step := preemption.stopped_at) is not None:
+    stop_after_sigterm(accelerator, step, args.max_steps, checkpointing.checkpoint_path(checkpoints, step))
 if stop < args.max_steps:
     accelerator.print(f"stopped after step {stop} of {args.max_steps}; continue with --resume")
     accelerator.end_training()
