@@ -882,16 +882,21 @@ def test_a_config_file_is_checked_before_any_work(hf_scratch, corpus, tmp_path, 
     assert f"--config {tmp_path / 'config'}: " in stderr and refusal in stderr, stderr
 
 
-@pytest.mark.parametrize("config, refusal", [
-    (None, "holds no config.json: not a model folder written by `save_pretrained`"),
-    ('{"model_type": "gpt2", "n_embd": 32}', "is a gpt2 model, not one of this package's: convert it first"),
+@pytest.mark.parametrize("files, refusal", [
+    ({}, "holds no config.json: not a model folder written by `save_pretrained`"),
+    ({"config.json": '{"model_type": "gpt2", "n_embd": 32}'},
+     "is a gpt2 model, not one of this package's: convert it first"),
+    ({"COMPLETE.json": "{}", "random_states_0.pkl": ""},
+     "is an Accelerate checkpoint written before 2026-11-29, which carries no config.json to build its model from: "
+     "continue its run with `hf-scratch train-accelerate --resume-from"),
 ])
-def test_a_model_folder_that_cannot_continue_is_refused_before_any_work(hf_scratch, corpus, tmp_path, config, refusal):
+def test_a_model_folder_that_cannot_continue_is_refused_before_any_work(hf_scratch, corpus, tmp_path, files, refusal):
     # A tokenizer's folder failed in `from_pretrained` with "Unrecognized model"; a native GPT-2 trained as
-    # GPT2LMHeadModel, with a card naming ours and an evaluation loss counted over unshifted labels (62/64 of it).
+    # GPT2LMHeadModel, with a card naming ours and an evaluation loss counted over unshifted labels (62/64 of it); an
+    # Accelerate checkpoint of before its config.json was called no model folder of `save_pretrained`.
     (tmp_path / "model").mkdir()
-    if config:
-        (tmp_path / "model/config.json").write_text(config)
+    for name, content in files.items():
+        (tmp_path / "model" / name).write_text(content)
     stderr = hf_scratch("train", "--model", tmp_path / "model", "--train-files", corpus, "--output-dir",
                         tmp_path / "out")  # train-accelerate checks with the same function, once Accelerate is up
     assert f"--model {tmp_path / 'model'} " in stderr and refusal in stderr, stderr

@@ -317,6 +317,11 @@ def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, con
     if folder is None or not folder.is_dir():
         return
     config = folder / "config.json"
+    if not config.is_file() and (folder / "random_states_0.pkl").is_file():
+        # An Accelerate step-N carries its model's config.json since 2026-11-29 only; --resume-from needs none.
+        parser.error(f"--model {folder} is an Accelerate checkpoint written before 2026-11-29, which carries no "
+                     "config.json to build its model from: continue its run with `hf-scratch train-accelerate "
+                     f"--resume-from {folder}` and the run's options, or train from the run's model folder")
     if not config.is_file():
         parser.error(f"--model {folder} holds no config.json: not a model folder written by `save_pretrained`")
     try:
