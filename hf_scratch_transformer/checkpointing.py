@@ -320,6 +320,9 @@ def verify_checkpoint(path: str | Path) -> dict:
         # a run's folder of checkpoints, said to be an interrupted checkpoint
         raise CheckpointError(f"{path} is a folder of checkpoints, not one: pass one of them (the newest: "
                               f"{inside[-1]}).")
+    if not _LEFTOVER_NAME.fullmatch(path.name) and not (path / MANIFEST).is_file() \
+            and (manifest := _manifest_before_manifests(path)) is not None:
+        return manifest
     if _LEFTOVER_NAME.fullmatch(path.name) or not (path / MANIFEST).is_file():
         raise CheckpointError(
             f"Checkpoint {path} is incomplete: it has no {MANIFEST}, so it was interrupted while being written "
@@ -354,6 +357,27 @@ def verify_checkpoint(path: str | Path) -> dict:
             )
     _VERIFIED[path.resolve()] = stamps
     return manifest
+
+
+# What every Trainer checkpoint holds, whatever wrote it (the random state is checked as it loads).
+_TRAINER_FILES = (CONFIG_NAME, SAFE_WEIGHTS_NAME, "optimizer.pt", "scheduler.pt", TRAINER_STATE_NAME)
+
+
+def _manifest_before_manifests(path: Path) -> dict | None:
+    """The manifest of a `checkpoint-N` that `hf-scratch train` or `finetune` wrote before checkpoints had one (until
+    2026-11-23, Trainer's own folders, written in place), or None when `path` is not such a complete checkpoint.
+    Trainer writes `trainer_state.json` last: a folder holding Trainer's files and a whole `trainer_state.json` of
+    its step was written to the end (an interrupted write lacks it, or holds part of it). The current commands never
+    leave a folder without a manifest under a final name (`.tmp`, `.deleted`). Format 0: no files to check, and no
+    recorded settings."""
+    if not _NUMBERED_NAME.fullmatch(path.name) or path.name.rsplit("-", 1)[0] != TRAINER_PREFIX or \
+            not all((path / name).is_file() for name in _TRAINER_FILES):
+        return None
+    try:
+        step = int(json.loads((path / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return {"format": 0, "step": step, "files": {}, "metadata": {}} if step == _step(path) else None
 
 
 # Checkpoints whose checksums this process has verified, with each file's size and modification time then: a
@@ -620,7 +644,8 @@ class CrashSafeCheckpoints:
             report = print if self.is_world_process_zero() else None
             resume_from_checkpoint = checkpoint_to_resume(folder, TRAINER_PREFIX, report)
         if resume_from_checkpoint:
-            then = verify_checkpoint(resume_from_checkpoint)["metadata"]  # an older checkpoint's: none
+            manifest = verify_checkpoint(resume_from_checkpoint)
+            then = manifest["metadata"]  # an older checkpoint's: none
             check_loop(resume_from_checkpoint, TRAINER_PREFIX)
             check_sharding(resume_from_checkpoint, self.is_fsdp_enabled,
                            self.accelerator.state.fsdp_plugin.state_dict_type if self.is_fsdp_enabled else None)
@@ -628,7 +653,9 @@ class CrashSafeCheckpoints:
                 changed = {key: (then[key], now) for key, now in self._step_settings().items()
                            if key in then and then[key] != now}  # (checkpoint's, now)
                 print(f"resuming from {resume_from_checkpoint}" + (f"; changed settings {changed} make the steps "
-                      "differ from an uninterrupted run" if changed else ""))
+                      "differ from an uninterrupted run" if changed else "") + (
+                      " (written before checkpoints had a manifest: taken whole, as it holds every file Trainer "
+                      "writes, trainer_state.json last)" if manifest["format"] == 0 else ""))
             resume_from_checkpoint = str(resume_from_checkpoint)
             finished = self._finished_run(resume_from_checkpoint)
             if finished is not None:

@@ -183,6 +183,31 @@ def test_a_corrupt_or_unloadable_state_is_an_error_naming_the_file(workspace, un
     assert f"the random state {rng_file} cannot be loaded" in stderr
 
 
+def test_a_trainer_checkpoint_written_before_manifests_resumes(workspace, uninterrupted, tmp_path):
+    """`hf-scratch train` and `finetune` wrote Trainer's checkpoint-N in place, without COMPLETE.json (nor
+    loss_window.json), until 2026-11-23. --resume skipped every such checkpoint as "interrupted while being written"
+    and stopped, though each was whole. One that holds Trainer's files, trainer_state.json (written last) of its step
+    among them, resumes; one without its trainer_state.json is still skipped as interrupted."""
+    entry, full = uninterrupted
+    if entry != "trainer":
+        pytest.skip("the Accelerate loop's step-N have had a manifest from the first")
+    output = tmp_path / "before-manifests"
+    shutil.copytree(full, output)
+    shutil.rmtree(output / "model")
+    shutil.rmtree(output / "checkpoints/checkpoint-10")
+    old = output / "checkpoints/checkpoint-8"
+    for name in (checkpointing.MANIFEST, checkpointing.LOSS_WINDOW):
+        (old / name).unlink()
+    shutil.copytree(old, output / "checkpoints/checkpoint-9")  # killed while Trainer wrote it
+    (output / "checkpoints/checkpoint-9/trainer_state.json").unlink()
+    stdout = run(command(entry, workspace, output, "--resume"), workspace)
+    assert "skipping checkpoint-9: " in stdout and "has no COMPLETE.json" in stdout
+    assert f"resuming from {old} (written before checkpoints had a manifest" in stdout
+    assert loss_curve(entry, output) == loss_curve(entry, full)
+    expected, resumed = load_file(full / "model/model.safetensors"), load_file(output / "model/model.safetensors")
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
+
+
 @pytest.mark.slow
 def test_a_time_budget_stops_with_a_checkpoint_that_resumes_exactly(workspace, uninterrupted):
     entry, full = uninterrupted
