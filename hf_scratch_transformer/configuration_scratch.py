@@ -52,6 +52,10 @@ def _check_probability(name: str, value) -> None:
         raise ValueError(f"`{name}` must be in [0, 1), got {value!r}.")
 
 
+# How dataclass fields of True/False knobs are typed (the second kind may be None).
+_BOOL_TYPES, _OPTIONAL_BOOL_TYPES = (bool, "bool"), (bool | None, "bool | None")
+
+
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
@@ -189,6 +193,16 @@ class ScratchConfigBase(PreTrainedConfig):
         knobs = own_fields(cls)
         knobs |= {"is_encoder_decoder", "head_dim", "sliding_window", *ROPE_KEYS, *cls.attribute_map}
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in knobs}
+        # Until 2026-11-29 `--set KEY=False` saved the string "False", which the models took as true: a folder saved
+        # so was built and trained with the knob on. Refused as any string is, saying what loads it as trained.
+        for field in dataclasses.fields(cls):
+            value = {**config_dict, **overrides}.get(field.name)
+            if field.type in _BOOL_TYPES + _OPTIONAL_BOOL_TYPES and isinstance(value, str) and value:
+                raise ValueError(
+                    f"`{field.name}` is the string {value!r} in this saved config: `--set {field.name}={value}` wrote "
+                    "it so before 2026-11-29, and the model took any such string as true, so it was built and trained "
+                    f"with `{field.name}` true. Write true there (JSON) to load the model as it was trained."
+                )
         return super().from_dict(_with_rope_shorthands(config_dict, overrides), **kwargs)
 
     def _validate_family(self, kwargs: dict) -> None:
@@ -249,7 +263,7 @@ class ScratchConfigBase(PreTrainedConfig):
         # which is true, and the head stayed tied without a word.
         for field in dataclasses.fields(self):
             value = getattr(self, field.name, None)
-            if field.type in (bool, "bool") or (field.type in (bool | None, "bool | None") and value is not None):
+            if field.type in _BOOL_TYPES or (field.type in _OPTIONAL_BOOL_TYPES and value is not None):
                 _check_bool(field.name, value)
         if self.is_encoder_decoder != self.family_is_encoder_decoder:
             raise ValueError(

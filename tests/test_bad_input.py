@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hf_scratch_transformer import (
     ScratchDecoderConfig,
+    ScratchDecoderForCausalLM,
     ScratchDecoderForSequenceClassification,
     ScratchEncoderConfig,
     ScratchEncoderForSequenceClassification,
@@ -208,6 +209,26 @@ def test_family_config_flags_of_the_wrong_type_are_named():
         ScratchEncoderConfig(classifier_dropout="0.1")
     with pytest.raises(ValueError, match="`share_embeddings` must be True or False"):
         ScratchSeq2SeqConfig(share_embeddings=None)
+
+
+def test_a_folder_saved_with_a_string_flag_names_the_value_it_was_trained_with(tmp_path):
+    """Until 2026-11-29 `--set tie_word_embeddings=False` saved the string "False" in config.json, and the model took it
+    as true: tied head, no lm_head.weight saved. Such a folder was refused with "must be True or False", and writing
+    the false it seemed to ask for loaded the model with an untrained head (a warning of a missing weight, nothing
+    more). The refusal now says the model was trained with it true; written true, it loads as saved."""
+    model = tiny_lm("decoder").eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "tie_word_embeddings": "False"}))  # the old file
+    with pytest.raises(ValueError, match=re.escape(
+            "`tie_word_embeddings` is the string 'False' in this saved config: `--set tie_word_embeddings=False` wrote "
+            "it so before 2026-11-29, and the model took any such string as true, so it was built and trained with "
+            "`tie_word_embeddings` true. Write true there (JSON)")):
+        ScratchDecoderForCausalLM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "tie_word_embeddings": True}))
+    inputs = lm_inputs("decoder")
+    with torch.no_grad():
+        assert torch.equal(ScratchDecoderForCausalLM.from_pretrained(tmp_path)(**inputs).logits, model(**inputs).logits)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
