@@ -737,6 +737,7 @@ def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path,
     stderr = hf_scratch("finetune", "--model", config_only(tmp_path), "--task", task, "--train-file", path,
                         "--label-column", "tags" if task == "token-classification" else "label", "--output-dir", output)
     assert f"--train-file {path}" in stderr and message in stderr
+    assert "usage:" not in stderr, "a problem in the data, which no option caused: one line, without the usage"
     assert not output.exists()
 
 

@@ -45,6 +45,7 @@ from hf_scratch_transformer.cli.run_options import (
     claim_output_dir,
     data_settings,
     dataset_name,
+    fail,
     fail_with,
     is_rank_zero,
     local_path,
@@ -124,20 +125,20 @@ if args.resume:
 
 
 def load_data_file(option: str, path: str):
-    """The rows of a local CSV or JSON lines file, or a parser error naming `path` and what is wrong with it."""
+    """The rows of a local CSV or JSON lines file, or an error naming `path` and what is wrong with it."""
     file = Path(path)
     if not file.is_file():
         parser.error(f"{option} {path}: no such file")
     if file.suffix.lower() not in FORMATS:  # DATA.CSV too, as Windows tools name files
-        parser.error(f"{option} {path}: unsupported format {file.suffix or '(no extension)'!r}; use CSV (.csv) or "
+        fail(parser, f"{option} {path}: unsupported format {file.suffix or '(no extension)'!r}; use CSV (.csv) or "
                      "JSON lines (.json, .jsonl)")
     if args.task == "token-classification" and file.suffix.lower() == ".csv":
-        parser.error(f"{option} {path}: token classification needs a list of words and a list of labels per row, "
+        fail(parser, f"{option} {path}: token classification needs a list of words and a list of labels per row, "
                      "which CSV cannot hold: use JSON lines (.json, .jsonl)")
     try:
         return load_data(file, split="train")  # binary, not UTF-8, unparsable, no rows
     except ValueError as error:
-        parser.error(f"{option} {error}")
+        fail(parser, f"{option} {error}")
 
 
 def rows(indices: list[int]) -> str:
@@ -160,13 +161,13 @@ def label_key(value) -> str:
 
 
 def check_label_shapes(where: str, data) -> None:
-    """A parser error naming the rows whose labels are not shaped for the task: one label per text, or a list of words
+    """An error naming the rows whose labels are not shaped for the task: one label per text, or a list of words
     (strings) and a list of as many labels. Checked for `datasets` ClassLabel columns too, whose ids need no other
     check: a ClassLabel list per text, or a label list longer or shorter than its words, failed midway through
     tokenizing with a traceback, or had its extra labels left out without a word."""
     if args.task == "text-classification":
         if lists := [index for index, value in enumerate(data[args.label_column]) if isinstance(value, list)]:
-            parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
+            fail(parser, f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
                          "(lists: text classification reads one class per text, multi-label classification is not "
                          f"offered; a label per word is --task token-classification) in {rows(lists)}")
         return
@@ -179,21 +180,21 @@ def check_label_shapes(where: str, data) -> None:
         elif not all(isinstance(word, str) for word in words):
             not_words.append(index)
     if malformed:
-        parser.error(f"{where}: token classification needs lists in {input_column!r} and {args.label_column!r}, "
+        fail(parser, f"{where}: token classification needs lists in {input_column!r} and {args.label_column!r}, "
                      f"one label per word; not lists in {rows(malformed)}")
     # A null word was tokenized as the text "None" (a null first word, or numbers, failed in the tokenizer)
     if not_words:
-        parser.error(f"{where}: words in {input_column!r} that are not text (missing, or numbers) in "
+        fail(parser, f"{where}: words in {input_column!r} that are not text (missing, or numbers) in "
                      f"{rows(not_words)}: each word is a string")
     if mismatched:
         first = data[mismatched[0]]
-        parser.error(f"{where}: the number of labels differs from the number of words in {rows(mismatched)}; "
+        fail(parser, f"{where}: the number of labels differs from the number of words in {rows(mismatched)}; "
                      f"row {mismatched[0] + 1} has {len(first[input_column])} words in {input_column!r} and "
                      f"{len(first[args.label_column])} labels in {args.label_column!r}: give one label per word")
 
 
 def check_labels(where: str, data) -> set[str]:
-    """The label names of one split (shaped for the task: `check_label_shapes`), or a parser error naming the rows
+    """The label names of one split (shaped for the task: `check_label_shapes`), or an error naming the rows
     whose labels are missing or malformed."""
     missing, fractional, malformed = [], [], []
     labels = data[args.label_column]
@@ -207,12 +208,12 @@ def check_labels(where: str, data) -> set[str]:
             elif not isinstance(value, str | int):
                 malformed.append(index)
     if missing:
-        parser.error(f"{where}: the label column {args.label_column!r} has no value in {rows(sorted(set(missing)))}")
+        fail(parser, f"{where}: the label column {args.label_column!r} has no value in {rows(sorted(set(missing)))}")
     if fractional:
-        parser.error(f"{where}: fractional labels in {args.label_column!r} (scores for regression?) in "
+        fail(parser, f"{where}: fractional labels in {args.label_column!r} (scores for regression?) in "
                      f"{rows(sorted(set(fractional)))}: classification needs class names or integer ids")
     if malformed:
-        parser.error(f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
+        fail(parser, f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
                      f"in {rows(sorted(set(malformed)))}")
     return {label_key(value) for row in values for value in row}
 
@@ -237,7 +238,7 @@ else:
     except ValueError as error:
         parser.error(f"--dataset {error}")
     if "train" not in raw:
-        parser.error(f"--dataset {args.dataset}: no 'train' split (it has {', '.join(raw)})")
+        fail(parser, f"--dataset {args.dataset}: no 'train' split (it has {', '.join(raw)})")
     # The splits this command uses: a test split, often unlabelled, would be refused for labels it never needs
     raw = DatasetDict({split: raw[split] for split in ("train", "validation") if split in raw})
 sources = {"train": args.train_file, "validation": args.validation_file}
@@ -249,13 +250,13 @@ if input_column == args.label_column:
 for name in raw:
     for column in (input_column, args.label_column):
         if column not in raw[name].column_names:
-            parser.error(f"{where[name]}: the data has no column {column!r}; columns: {raw[name].column_names}")
+            fail(parser, f"{where[name]}: the data has no column {column!r}; columns: {raw[name].column_names}")
     # An empty CSV cell is None, which the tokenizer would fail on midway; an empty text is no tokens at all for a
     # tokenizer without special tokens (GPT-2's): a traceback at its batch, or a row of padding only.
     if args.task == "text-classification":
         if no_text := [i for i, text in enumerate(raw[name][input_column])
                        if not isinstance(text, str) or not text.strip()]:
-            parser.error(f"{where[name]}: the text column {input_column!r} holds no text in {rows(no_text)}")
+            fail(parser, f"{where[name]}: the text column {input_column!r} holds no text in {rows(no_text)}")
     check_label_shapes(where[name], raw[name])
 
 labels_feature = raw["train"].features[args.label_column]
@@ -266,20 +267,20 @@ if not class_names:
     names = sorted(check_labels(where["train"], raw["train"]), key=class_order)
     for name in set(raw) - {"train"}:
         if unknown := check_labels(where[name], raw[name]) - set(names):
-            parser.error(f"{where[name]}: labels {sorted(unknown)} do not occur in the training data "
+            fail(parser, f"{where[name]}: labels {sorted(unknown)} do not occur in the training data "
                          f"({where['train']}), whose labels are {names}")
     if len(names) < 2:
-        parser.error(f"{where['train']}: every row has the label {names[0]!r}; classification needs two or more")
+        fail(parser, f"{where['train']}: every row has the label {names[0]!r}; classification needs two or more")
 else:  # ClassLabel ids: -1 marks a row without a label (a test set's), which the loss cannot take
     for name in raw:
         ids = [row if isinstance(row, list) else [row] for row in raw[name][args.label_column]]  # per word, or one
         if unlabelled := [i for i, row in enumerate(ids) if min(row, default=0) < 0]:
-            parser.error(f"{where[name]}: the label column {args.label_column!r} has no value (id -1) in "
+            fail(parser, f"{where[name]}: the label column {args.label_column!r} has no value (id -1) in "
                          f"{rows(unlabelled)}")
 names = class_names or names
 if "validation" not in raw:
     if raw["train"].num_rows < 2:
-        parser.error(f"{where['train']}: holds {raw['train'].num_rows} row(s), too few to split off a validation "
+        fail(parser, f"{where['train']}: holds {raw['train'].num_rows} row(s), too few to split off a validation "
                      "set; give --validation-file")
     split = raw["train"].train_test_split(test_size=0.1, seed=args.seed)
     raw["train"], raw["validation"] = split["train"], split["test"]
