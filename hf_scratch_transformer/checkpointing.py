@@ -320,9 +320,8 @@ def verify_checkpoint(path: str | Path) -> dict:
         # a run's folder of checkpoints, said to be an interrupted checkpoint
         raise CheckpointError(f"{path} is a folder of checkpoints, not one: pass one of them (the newest: "
                               f"{inside[-1]}).")
-    if not _LEFTOVER_NAME.fullmatch(path.name) and not (path / MANIFEST).is_file() \
-            and (manifest := _manifest_before_manifests(path)) is not None:
-        return manifest
+    if not (path / MANIFEST).is_file() and (manifest := _manifest_before_manifests(path)) is not None:
+        return manifest  # a leftover's name (.tmp, .deleted) is no checkpoint-N: never taken so
     if _LEFTOVER_NAME.fullmatch(path.name) or not (path / MANIFEST).is_file():
         raise CheckpointError(
             f"Checkpoint {path} is incomplete: it has no {MANIFEST}, so it was interrupted while being written "
