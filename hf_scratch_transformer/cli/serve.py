@@ -34,6 +34,7 @@ except ImportError:  # 5.23 read what follows it as a revision
 
 from hf_scratch_transformer import AUTO_CLASSES, ScratchDecoderForCausalLM
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config
+from hf_scratch_transformer.linear_kernels import bound_onednn_caches
 
 if not is_serve_available():  # what `transformers serve` says, without the traceback of the import below
     sys.exit('hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')
@@ -163,6 +164,7 @@ def serve(**options) -> None:
     Serve(**options)
 
 
+bound_onednn_caches()  # each new prompt length is a new shape of product: memory grew with every one
 try:
     typer.run(serve)
 except NotServableError as error:  # raised at start for the folder given on the command line: no traceback
