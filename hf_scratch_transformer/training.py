@@ -1,5 +1,6 @@
-"""What the training scripts share: data preparation for the three tasks, the label-smoothed loss, evaluation
-metrics, the loss-curve plot and the bf16 speed check. No model file imports this module (it never travels to the Hub).
+"""What the training scripts share: data preparation for the three tasks, the label-smoothed loss, the bf16 speed
+check, masked-LM masks drawn per step, stopping on a time budget or a SIGTERM, evaluation metrics and the loss-curve
+plot. No model file imports this module (it never travels to the Hub).
 
 Data flows through `datasets`: local text files (one document per paragraph), parallel files (one sentence per
 line, aligned), or any dataset name `datasets.load_dataset` accepts.
@@ -385,7 +386,7 @@ def slow_bf16_refusal(mixed_precision: str, device: torch.device | str, force: b
     return f"{reason}, or add --force-bf16 to train in bf16 anyway."
 
 
-# ---------------------------------------------------------------------------------------------- metrics
+# ---------------------------------------------------------------------------------------------- masked-LM batches
 
 
 class MasksOfEachStep:
@@ -432,6 +433,9 @@ class MasksOfEachStep:
         masked, labels = self._masking.torch_mask_tokens(ids.cpu(), None if special is None else special.cpu())
         batch["input_ids"], batch["labels"] = masked.to(ids.device), labels.to(ids.device)
         return batch
+
+
+# ---------------------------------------------------------------------------------------------- stopping
 
 
 class Preemption:
@@ -495,6 +499,9 @@ class StopAfterStep(TrainerCallback):
             control.should_evaluate = control.should_save = False
 
 
+# ---------------------------------------------------------------------------------------------- metrics
+
+
 def perplexity(eval_loss: float) -> float:
     return math.exp(min(eval_loss, 100.0))
 
@@ -535,33 +542,6 @@ def translation_metrics(tokenizer) -> Callable:
                 "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
 
     return compute
-
-
-# ---------------------------------------------------------------------------------------------- plot
-
-
-def plot_loss_curve(log_history: list[dict], path: Path, title: str = "") -> Path:
-    """Training loss per logged step, and evaluation loss where evaluated, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    from matplotlib import pyplot as plt
-
-    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e]
-    evaluation = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for points, label, style in ((train, "training loss", "-"), (evaluation, "validation loss", "o-")):
-        if points:
-            axis.plot(*zip(*points, strict=True), style, label=label)
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel("loss")
-    axis.set_title(title)
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
 
 
 def classification_metrics(eval_prediction) -> dict:
@@ -624,3 +604,30 @@ def token_classification_metrics(label_names: list[str]) -> Callable[[object], d
         return metrics
 
     return compute
+
+
+# ---------------------------------------------------------------------------------------------- plot
+
+
+def plot_loss_curve(log_history: list[dict], path: Path, title: str = "") -> Path:
+    """Training loss per logged step, and evaluation loss where evaluated, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    from matplotlib import pyplot as plt
+
+    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e]
+    evaluation = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for points, label, style in ((train, "training loss", "-"), (evaluation, "validation loss", "o-")):
+        if points:
+            axis.plot(*zip(*points, strict=True), style, label=label)
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("loss")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
