@@ -146,6 +146,17 @@ def test_export_keeps_generation_config_dtype_and_mode():
     assert native.generation_config.eos_token_id == EOS
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied", "mistral-window", "bert", "marian-shared"])
+def test_use_cache_off_is_carried_both_ways(name):
+    """`use_cache=False` (a config saved from gradient-checkpointed training) came back True both ways: the
+    converted model's forward returned a cache the source's did not (another `return_dict=False` tuple)."""
+    ours = _ours(name)
+    ours.config.use_cache = False
+    native = to_hf(ours)
+    assert native.config.use_cache is False
+    assert from_hf(native).config.use_cache is False
+
+
 # ---------------------------------------------------------------------------------------------- native -> ours
 
 
