@@ -530,6 +530,13 @@ class _Marian(_Family):
             (c.encoder_attention_heads != c.decoder_attention_heads, "different encoder and decoder head counts"),
             (c.encoder_ffn_dim != c.decoder_ffn_dim, "different encoder and decoder FFN sizes"),
             _unknown_activation("activation_function", c.activation_function),
+            # transformers sizes the decoder's embedding by `decoder_vocab_size` and the head by `vocab_size` there:
+            # the decoder cannot read back the ids it predicts past the first (an IndexError in `generate()`)
+            (c.share_encoder_decoder_embeddings and not c.tie_word_embeddings
+             and c.decoder_vocab_size not in (None, c.vocab_size),
+             f"decoder_vocab_size={c.decoder_vocab_size} with vocab_size={c.vocab_size} under "
+             "share_encoder_decoder_embeddings=True and tie_word_embeddings=False (its decoder embeds "
+             f"{c.decoder_vocab_size} ids and predicts {c.vocab_size})"),
         ] if bad], self.name)
         target_vocab = c.vocab_size if c.share_encoder_decoder_embeddings else (c.decoder_vocab_size or c.vocab_size)
         return dict(

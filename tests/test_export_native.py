@@ -335,6 +335,14 @@ def test_marian_sharing_without_a_tied_head_imports_as_separate_matrices():
     _assert_same_generation(native, ours, "seq2seq")
 
 
+def test_a_marian_whose_decoder_cannot_read_its_own_predictions_is_refused_naming_both_sizes():
+    """Shared embeddings without a tied head size Marian's decoder embedding by `decoder_vocab_size` and its head by
+    `vocab_size`: this one predicts ids its decoder cannot embed. It was refused over a weight's converted shape."""
+    native = marian(tie_word_embeddings=False, decoder_vocab_size=VOCAB // 2, pad_token_id=1, decoder_start_token_id=1)
+    with pytest.raises(ValueError, match=f"decoder_vocab_size={VOCAB // 2} with vocab_size={VOCAB}"):
+        from_hf(native)
+
+
 def _unknown_rope_type():
     native = llama()
     native.config.rope_parameters = {"rope_type": "mrope", "rope_theta": 10000.0}
