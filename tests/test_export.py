@@ -1,8 +1,8 @@
 """`torch.export` as transformers exports native models, side by side with GPT-2, BERT and Marian carrying the same
 weights (`from_hf`): the forward of each family with a dynamic batch and length (`transformers.exporters`'
 `DynamoExporter`), the decoder through `integrations.executorch`'s static-cache wrappers and `generate()`'s prefill and
-decode steps over a static cache, and the encoder-decoder through `Seq2SeqLMExportableModule`. ONNX (`dynamo=True`)
-needs onnx and onnxscript, which the test extras do not install."""
+decode steps over a static cache, and the encoder-decoder through `Seq2SeqLMExportableModule`. ONNX:
+tests/test_onnx_export.py."""
 
 import copy
 
