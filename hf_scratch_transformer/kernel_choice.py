@@ -403,6 +403,7 @@ def eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         and not torch.is_autocast_enabled("cpu")
         and inputs.numel() > 0
         and (kernel != "onednn" or onednn_enabled())  # turned off since chosen, or forced
+        and not torch.jit.is_tracing()  # a traced graph (TorchScript, its ONNX export) keeps `aten::linear`
     ):
         return "native"
     return kernel

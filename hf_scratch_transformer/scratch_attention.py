@@ -135,6 +135,8 @@ def sdpa_attention_forward(
     # A `None` mask on a causal layer means "plain causal": let the kernel build it. With one query token
     # (decoding) there is nothing to hide.
     is_causal = module.is_causal and attention_mask is None and query.shape[2] > 1
+    if isinstance(is_causal, torch.Tensor):  # shapes are tensors under `torch.jit.trace`, which sdpa refuses
+        is_causal = bool(is_causal)
     output = nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal
     )

@@ -72,6 +72,7 @@ def _every_key_visible(config, attention_mask: torch.Tensor | None) -> bool:
     mask object, so they take the general path."""
     return (
         not torch.compiler.is_compiling()  # the padding check below reads data
+        and not torch.jit.is_tracing()  # a traced graph would keep the sample's answer for every mask
         and config._attn_implementation in ("sdpa", "eager")
         and (attention_mask is None or (attention_mask.dim() == 2 and bool(attention_mask.all())))
     )

@@ -1,7 +1,10 @@
 """ONNX as transformers exports native models (`transformers.exporters`' `OnnxExporter`: `torch.onnx.export(...,
 dynamo=True)` with transformers' patches), run in ONNX Runtime at other shapes than the traced ones and compared with
 GPT-2, BERT and Marian carrying the same weights (`from_hf`): the forward of each family with a dynamic batch and
-length, and the decoder with its cache as the graph's inputs and outputs, decoding step by step."""
+length, and the decoder with its cache as the graph's inputs and outputs, decoding step by step; and the forward through
+the TorchScript exporter (`dynamo=False`, deprecated)."""
+
+import io
 
 import pytest
 import torch
@@ -11,10 +14,13 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.exporters import OnnxConfig, OnnxExporter
 from transformers.exporters.utils import decompose_for_generation
 
+from hf_scratch_transformer import kernel_choice
 from hf_scratch_transformer.conversion import from_hf
 
-for package in ("onnx", "onnxscript", "onnxruntime"):
+onnx, onnxscript, onnxruntime = (
     pytest.importorskip(package, reason="ONNX export needs onnx, onnxscript and onnxruntime (the test extras)")
+    for package in ("onnx", "onnxscript", "onnxruntime")
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore")  # the exporter's "experimental" and torch's tracing warnings
 
@@ -91,3 +97,46 @@ def test_decoder_exports_with_its_cache_as_inputs_and_outputs_and_decodes_as_the
         expected = native(tokens[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1]).logits[:, 8:]
     torch.testing.assert_close(torch.stack(logits, dim=1), expected, atol=ATOL, rtol=0)
 
+
+class _Logits(torch.nn.Module):
+    """The model's logits from its inputs given in order: the TorchScript exporter traces positional tensors."""
+
+    def __init__(self, model, names):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.names, inputs, strict=True))).logits
+
+
+@pytest.mark.parametrize("family, make_native", [("gpt2", gpt2), ("bert", bert), ("marian", marian)],
+                         ids=["gpt2", "bert", "marian"])
+def test_the_torchscript_exporter_traces_an_unpadded_sample_into_a_graph_that_takes_the_mask(family, make_native,
+                                                                                            force_choice):
+    """`torch.onnx.export(..., dynamo=False)` traces shapes as tensors: `is_causal` was one, which sdpa refused
+    (TypeError: "must be bool, not Tensor", the decoder without padding and the seq2seq decoder); an unpadded
+    sample's "every key visible" became the graph's answer, which then left out `attention_mask` (the decoder's
+    logits were wrong wherever padding was); the oneDNN product went into the graph ("unsupported input list type:
+    Scalar?"). The native models export: so do ours, with logits equal at padded inputs of other shapes."""
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "onednn")
+    native = make_native()
+    ours = from_hf(native)
+    sample = _forward_inputs(family, 2, 7)
+    sample["attention_mask"] = torch.ones_like(sample["attention_mask"])
+    names = list(sample)
+    axes = {name: {0: "batch", 1: "target" if name == "decoder_input_ids" else "length"} for name in names}
+    axes["logits"] = {0: "batch", 1: "target" if family == "marian" else "length"}
+    graph = io.BytesIO()
+    torch.onnx.export(_Logits(ours, names).eval(), tuple(sample.values()), graph, dynamo=False, input_names=names,
+                      output_names=["logits"], dynamic_axes=axes)
+    assert {node.domain for node in onnx.load_from_string(graph.getvalue()).graph.node} <= {""}
+    session = onnxruntime.InferenceSession(graph.getvalue(), providers=["CPUExecutionProvider"])
+    assert [value.name for value in session.get_inputs()] == names
+    for batch, length in ((2, 7), (3, 11)):
+        inputs = _forward_inputs(family, batch, length)
+        with torch.no_grad():
+            expected = native(**inputs).logits
+        logits = torch.from_numpy(session.run(None, {name: tensor.numpy() for name, tensor in inputs.items()})[0])
+        if family == "gpt2":  # left padding: a padded query sees no key, which sdpa and ONNX Runtime answer apart
+            logits, expected = logits[inputs["attention_mask"].bool()], expected[inputs["attention_mask"].bool()]
+        torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
