@@ -52,6 +52,11 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete (interrupted while being written) or corrupt."""
 
 
+class CheckpointUnreadable(CheckpointError):
+    """A checkpoint this process may not read (its permissions: another user's copy). Never skipped for an older
+    one: the run resumed from that would save over it and prune around it."""
+
+
 class TrainingDiverged(CheckpointError):
     """Training whose weights went nan or inf: the run stops there, and no checkpoint or model of them is written
     (`check_step_finite`, `check_weights_finite`)."""
@@ -269,6 +274,8 @@ def latest_checkpoint(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
         try:
             verify_checkpoint(path)
             return path
+        except CheckpointUnreadable:
+            raise
         except CheckpointError as error:
             if report is not None:
                 report(f"skipping {path.name}: {error}")
@@ -311,8 +318,18 @@ def checkpoint_to_resume(folder: str | Path, prefix: str = ACCELERATE_PREFIX,
 def verify_checkpoint(path: str | Path) -> dict:
     """The manifest of the checkpoint at `path`, after checking that the folder exists, is complete, and that every
     file it lists is there with its recorded size and SHA-256 (read once per process while the files stay as they
-    were: `_VERIFIED`). Raises `CheckpointError` naming the problem."""
-    path = Path(path)
+    were: `_VERIFIED`). Raises `CheckpointError` naming the problem (`CheckpointUnreadable` where it may not be read).
+    """
+    try:
+        return _verified_manifest(Path(path))
+    except PermissionError as error:  # was a traceback
+        raise CheckpointUnreadable(
+            f"Checkpoint {path} cannot be read: {error.strerror} ({error.filename}). Give this user read access to "
+            "it, or move it out of the run's folder."
+        ) from error
+
+
+def _verified_manifest(path: Path) -> dict:
     if not path.is_dir():
         raise CheckpointError(f"No checkpoint at {path}: " + ("it is a file, not a checkpoint folder." if path.exists()
                                                                else "the folder does not exist."))

@@ -769,6 +769,26 @@ def test_resuming_reads_each_checkpoint_file_for_its_checksum_once(tmp_path, mon
     assert sorted(hashed) == [checkpoint / "model.safetensors", checkpoint / "optimizer" / "state.bin"]
 
 
+def test_a_checkpoint_that_cannot_be_read_stops_the_resume_naming_it(tmp_path, monkeypatch):
+    """A checkpoint whose files this user may not read (another user's copy) was a PermissionError traceback. Named
+    instead, and not skipped for the older one: the run resumed from that would save over it and prune around it."""
+    for step in (1, 2):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / "model.safetensors").write_bytes(b"1" * 64)
+        checkpointing.write_manifest(tmp_path / f"step-{step}", step)
+    sha256 = checkpointing._sha256
+
+    def unreadable_step_2(file):
+        if Path(file).parent.name == "step-2":
+            raise PermissionError(13, "Permission denied", str(file))
+        return sha256(file)
+
+    monkeypatch.setattr(checkpointing, "_sha256", unreadable_step_2)
+    unreadable = f"step-2 cannot be read: Permission denied ({tmp_path / 'step-2' / 'model.safetensors'})"
+    with pytest.raises(checkpointing.CheckpointUnreadable, match=re.escape(unreadable)):
+        checkpointing.latest_checkpoint(tmp_path, report=None)
+
+
 def test_a_file_changed_after_its_checkpoint_verified_is_read_again(tmp_path):
     """Verified checksums are remembered for the files as they were (size, modification time): a file overwritten
     since, of the same size, is read again and the corruption named."""
