@@ -393,7 +393,9 @@ def eager_kernel(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     # here first, as a call costs). Where the BLAS wins, the usual case (docs/performance.md), every product ends
     # here: the checks below cost about 1.3 us a call, 0.1 ms a forward.
     regime, shape = regime_of(inputs, working_set), weight.shape
-    kernel = KERNEL_CHOICES.get((regime, shape, torch.get_num_threads())) or fp32_kernel(regime, shape)
+    kernel = KERNEL_CHOICES.get((regime, shape, torch.get_num_threads()))
+    if kernel is None:  # the first product of this regime and shape: timed, but not inside a trace (its products fail)
+        kernel = "native" if torch.jit.is_tracing() else fp32_kernel(regime, shape)
     if kernel == "native":
         return kernel
     if not (

@@ -109,19 +109,23 @@ class _Logits(torch.nn.Module):
         return self.model(**dict(zip(self.names, inputs, strict=True))).logits
 
 
+@pytest.mark.parametrize("kernels, sample_length", [("onednn", 7), ("auto", 40)], ids=["onednn", "auto-prefill"])
 @pytest.mark.parametrize("family, make_native", [("gpt2", gpt2), ("bert", bert), ("marian", marian)],
                          ids=["gpt2", "bert", "marian"])
 def test_the_torchscript_exporter_traces_an_unpadded_sample_into_a_graph_that_takes_the_mask(family, make_native,
+                                                                                            kernels, sample_length,
                                                                                             force_choice):
     """`torch.onnx.export(..., dynamo=False)` traces shapes as tensors: `is_causal` was one, which sdpa refused
     (TypeError: "must be bool, not Tensor", the decoder without padding and the seq2seq decoder); an unpadded
     sample's "every key visible" became the graph's answer, which then left out `attention_mask` (the decoder's
     logits were wrong wherever padding was); the oneDNN product went into the graph ("unsupported input list type:
-    Scalar?"). The native models export: so do ours, with logits equal at padded inputs of other shapes."""
-    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "onednn")
+    Scalar?"); in a process that had made no kernel choice, the first prefill product's timing ran inside the trace
+    and failed ("unexpected sym_eq between Tensor and Tensor"). The native models export: so do ours, with logits
+    equal at padded inputs of other shapes."""
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, kernels)
     native = make_native()
     ours = from_hf(native)
-    sample = _forward_inputs(family, 2, 7)
+    sample = _forward_inputs(family, 2, sample_length)  # 80 rows: prefill's products
     sample["attention_mask"] = torch.ones_like(sample["attention_mask"])
     names = list(sample)
     axes = {name: {0: "batch", 1: "target" if name == "decoder_input_ids" else "length"} for name in names}
