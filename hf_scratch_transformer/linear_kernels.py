@@ -35,9 +35,9 @@ def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 # PyTorch's ideep wrapper's, both of which hold it): about 0.5 MB a shape, where the BLAS of native models' fp32
 # products keeps nothing. A server meets a new shape at almost every prompt (a new length): `hf-scratch serve` of a
 # 64-wide GPT-2 grew from 497 to 714 MB over 200 requests, native GPT-2 stayed at 452; bounded at 64 shapes it stayed
-# at 500, answering as fast. A training run whose batches come in a few dozen lengths reuses them: bounded at 64 it
-# built them again and again, 8% slower a step (oneDNN forced, AVX-512 AMD EPYC). oneDNN reads each bound at its first
-# product in the process.
+# at 500, answering as fast (AVX-512 AMD EPYC, where prefill takes oneDNN). A training run whose batches come in a
+# few dozen lengths reuses them: bounded at 64 it built them again and again, 8% slower a step (oneDNN forced, same
+# machine). oneDNN reads each bound at its first product in the process.
 ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
