@@ -713,6 +713,17 @@ class CrashSafeCheckpoints:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         _check_loaded_weights_finite(self.model if model is None else model, resume_from_checkpoint)
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # A file stores a tied matrix once: Trainer warned "There were missing keys in the checkpoint model loaded:
+        # ['lm_head.weight']" on every resume of a tied model (native ones alike), which reads as lost weights. Only
+        # names that still share the loaded tensor are dropped; any other missing key is warned about as before.
+        parameters = dict(self.model.named_parameters(remove_duplicate=False))
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        still_tied = {name for name, source in tied.items()
+                      if name in parameters and parameters[name] is parameters.get(source)}
+        missing = [name for name in load_result.missing_keys if name not in still_tied]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         settings = optimizer_settings(self.optimizer) if checkpoint is not None else None
         super()._load_optimizer_and_scheduler(checkpoint)

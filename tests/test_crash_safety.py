@@ -21,6 +21,8 @@ from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
 from tiny_tokenizers import wordpiece, write_run_corpus
 from transformers import TrainingArguments
+from transformers.testing_utils import CaptureLogger
+from transformers.trainer import logger as transformers_trainer_logger
 
 from hf_scratch_transformer import checkpointing, training
 from hf_scratch_transformer.cli import run_options
@@ -801,3 +803,24 @@ def test_a_file_changed_after_its_checkpoint_verified_is_read_again(tmp_path):
     (checkpoint / "model.safetensors").write_bytes(b"2" * 64)
     with pytest.raises(checkpointing.CheckpointError, match="model.safetensors does not match its SHA-256"):
         checkpointing.verify_checkpoint(checkpoint)
+
+
+def test_resuming_a_tied_model_does_not_warn_of_missing_weights(tmp_path):
+    """Trainer said "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" on every resume of
+    a tied model (native GPT-2 alike): the file stores the tied matrix once. Said only of keys that are lost."""
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 99, (8, 12))]
+
+    def trainer(max_steps):
+        arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=4,
+                                      save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
+        return checkpointing.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data)
+
+    trainer(2).train()
+    resumed = trainer(4)
+    with CaptureLogger(transformers_trainer_logger) as captured:
+        resumed.train(resume_from_checkpoint=True)
+    assert "missing keys" not in captured.out
+    assert resumed.model.lm_head.weight is resumed.model.get_input_embeddings().weight
+    with CaptureLogger(transformers_trainer_logger) as captured:
+        resumed._issue_warnings_after_load(torch.nn.modules.module._IncompatibleKeys(["lm_head.weight", "x"], []))
+    assert "There were missing keys in the checkpoint model loaded: ['x']" in captured.out
