@@ -328,6 +328,33 @@ def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
         assert stdout.count(line) == 1, line
 
 
+def test_trainer_seq2seq_under_two_processes_equals_one_process_and_scores_each_pair_once(workspace):
+    """2 processes x batch 2 train as 1 process x batch 4 (labels padded with -100, token counts that differ between
+    the processes), and the final BLEU and chrF are those of one process: Accelerate fills the last evaluation batch
+    of each process with repeats of the first pairs (5 pairs, 3 repeats), which Seq2SeqTrainer's `gather` kept and
+    scored as translations of their own."""
+    arguments = [ROOT / "scripts/train.py", "--task", "seq2seq", "--source-files", workspace / "train.src",
+                 "--target-files", workspace / "train.tgt", "--tokenizer", workspace / "seq2seq", *TINY_SEQ2SEQ,
+                 *NO_DROPOUT, *RUN, "--max-eval-samples", 5, "--max-steps", 3, "--eval-steps", 3, "--num-beams", 1]
+    launcher, env = two_cpu_processes("torchrun")
+    run(*arguments, "--batch-size", 2, "--output-dir", workspace / "trainer-seq2seq-ddp", launcher=launcher, env=env,
+        cwd=workspace)
+    run(*arguments, "--batch-size", 4, "--output-dir", workspace / "trainer-seq2seq-single", cwd=workspace)
+
+    def logged(folder: str) -> tuple[dict[int, float], dict]:
+        state = json.loads((workspace / folder / "checkpoints/checkpoint-3/trainer_state.json").read_text())
+        return ({entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry},
+                json.loads((workspace / folder / "model/eval_results.json").read_text()))
+
+    (two, two_results), (one, one_results) = logged("trainer-seq2seq-ddp"), logged("trainer-seq2seq-single")
+    assert sorted(two) == sorted(one) == [1, 2, 3]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], abs=1e-5), step
+    # Not the loss: Trainer's is the mean of its batches' means, and the batches differ.
+    for metric in ("bleu", "chrf"):
+        assert two_results[metric] == pytest.approx(one_results[metric], abs=1e-6), metric
+
+
 def test_launched_processes_that_cannot_join_fail_clearly(workspace):
     """Under torchrun on a machine without GPU, Accelerate runs each process alone unless told to use the CPU."""
     launcher, _ = two_cpu_processes("torchrun")

@@ -104,6 +104,14 @@ class ShardedSeq2SeqTrainer(ShardedTrainer, CrashSafeSeq2SeqTrainer):
         finally:
             self.model.generation_config = kept
 
+    def evaluation_loop(self, *args, **kwargs):
+        """Trainer's, counting each validation pair once under several processes. Accelerate fills the last batch of
+        each process with repeats of the first pairs; Seq2SeqTrainer gathers with `accelerator.gather` (for
+        `num_return_sequences` > 1, which this script never asks for), which kept them, and BLEU, chrF and the loss
+        scored them as pairs of their own. `gather_for_metrics` drops them, as Trainer does for the other tasks."""
+        self.gather_function = self.accelerator.gather_for_metrics
+        return super().evaluation_loop(*args, **kwargs)
+
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
