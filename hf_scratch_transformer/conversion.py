@@ -267,6 +267,9 @@ class _GPT2(_Family):
     def native_model(self, config):
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(
             **self.renamed_values(config),
+            # `n_ctx`, as OpenAI's GPT-2 configs have it: a field GPT2Config no longer writes, which llama.cpp's
+            # convert_hf_to_gguf.py reads (a KeyError without it). It changes nothing in transformers.
+            n_ctx=config.max_position_embeddings,
             n_inner=config.intermediate_size,
             activation_function=NATIVE_ACTIVATIONS[config.hidden_act],
         ))
@@ -696,6 +699,35 @@ def from_hf(model: PreTrainedModel) -> PreTrainedModel:
     return _finish(model, scratch)
 
 
+# What llama.cpp (its convert_hf_to_gguf.py and the graphs that run the GGUF; checked at llama.cpp 0c1e57098,
+# docs/native_models.md "GGUF and llama.cpp") computes differently from an exported model that it converts.
+LLAMA_CPP_GPT2_ACTIVATION = "gelu_new"  # its GPT-2 graph's GELU (tanh), whatever `activation_function` says
+
+
+def llama_cpp_caveats(native: PreTrainedModel) -> list[str]:
+    """Why a `to_hf` export would not compute its own function in llama.cpp once converted to GGUF: one line per
+    cause, none where llama.cpp computes it (the exported tensors themselves convert exactly). llama.cpp's converter
+    reads neither GPT-2's `activation_function` nor `n_inner`, nor Mistral's `sliding_window`, and says nothing."""
+    config, caveats = native.config, []
+    if config.model_type == "gpt2":
+        act = config.activation_function
+        if ACTIVATIONS.get(act) == "gelu":
+            caveats.append(f"activation_function={act!r}: llama.cpp's GPT-2 graph computes GELU's tanh approximation "
+                           "instead of the erf GELU (close, not exact)")
+        elif ACTIVATIONS.get(act) != ACTIVATIONS[LLAMA_CPP_GPT2_ACTIVATION]:
+            caveats.append(f"activation_function={act!r}: llama.cpp's GPT-2 graph computes GELU (tanh) instead, so "
+                           "the GGUF converts without a warning and runs a different model (only 'gelu_tanh' runs "
+                           "right)")
+        if (config.n_inner or 4 * config.n_embd) != 4 * config.n_embd:
+            caveats.append(f"n_inner={config.n_inner}: llama.cpp's converter writes a feed-forward of 4 x n_embd = "
+                           f"{4 * config.n_embd}, so llama.cpp refuses to load the GGUF (a tensor of the wrong shape)")
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "mistral" and window is not None and window < config.max_position_embeddings:
+        caveats.append(f"sliding_window={window}: llama.cpp runs MistralForCausalLM as Llama, attending to every "
+                       f"earlier token, so its outputs differ from position {window} on")
+    return caveats
+
+
 def to_hf(model: PreTrainedModel) -> PreTrainedModel:
     """The native `transformers` model that computes exactly what `model` computes (see `EXPORTS`), with the same
     weights, generation settings, device, dtype and train/eval mode; saved, it loads anywhere with the plain Auto
@@ -723,4 +755,4 @@ def to_hf(model: PreTrainedModel) -> PreTrainedModel:
     return _finish(model, native)
 
 
-__all__ = ["from_hf", "to_hf", "CONVERTERS", "EXPORTS"]
+__all__ = ["from_hf", "to_hf", "llama_cpp_caveats", "CONVERTERS", "EXPORTS"]

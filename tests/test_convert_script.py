@@ -203,6 +203,19 @@ def test_scratch_folder_exports_to_a_native_folder(tmp_path):
     assert AutoTokenizer.from_pretrained(output)("To be").input_ids == tokenizer("To be").input_ids
 
 
+def test_an_export_that_llama_cpp_would_run_otherwise_is_noted(tmp_path, monkeypatch, capsys):
+    """A GPT-2 export with ReLU (the `gpt-mini` preset's) converts to GGUF without a word from llama.cpp, whose GPT-2
+    graph computes GELU: the command says so. An export that llama.cpp runs as it is gets no note."""
+    for act, noted in (("relu", True), ("gelu_tanh", False)):
+        source, output = tmp_path / act, tmp_path / f"{act}-native"
+        tiny_lm("decoder", position_embedding_type="learned", hidden_act=act, intermediate_size=128).save_pretrained(
+            source)
+        convert_here(monkeypatch, source, output)
+        out = capsys.readouterr().out
+        assert "-> GPT2LMHeadModel" in out
+        assert ("note for llama.cpp / GGUF: activation_function='relu'" in out) is noted, out
+
+
 EXPORTS = {  # family: (native factory, card task, tokenizer)
     "decoder": (gpt2, "causal-lm", byte_level_bpe),
     "encoder": (bert, "masked-lm", wordpiece),

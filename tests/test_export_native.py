@@ -6,13 +6,14 @@ and config. The exported folder loads with the plain Auto classes in a process w
 cannot be imported. Every knob without a native equivalent is named in one `ValueError`.
 """
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from tiny_models import BOS, EOS, PAD, VOCAB, tiny_lm
+from tiny_models import BOS, EOS, PAD, TINY, VOCAB, tiny_lm
 from tiny_native import ATOL, bert, gpt2, llama, marian
 from transformers import (
     BertForMaskedLM,
@@ -26,7 +27,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer as hst
-from hf_scratch_transformer.conversion import from_hf, to_hf
+from hf_scratch_transformer.conversion import from_hf, llama_cpp_caveats, to_hf
 
 # Our knobs that equal each native architecture (the tiny configs are pre-norm, LayerNorm, biases, final norm).
 GPT2_KNOBS = dict(position_embedding_type="learned", hidden_act="gelu_tanh")
@@ -155,6 +156,36 @@ def test_use_cache_off_is_carried_both_ways(name):
     native = to_hf(ours)
     assert native.config.use_cache is False
     assert from_hf(native).config.use_cache is False
+
+
+# What llama.cpp computes otherwise, per export (docs/native_models.md, "GGUF and llama.cpp"): each was run through
+# its convert_hf_to_gguf.py and llama.cpp itself (0c1e57098); here only the rule, which needs neither.
+LLAMA_CPP_CASES = {  # name: (our config overrides, fragments of the caveats, one per caveat; none = llama.cpp runs it)
+    "gpt2-gelu_tanh": ({**GPT2_KNOBS, "intermediate_size": 128}, []),
+    "gpt2-relu": ({**GPT2_KNOBS, "hidden_act": "relu", "intermediate_size": 128}, ["'relu': llama.cpp's GPT-2"]),
+    "gpt2-silu": ({**GPT2_KNOBS, "hidden_act": "silu", "intermediate_size": 128}, ["'silu': llama.cpp's GPT-2"]),
+    "gpt2-gelu": ({**GPT2_KNOBS, "hidden_act": "gelu", "intermediate_size": 128}, ["tanh approximation"]),
+    "gpt2-relu-ffn37": ({**GPT2_KNOBS, "hidden_act": "relu"}, ["'relu'", "n_inner=37"]),
+    "llama-gqa-untied": (EXPORTS["llama-gqa-untied"][1], []),
+    "llama-biases-tied": (EXPORTS["llama-biases-tied"][1], []),
+    "mistral-window": (EXPORTS["mistral-window"][1], ["sliding_window=4: llama.cpp runs MistralForCausalLM as Llama"]),
+    "mistral-window-past-the-positions": ({**LLAMA_KNOBS, "sliding_window": 64}, []),
+}
+
+
+@pytest.mark.parametrize("name", LLAMA_CPP_CASES)
+def test_llama_cpp_caveats_name_what_its_gguf_graphs_compute_otherwise(name):
+    overrides, fragments = LLAMA_CPP_CASES[name]
+    caveats = llama_cpp_caveats(to_hf(tiny_lm("decoder", **overrides)))
+    assert len(caveats) == len(fragments) and all(f in c for f, c in zip(fragments, caveats, strict=True)), caveats
+
+
+def test_a_gpt2_export_writes_n_ctx_for_llama_cpp(tmp_path):
+    """llama.cpp's convert_hf_to_gguf.py reads GPT-2's `n_ctx` (OpenAI's configs have it; GPT2Config no longer
+    writes it): without it the conversion stopped with a KeyError."""
+    to_hf(tiny_lm("decoder", **GPT2_KNOBS)).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["n_ctx"] == config["n_positions"] == TINY["max_position_embeddings"]
 
 
 # ---------------------------------------------------------------------------------------------- native -> ours

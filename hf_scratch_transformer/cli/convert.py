@@ -19,8 +19,11 @@ source's tokenizer when it has one, and a model card for `hf-scratch publish` (`
 source's card, or a short one, saying what was converted and how it was checked, with a "How to use" that loads the
 converted classes). A Scratch result loads with `AutoModelFor*.from_pretrained(output)` after
 `import hf_scratch_transformer`, or with `trust_remote_code=True` where the package is not installed; a native
-result loads with the plain Auto classes, no remote code. Local folders only: the Hub is never contacted. An output
-folder that already holds files is replaced only with --overwrite-output-dir (never one that contains the source).
+result loads with the plain Auto classes, no remote code; where llama.cpp would run it otherwise once converted to
+GGUF (a GPT-2 without `gelu_tanh` or with a feed-forward other than 4 x hidden, Mistral's window), a note says why
+(`conversion.llama_cpp_caveats`; docs/native_models.md, "GGUF and llama.cpp"). Local folders only: the Hub is
+never contacted. An output folder that already holds files is replaced only with --overwrite-output-dir (never one
+that contains the source).
 """
 
 import argparse
@@ -169,7 +172,7 @@ from transformers.modeling_utils import get_state_dict_dtype, load_state_dict  #
 import hf_scratch_transformer  # noqa: E402
 from hf_scratch_transformer import hub  # noqa: E402
 from hf_scratch_transformer.checkpointing import CheckpointError, write_error_named  # noqa: E402
-from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
+from hf_scratch_transformer.conversion import from_hf, llama_cpp_caveats, to_hf  # noqa: E402
 from hf_scratch_transformer.modeling_scratch_common import safetensors_error  # noqa: E402
 from tokenizer_training import TOKENIZER_FILES  # noqa: E402
 
@@ -291,6 +294,8 @@ print(f"{source_class} -> {type(converted).__name__} ({converted.num_parameters(
       f"saved to {args.output}{' with its tokenizer' if tokenizer is not None else ''}")
 if not to_scratch:
     print("it loads with the plain transformers Auto classes, no trust_remote_code")
+    for caveat in llama_cpp_caveats(converted):  # it converts to GGUF, and llama.cpp would run another function
+        print(f"note for llama.cpp / GGUF: {caveat}")
 if loading_info["unexpected_keys"]:  # e.g. BERT's pooler, which BertForMaskedLM does not have
     print(f"checkpoint tensors a {source_class} does not use (not converted): "
           f"{sorted(loading_info['unexpected_keys'])}")
