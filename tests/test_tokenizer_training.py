@@ -94,7 +94,7 @@ def test_post_processing_per_family(trained, kind, family):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_space_before_a_mask_token_is_no_token_of_its_own(trained, kind, tmp_path):
+def test_no_lone_space_token_stands_beside_a_mask_token(trained, kind, tmp_path):
     # "a [MASK]" gave `Ġ` (or `▁`) before [MASK] in the BPE and Unigram encoders: a token the MLM never trained on
     # there (masking replaces `Ġword` whole), in fill-mask inputs; RoBERTa's <mask> takes the space in (lstrip).
     tok = trained(kind, "encoder")
@@ -102,6 +102,9 @@ def test_the_space_before_a_mask_token_is_no_token_of_its_own(trained, kind, tmp
     for loaded in (tok, AutoTokenizer.from_pretrained(tmp_path)):
         tokens = loaded.convert_ids_to_tokens(loaded("The cat [MASK] here.").input_ids)
         assert tokens[tokens.index("[MASK]") - 1] not in ("Ġ", "▁")
+        # Nor the start of the text after it: Unigram put a `▁` there, "[MASK], here" gave `[MASK] ▁ ,`.
+        tokens = loaded.convert_ids_to_tokens(loaded("The cat [MASK], here.").input_ids)
+        assert tokens[tokens.index("[MASK]") + 1] == ","
         assert loaded("The cat [MASK]").input_ids[:-2] == loaded("The cat").input_ids[:-1]
 
 

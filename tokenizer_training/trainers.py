@@ -70,8 +70,10 @@ def _pipeline(kind: str, specials: list[str], unk: str, vocab_size: int, min_fre
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials)
     else:  # unigram; its trainer prunes by likelihood and has no min_frequency
         tokenizer = Tokenizer(models.Unigram())
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-        tokenizer.decoder = decoders.Metaspace()
+        # `▁` opens the text only, not each stretch after a special token, as T5's tokenizer without `legacy`: else
+        # "[MASK], here" gave `[MASK] ▁ ,`, a lone `▁` training never puts there, and "a</s>b" decoded as "a b".
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
         # Text files are read one example per line, without its line break, yet the documents a model trains on hold
         # line breaks: "\n" is in the alphabet, else it would be unknown (BPE has all bytes; WordPiece drops it).
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token=unk,
