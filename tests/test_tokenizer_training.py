@@ -1,17 +1,23 @@
 """tokenizer_training: every kind x family trains, saves and reloads with AutoTokenizer; fixed special ids;
-per-family templates; lossless round trips; files, Dataset and DatasetDict sources; bad input; the CLI."""
+per-family templates; lossless round trips; drawn text's round trips, templates, offsets and reloads
+(hypothesis); files, Dataset and DatasetDict sources; bad input; the CLI."""
 
+import copy
 import os
+import re
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 from datasets import Dataset, DatasetDict
-from transformers import AutoTokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer, BertTokenizer
 
 from tokenizer_training import load_data, padded_vocab_size, special_token_ids, train_tokenizer
-from tokenizer_training.trainers import FAMILIES, KINDS
+from tokenizer_training.trainers import FAMILIES, KINDS, SPECIAL_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
 LINES = (ROOT / "data/tinyshakespeare/input.txt").read_text(encoding="utf-8").splitlines()[:2000]
@@ -25,6 +31,11 @@ EXPECTED_IDS = {
     "encoder": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4},
 }
 COMBOS = [(kind, family) for kind in KINDS for family in FAMILIES]
+# Drawn text: any characters, and pieces where tokenizers go wrong: runs of whitespace, line breaks, controls, NUL,
+# combining marks, CJK, emoji, a word longer than WordPiece spells (100 characters), every family's special tokens.
+PIECES = [" ", "   ", "\t", "\n", "\r\n", "\0", "\x85", "\u2028", "\ufeff", "e\u0301", "你好", "🌍", "x" * 120, "The",
+          "citizen", "'s,", *sorted({token for roles in SPECIAL_TOKENS.values() for token in roles.values()})]
+TEXTS = st.lists(st.text(max_size=8) | st.sampled_from(PIECES), max_size=10).map("".join)
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +146,136 @@ def test_unigram_round_trips_training_text(trained, family):
     # Trained one line at a time, it never saw a line break: documents of several lines lost theirs to <unk>.
     for line in [*LINES[10:16], "Double  spaces, kept.", SAMPLE]:
         assert tok.decode(tok(line).input_ids, skip_special_tokens=True) == line
+
+
+def _without_specials(tok, text: str) -> str:
+    """`text` less the strings of the tokenizer's special tokens, which are those tokens (as in GPT-2's and BERT's
+    tokenizers), with the whitespace an lstrip one takes in (`\\s` less \\x1c-\\x1f, no whitespace to `tokenizers`)."""
+    added = sorted((token for token in tok.added_tokens_decoder.values() if token.special), key=lambda token:
+                   -len(token.content))
+    return re.sub("|".join(r"[^\S\x1c-\x1f]*" * token.lstrip + re.escape(token.content) for token in added), "", text)
+
+
+@pytest.mark.parametrize("kind,family", [(kind, family) for kind in ("bpe", "unigram") for family in FAMILIES])
+@settings(max_examples=60, deadline=None)
+@given(text=TEXTS)
+def test_drawn_text_round_trips_around_the_special_tokens(trained, kind, family, text):
+    # Byte-level BPE loses nothing, as GPT-2's; Unigram the characters it never saw (<unk>) and a space opening what
+    # it decodes. Unigram put a `▁` after each special token: "a</s>b" came back as "a b".
+    tok = trained(kind, family)
+    expected = _without_specials(tok, text)
+    if kind == "unigram":
+        alphabet = {token.replace("▁", " ") for token in tok.get_vocab() if len(token) == 1}
+        expected = "".join(char for char in expected if char in alphabet)
+    for ids in (tok(text).input_ids, tok(text, add_special_tokens=False).input_ids):
+        decoded = tok.decode(ids, skip_special_tokens=True)
+        assert decoded == expected or (kind == "unigram" and expected[:1] == " " and decoded == expected[1:])
+        assert kind != "bpe" or ids.count(tok.unk_token_id) == text.count(tok.unk_token)  # its own string only
+
+
+def _framed(tok, family: str, first: list[int], second: list[int] | None = None) -> list[int]:
+    """The family's template around the ids of one text, or of a pair."""
+    if family == "encoder":
+        return [tok.cls_token_id, *first, tok.sep_token_id] + ([] if second is None else [*second, tok.sep_token_id])
+    texts = [first] if second is None else [first, second]
+    return [token for ids in texts for token in ([tok.bos_token_id, *ids] if family == "decoder" else
+                                                 [*ids, tok.eos_token_id])]
+
+
+@pytest.mark.parametrize("kind,family", COMBOS)
+@settings(max_examples=25, deadline=None)
+@given(first=TEXTS, second=st.none() | TEXTS.filter(bool), max_length=st.integers(4, 16))
+def test_drawn_text_gets_its_familys_special_tokens_when_truncated_and_padded(trained, kind, family, first, second,
+                                                                                max_length):
+    tok = copy.deepcopy(trained(kind, family))  # a call's padding stays on its backend: keep it off the shared one
+    parts = [tok(text, add_special_tokens=False).input_ids for text in (first, second) if text is not None]
+    full = _framed(tok, family, *parts)
+    encoded = tok(first, second)
+    assert encoded.input_ids == full
+    if family == "encoder":
+        assert encoded.token_type_ids == [0] * (len(parts[0]) + 2) + [1] * (len(full) - len(parts[0]) - 2)
+    # Truncated, the template stays whole around what is kept of each text; the padding is on the left for the
+    # decoder (generation continues prompts at their right end), on the right for the others.
+    padded = tok(first, second, truncation=True, max_length=max_length, padding="max_length")
+    real = [token for token, kept in zip(padded.input_ids, padded.attention_mask, strict=True) if kept]
+    pads = [tok.pad_token_id] * (max_length - len(real))
+    assert padded.input_ids == (pads + real if family == "decoder" else real + pads)
+    budget = min(max_length, len(full)) - (len(full) - sum(map(len, parts)))
+    assert any(real == _framed(tok, family, parts[0][:kept], *[ids[:budget - kept] for ids in parts[1:]])
+               for kept in range(budget + 1))
+
+
+@pytest.mark.parametrize("kind,family", COMBOS)
+@settings(max_examples=25, deadline=None)
+@given(first=TEXTS, second=st.none() | TEXTS.filter(bool))
+def test_offsets_of_drawn_text_point_at_each_tokens_characters(trained, kind, family, first, second):
+    tok = trained(kind, family)
+    encoded = tok(first, second, return_offsets_mapping=True)
+    backend = tok.backend_tokenizer
+    for (start, end), sequence, id_, token in zip(encoded.offset_mapping, encoded.encodings[0].sequence_ids,
+                                                  encoded.input_ids, tok.convert_ids_to_tokens(encoded.input_ids),
+                                                  strict=True):
+        if sequence is None:  # the template's
+            assert (start, end) == (0, 0)
+            continue
+        span = (first, second)[sequence][start:end]
+        if id_ == tok.unk_token_id:
+            assert span
+        elif id_ in tok.all_special_ids:  # a special token's string in the text, with the whitespace lstrip takes
+            assert span.endswith(token)
+        elif kind == "wordpiece":  # of the normalized text: controls gone, spaces around CJK characters
+            assert backend.normalizer.normalize_str(span).strip() == token.removeprefix("##")
+        elif kind == "unigram":  # the `▁` opening a text stands for no character; alone, it spans the first one
+            opened = start == 0 and token.startswith("▁") and not span.startswith(" ")
+            assert span == token.replace("▁", " ")[opened:] or (opened and token == "▁")
+        elif "\ufffd" not in (piece := backend.decoder.decode([token])):  # a token of whole characters
+            assert span == (piece.strip(" ") if family == "encoder" else piece)  # RoBERTa's trimmed for the encoder
+
+
+@cache
+def _bert(vocabulary: tuple[str, ...]) -> BertTokenizer:
+    return BertTokenizer(vocab={token: id_ for id_, token in enumerate(vocabulary)}, do_lower_case=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=TEXTS, second=st.none() | TEXTS.filter(bool))
+def test_wordpiece_tokenizes_drawn_text_as_berts_own_does(trained, first, second):
+    # Cased BERT's pipeline over this vocabulary: a word it cannot spell (or of over 100 characters) is one [UNK],
+    # controls and whitespace go, CJK characters are words; the special tokens' strings are those tokens.
+    tok = trained("wordpiece", "encoder")
+    bert = _bert(tuple(sorted(tok.get_vocab(), key=tok.get_vocab().get)))
+    ids = tok(first, second).input_ids
+    assert ids == bert(first, second).input_ids
+    assert tok.decode(ids, skip_special_tokens=True) == bert.decode(ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def reloaded(trained, tmp_path_factory):
+    """`reloaded(kind, family)`: the trained tokenizer saved, and loaded back by AutoTokenizer."""
+    cache = {}
+
+    def get(kind, family):
+        if (kind, family) not in cache:
+            folder = tmp_path_factory.mktemp(f"{kind}-{family}")
+            trained(kind, family).save_pretrained(folder)
+            cache[kind, family] = AutoTokenizer.from_pretrained(folder)
+        return cache[kind, family]
+
+    return get
+
+
+@pytest.mark.parametrize("kind,family", COMBOS)
+@settings(max_examples=15, deadline=None)
+@given(batch=st.lists(TEXTS, min_size=1, max_size=3), second=st.none() | TEXTS.filter(bool))
+def test_a_reloaded_tokenizer_encodes_and_decodes_drawn_text_alike(trained, reloaded, kind, family, batch, second):
+    tok, loaded = copy.deepcopy(trained(kind, family)), reloaded(kind, family)  # padded: as above
+    pairs = None if second is None else [second] * len(batch)
+    options = dict(padding=True, return_offsets_mapping=True, return_special_tokens_mask=True)
+    encoded = tok(batch, pairs, **options)
+    assert dict(loaded(batch, pairs, **options)) == dict(encoded)
+    for ids in encoded.input_ids:
+        for skip in (False, True):
+            assert loaded.decode(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip)
 
 
 def test_wordpiece_keeps_case(trained):
