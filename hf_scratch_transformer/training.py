@@ -215,7 +215,11 @@ def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
     check_task_token(tokenizer, "causal-lm")  # else None would end each document
 
     def tokenize(batch):
-        return {"input_ids": [ids + [tokenizer.eos_token_id] for ids in tokenizer(batch["text"]).input_ids]}
+        # verbose=False: the blocks below cut the documents, so the tokenizer's warning of one longer than its
+        # model_max_length ("... will result in indexing errors") does not apply here; run_clm.py prints it, then
+        # "Please ignore the warning above". The tokenizer still warns of any other call's.
+        ids = tokenizer(batch["text"], verbose=False).input_ids
+        return {"input_ids": [document + [tokenizer.eos_token_id] for document in ids]}
 
     pad = tokenizer.pad_token_id or 0  # any id: labels -100 there, and no real token attends to it
 

@@ -86,6 +86,19 @@ def test_main_job_writes_a_hub_ready_folder_and_samples_from_it(causal_lm_run):
     assert isinstance(AutoModelForCausalLM.from_pretrained(folder), hf_scratch_transformer.ScratchDecoderForCausalLM)
 
 
+@pytest.mark.parametrize("script", ["train.py", "train_accelerate.py"])
+def test_packing_documents_longer_than_a_block_does_not_warn_of_indexing_errors(script, tmp_path):
+    """The main job printed transformers' "Token indices sequence length is longer than the specified maximum sequence
+    length for this model (1006 > 32). Running this sequence through the model will result in indexing errors" as it
+    tokenized Tiny Shakespeare, though packing cuts the documents into blocks of --max-length. (The data is a new
+    file: `datasets` replays the tokenizing of data it has seen from its cache, without the tokenizer's warning.)"""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(" ".join(_words(12, seed=i)) for i in range(40)))  # 60 words a paragraph
+    output = run_script(script, "--train-files", corpus, "--output-dir", tmp_path / "run", "--max-steps", 1,
+                        "--max-length", 32, "--batch-size", 4, "--vocab-size", 300, *TINY_MODEL, cwd=tmp_path)
+    assert "Token indices sequence length" not in output
+
+
 def test_training_resumes_from_the_last_checkpoint(causal_lm_run, tmp_path):
     output, _ = causal_lm_run
     run_tokenizer = (output / "checkpoints/checkpoint-4/tokenizer.json").read_text()

@@ -13,6 +13,8 @@ from tiny_models import VOCAB, lm_inputs, tiny_lm
 from tiny_tokenizers import CORPUS, byte_level_bpe, wordpiece
 from tokenizers import Tokenizer
 from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq, DataCollatorWithPadding
+from transformers.testing_utils import CaptureLogger
+from transformers.tokenization_utils_base import logger as tokenization_logger
 
 from hf_scratch_transformer import training
 from tokenizer_training import train_tokenizer
@@ -119,6 +121,22 @@ def test_packing_runs_on_across_batches_of_documents(bpe):
     documents = [f"line {i}" for i in range(2100)]
     packed = training.pack_for_causal_lm(Dataset.from_dict({"text": documents}), bpe, block_size=16)
     assert packed_stream(packed) == [token for text in documents for token in [*bpe(text).input_ids, bpe.eos_token_id]]
+
+
+def test_packing_documents_longer_than_the_tokenizers_maximum_does_not_warn(bpe):
+    """Packing cuts the token stream into blocks, so a document past the tokenizer's model_max_length is no problem:
+    the main job printed transformers' "Token indices sequence length is longer than the specified maximum sequence
+    length for this model (1006 > 32). Running this sequence through the model will result in indexing errors". The
+    tokenizer still says it of a text tokenized elsewhere."""
+    tokenizer = type(bpe)(tokenizer_object=bpe.backend_tokenizer, bos_token="<s>", eos_token="</s>",
+                          model_max_length=8)
+    text = "To be, or not to be, that is the question."
+    with CaptureLogger(tokenization_logger) as captured:
+        packed = training.pack_for_causal_lm(Dataset.from_dict({"text": [text] * 3}), tokenizer, block_size=8)
+    assert len(packed) > 3 and "Token indices sequence length" not in captured.out
+    with CaptureLogger(tokenization_logger) as captured:
+        tokenizer(text)
+    assert "Token indices sequence length is longer than the specified maximum" in captured.out
 
 
 def test_packing_needs_an_eos_token(bpe):
