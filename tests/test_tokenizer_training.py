@@ -15,6 +15,8 @@ from datasets import Dataset, DatasetDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, BertTokenizer
+from transformers.testing_utils import CaptureLogger
+from transformers.tokenization_utils_base import logger as tokenization_logger
 
 from tokenizer_training import load_data, padded_vocab_size, special_token_ids, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS, SPECIAL_TOKENS
@@ -429,6 +431,18 @@ def test_cli_writes_a_folder_auto_tokenizer_loads(corpus_file, source, tmp_path)
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.model_max_length == 128 and tok(LINES[0]).input_ids[-1] == tok.eos_token_id
     assert special_token_ids(tok)["decoder_start_token_id"] == 1
+
+
+def test_cli_example_past_a_small_model_max_length_does_not_warn(corpus_file, tmp_path, monkeypatch, capsys):
+    # The example the command tokenizes to show its tokens is run through no model: with --model-max-length 8, it
+    # printed transformers' "Token indices sequence length is longer than ... will result in indexing errors".
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with CaptureLogger(tokenization_logger) as captured:
+        main(["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(corpus_file), "--vocab-size",
+              str(VOCAB), "--model-max-length", "8", "--output-dir", str(tmp_path / "tokenizer")])
+    assert "round trip: exact" in capsys.readouterr().out and "Token indices sequence length" not in captured.out
 
 
 def test_cli_refuses_to_replace_a_tokenizer_unless_asked(corpus_file, trained, tmp_path, monkeypatch, capsys):

@@ -98,7 +98,9 @@ print(f"saved to {args.output_dir}")
 # Round-trip check (WordPiece drops whitespace, and characters unseen in training become unknown tokens)
 
 sample = "Hello world! Numbers: 123, 4567.\nContractions: I'm, you're, it's."
-ids = tokenizer(sample)["input_ids"]
+# verbose=False: shown, not run through a model, the example may be longer than a small --model-max-length without the
+# tokenizer's warning of "indexing errors" applying.
+ids = tokenizer(sample, verbose=False)["input_ids"]
 decoded = tokenizer.decode(ids, skip_special_tokens=True)
 print(f"example: {sample!r}\n  tokens: {tokenizer.convert_ids_to_tokens(ids)}\n  decoded: {decoded!r}")
 print(f"  round trip: {'exact' if decoded == sample else 'lossy'}")
