@@ -271,6 +271,8 @@ def test_finetune_token_classification_from_a_converted_native_bert(native_class
     assert "accuracy" in stdout
     # A native classifier's head is not converted: said, not silently dropped
     assert ("only its language model is converted" in stdout) == (native_class is BertForTokenClassification)
+    # transformers' load report of the new head names the converted copy it loaded, after the model
+    assert re.search(r"LOAD REPORT.* from: \S+/bert-converted-\w+\n", stdout)
     config = json.loads((tmp_path / "ner/model/config.json").read_text())
     assert config["model_type"] == "scratch_encoder" and set(config["id2label"].values()) == {"ANIMAL", "O"}
     card = ModelCard.load(tmp_path / "ner/model/README.md")

@@ -305,7 +305,9 @@ def label_id(value) -> int:
 
 source, converted = args.model, None
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
-    converted = tempfile.TemporaryDirectory()  # removed once loaded: a copy of the base model's size, each run
+    # Removed once loaded: a copy of the base model's size, each run. Named after the model, as transformers' report
+    # of the new head names the folder it loaded (it read "LOAD REPORT from: /tmp/tmpiu963jr2", no folder of theirs).
+    converted = tempfile.TemporaryDirectory(prefix=f"{Path(args.model).name}-converted-")
     source = Path(converted.name)
     from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model)).save_pretrained(source)
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
