@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, extract_model_from_parallel
 from accelerate.utils.constants import FSDP_MODEL_NAME
 from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
@@ -134,6 +134,27 @@ def write_error_named(what: str, where: Path, next_step: str):
             f"{what} could not be written in {where} ({type(error).__name__}: {error}; {free} MiB free on that file "
             f"system). {next_step}"
         ) from error
+
+
+def tied_copies(model) -> dict[str, str]:
+    """{name: its source} of the names `model` ties to another (`all_tied_weights_keys`) that still share that one's
+    tensor: a file stores such a matrix once, under its source's name, and loading ties them again."""
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    return {name: source for name, source in tied.items()
+            if name in parameters and parameters[name] is parameters.get(source)}
+
+
+def leave_out_tied_copies(models: list, weights: list[dict], output_dir: str) -> None:
+    """An `Accelerator.register_save_state_pre_hook`: each model's state dict without its `tied_copies`, as
+    `save_pretrained` leaves them out. safetensors stores a tensor once, so Accelerate dropped them itself, warning
+    "Removed shared tensor {'lm_head.weight'} while saving. This should be OK, but check ..." at every checkpoint of
+    a tied model; of any other shared tensor it still does. Loading ties them again (safetensors' loader takes a
+    missing name from the one that shares its tensor)."""
+    for model, state_dict in zip(models, weights, strict=False):  # no state dicts under FSDP: it saves shards
+        for name, source in tied_copies(extract_model_from_parallel(model)).items():
+            if source in state_dict:
+                state_dict.pop(name, None)
 
 
 def commit_checkpoint(partial: Path, final: Path, step: int, metadata: dict | None = None,
@@ -600,9 +621,24 @@ class CrashSafeCheckpoints:
     def __init__(self, *args, step_settings: dict | None = None, **kwargs):
         """`step_settings`: the command's own settings that shape the steps as well (--max-length, the data),
         recorded and compared with `STEP_SETTINGS`."""
+        model = kwargs.get("model", args[0] if args else None)
+        self._model_use_cache = getattr(getattr(model, "config", None), "use_cache", None)  # before Trainer's switch
         super().__init__(*args, **kwargs)
         self._own_step_settings = step_settings or {}
         self.add_callback(_RestoreLossWindow(self))
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        # Trainer switches the model's cache off for training (`TrainingArguments.use_cache`, False since transformers
+        # 5), and every folder it saved kept the switch: a trained model returned no cache from a plain forward,
+        # transformers' ExecuTorch wrapper refused it, and `convert` carried it on. Saved with the model's own value.
+        config = getattr(self.model, "config", None)
+        if config is None or self._model_use_cache is None:
+            return super().save_model(output_dir, _internal_call)
+        training_value, config.use_cache = config.use_cache, self._model_use_cache
+        try:
+            super().save_model(output_dir, _internal_call)
+        finally:
+            config.use_cache = training_value
 
     def _get_output_dir(self, trial) -> str:
         # While a checkpoint is saved, Trainer writes `<staging>/checkpoint-N` and rotates inside <staging>.
@@ -714,13 +750,9 @@ class CrashSafeCheckpoints:
         _check_loaded_weights_finite(self.model if model is None else model, resume_from_checkpoint)
 
     def _issue_warnings_after_load(self, load_result) -> None:
-        # A file stores a tied matrix once: Trainer warned "There were missing keys in the checkpoint model loaded:
-        # ['lm_head.weight']" on every resume of a tied model (native ones alike), which reads as lost weights. Only
-        # names that still share the loaded tensor are dropped; any other missing key is warned about as before.
-        parameters = dict(self.model.named_parameters(remove_duplicate=False))
-        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
-        still_tied = {name for name, source in tied.items()
-                      if name in parameters and parameters[name] is parameters.get(source)}
+        # Trainer warned "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" on every resume
+        # of a tied model (native ones alike), which reads as lost weights: a tied copy is not missing.
+        still_tied = tied_copies(self.model)
         missing = [name for name in load_result.missing_keys if name not in still_tied]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate.utils import extract_model_from_parallel, reduce
+from accelerate.utils import reduce
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
 from torch.nn import functional as F
 from transformers import DataCollatorWithPadding, TrainerCallback
@@ -39,21 +39,6 @@ def load_to_train(model_class, folder, **kwargs):
     they were after 5 steps (fp16 alike, with fp16's overflow besides). Weights and optimizer state train in
     float32, as with --bf16 autocast (docs/training.md), and the trained folder is saved in float32."""
     return model_class.from_pretrained(folder, dtype=torch.float32, **kwargs)
-
-
-def leave_out_tied_copies(models: list, weights: list[dict], output_dir: str) -> None:
-    """An `Accelerator.register_save_state_pre_hook`: each model's state dict without the names it ties to another
-    (`all_tied_weights_keys`, while they still share its tensor), as `save_pretrained` leaves them out. safetensors
-    stores a tensor once, so Accelerate dropped them itself, warning "Removed shared tensor {'lm_head.weight'} while
-    saving. This should be OK, but check ..." at every checkpoint of a tied model; of any other shared tensor it still
-    does. Loading ties them again (safetensors' loader takes a missing name from the one that shares its tensor)."""
-    for model, state_dict in zip(models, weights, strict=False):  # no state dicts under FSDP: it saves shards
-        model = extract_model_from_parallel(model)
-        parameters = dict(model.named_parameters(remove_duplicate=False))
-        tied = getattr(model, "all_tied_weights_keys", None) or {}
-        for name in [name for name, source in tied.items() if source in state_dict
-                     and name in parameters and parameters[name] is parameters.get(source)]:
-            state_dict.pop(name, None)
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -752,11 +752,11 @@ def test_checkpoints_leave_out_the_names_a_model_ties_and_no_other(family):
     model = tiny_lm(family)
     state_dict = model.state_dict()
     state_dict["shared.copy"] = state_dict["model.final_norm.weight" if family == "decoder" else "lm_head.weight"]
-    training.leave_out_tied_copies([model], [state_dict], "unused")
+    checkpointing.leave_out_tied_copies([model], [state_dict], "unused")
     assert set(model.state_dict()) - set(state_dict) == set(model.all_tied_weights_keys) and "shared.copy" in state_dict
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     state_dict = model.state_dict()
-    training.leave_out_tied_copies([model], [state_dict], "unused")
+    checkpointing.leave_out_tied_copies([model], [state_dict], "unused")
     assert "lm_head.weight" in state_dict
 
 

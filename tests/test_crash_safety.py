@@ -824,3 +824,19 @@ def test_resuming_a_tied_model_does_not_warn_of_missing_weights(tmp_path):
     with CaptureLogger(transformers_trainer_logger) as captured:
         resumed._issue_warnings_after_load(torch.nn.modules.module._IncompatibleKeys(["lm_head.weight", "x"], []))
     assert "There were missing keys in the checkpoint model loaded: ['x']" in captured.out
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_saved_folders_keep_the_models_own_use_cache(tmp_path, use_cache):
+    """Trainer sets `config.use_cache = False` for training (transformers 5), and its saves wrote that into the
+    trained model's folder and checkpoints: the model then returned no cache. Training keeps Trainer's switch."""
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 99, (8, 12))]
+    arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=2,
+                                  report_to=[], use_cpu=True, disable_tqdm=True)
+    model = tiny_lm("decoder", use_cache=use_cache).train()
+    trainer = checkpointing.CrashSafeTrainer(model=model, args=arguments, train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "model"))
+    assert model.config.use_cache is False
+    for folder in (tmp_path / "model", tmp_path / "checkpoint-2"):
+        assert json.loads((folder / "config.json").read_text())["use_cache"] is use_cache

@@ -281,7 +281,7 @@ loader, eval_loader = (DataLoader(datasets[split], batch_size=args.batch_size, s
 if accelerator.distributed_type == DistributedType.FSDP:
     sharding.share_embedding_modules(model)
 model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-accelerator.register_save_state_pre_hook(training.leave_out_tied_copies)  # a tied matrix is saved once, unwarned
+accelerator.register_save_state_pre_hook(checkpointing.leave_out_tied_copies)  # a tied matrix is saved once, unwarned
 loader, eval_loader = (accelerator.prepare_data_loader(d, device_placement=False) for d in (loader, eval_loader))
 if len(loader) == 0:
     fail(parser, f"{len(datasets['train'])} training sequences do not fill one batch per process.")
