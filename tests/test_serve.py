@@ -5,6 +5,7 @@ Every answer must be the text of greedy `generate()` on the same prompt."""
 import contextlib
 import copy
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -212,6 +213,35 @@ def test_compile_compiles_decoding_on_the_cpu_with_the_answers_of_generate(folde
         assert _chat(client, str(folder), question, stream=False) == expected["chat"][question]
         assert _chat(client, str(folder), question, stream=True) == expected["chat"][question]
     assert any(inductor_cache.rglob("*.py")), "nothing was compiled"
+
+
+def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(folder, expected, tmp_path):
+    """A base model's tokenizer has no chat template (none that `hf-scratch` trains has one): chat and Responses
+    requests, streamed or not, were answered a bare 500 with `apply_chat_template`'s traceback in the server's log,
+    and so were `max_tokens` 0 or negative (streamed: an error event). Each gets a 400 giving the reason, and the
+    server answers on."""
+    base = tmp_path / "base"
+    shutil.copytree(folder, base)
+    (base / "chat_template.jinja").unlink()
+    log = tmp_path / "server.log"
+    with _running(base, [], log) as client:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refusal:
+                _chat(client, str(base), QUESTIONS[0], stream=stream)
+            assert "tokenizer has no chat template" in refusal.value.response.json()["detail"]
+            assert "/v1/completions" in refusal.value.response.json()["detail"]
+            with pytest.raises(openai.BadRequestError) as refusal:
+                client.responses.create(model=str(base), input=QUESTIONS[0], max_output_tokens=NEW_TOKENS,
+                                        stream=stream)
+            assert "tokenizer has no chat template" in refusal.value.response.json()["detail"]
+        for max_tokens in (0, -1):
+            with pytest.raises(openai.BadRequestError) as refusal:
+                client.completions.create(model=str(base), prompt="Hi", max_tokens=max_tokens)
+            assert "`max_new_tokens` must be greater than 0" in refusal.value.response.json()["detail"]
+        question = QUESTIONS[0]
+        answer = client.completions.create(model=str(base), prompt=question, max_tokens=NEW_TOKENS, temperature=0)
+        assert answer.choices[0].text == expected["plain"][question]
+    assert "Traceback" not in log.read_text()
 
 
 def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):

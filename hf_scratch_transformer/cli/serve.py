@@ -4,7 +4,8 @@
     hf-scratch serve outputs/quickstart/model --port 8000
     hf-scratch serve outputs/quickstart/model --continuous-batching --cb-num-blocks 256
 
-then `/v1/chat/completions` (the tokenizer needs a chat template), `/v1/completions`, `/v1/models`, `/health`.
+then `/v1/chat/completions` and `/v1/responses` (the tokenizer needs a chat template; without one they answer 400),
+`/v1/completions`, `/v1/models`, `/health`.
 Every option of `transformers serve` works (`hf-scratch serve --help`); it needs `pip install "transformers[serving]"`.
 
 Why not `transformers serve` itself: its model manager resolves the class as `getattr(transformers,
@@ -40,12 +41,16 @@ if not is_serve_available():  # what `transformers serve` says, without the trac
     sys.exit('hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')
 
 from fastapi import HTTPException
+from transformers.cli.serving.chat_completion import ChatCompletionHandler
+from transformers.cli.serving.completion import CompletionHandler
 from transformers.cli.serving.model_manager import ModelManager
+from transformers.cli.serving.response import ResponseHandler
 
 
 class NotServableError(HTTPException):
-    """A Scratch folder that `transformers serve` cannot answer with. As an `HTTPException`, a request that names one
-    is answered 400 with the reason (FastAPI's handler), where any other exception is a bare 500."""
+    """A Scratch folder that `transformers serve` cannot answer with, or a request it cannot answer. As an
+    `HTTPException`, such a request is answered 400 with the reason (FastAPI's handler), where any other exception is a
+    bare 500."""
 
     def __init__(self, message: str):
         super().__init__(status_code=400, detail=message)
@@ -154,6 +159,51 @@ def refusing_what_would_fail(load):
 
 
 ModelManager.load_model_and_processor = refusing_what_would_fail(ModelManager.load_model_and_processor)
+
+
+def needing_a_chat_template(resolve):
+    """The chat and Responses handlers' `_resolve_model` refusing, with a 400 naming it, a model whose tokenizer has
+    no chat template (every tokenizer `hf-scratch` trains: base language models): `apply_chat_template` raised after
+    the model was loaded, and the request was answered a bare 500 (streamed or not)."""
+
+    @functools.wraps(resolve)
+    def resolve_checked(self, body: dict):
+        model_id, model, processor = resolve(self, body)
+        given = {**self.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}  # a template may come here
+        if processor.chat_template is None and "chat_template" not in given:
+            raise NotServableError(
+                f"{model_id}: its tokenizer has no chat template, so chat requests cannot be formatted (a base "
+                "language model). Send a plain prompt to /v1/completions, or give the tokenizer a chat template "
+                "(`tokenizer.chat_template = ...`, then `tokenizer.save_pretrained` into the model folder)."
+            )
+        return model_id, model, processor
+
+    return resolve_checked
+
+
+def refusing_invalid_generation(build):
+    """A handler's `_build_generation_config` refusing, with a 400 giving the reason, settings that `generate()`
+    rejects from the config alone (`max_tokens` 0 or negative): a bare 500, streamed an error event in a 200. Checked
+    before generation starts, with or without continuous batching."""
+
+    @functools.wraps(build)
+    def build_checked(self, *args, **kwargs):
+        generation_config = build(self, *args, **kwargs)
+        try:
+            generation_config.validate()  # what `generate()` runs first; minor issues are logged once, as there
+        except ValueError as error:
+            raise NotServableError(
+                f"invalid generation settings (`max_tokens` or `max_output_tokens` sets `max_new_tokens`): {error}"
+            ) from error
+        return generation_config
+
+    return build_checked
+
+
+for handler in (ChatCompletionHandler, ResponseHandler):
+    handler._resolve_model = needing_a_chat_template(handler._resolve_model)
+for handler in (ChatCompletionHandler, CompletionHandler, ResponseHandler):
+    handler._build_generation_config = refusing_invalid_generation(handler._build_generation_config)
 
 
 @functools.wraps(Serve, updated=())  # typer reads `Serve`'s options and help through the wrapper
