@@ -16,6 +16,7 @@ from transformers.exporters.utils import decompose_for_generation
 
 from hf_scratch_transformer import kernel_choice
 from hf_scratch_transformer.conversion import from_hf
+from hf_scratch_transformer.scratch_attention import CACHE_FIELD
 
 onnx, onnxscript, onnxruntime = (
     pytest.importorskip(package, reason="ONNX export needs onnx, onnxscript and onnxruntime (the test extras)")
@@ -74,10 +75,12 @@ def test_decoder_exports_with_its_cache_as_inputs_and_outputs_and_decodes_as_the
     config = GenerationConfig(do_sample=False, pad_token_id=0, eos_token_id=2)
     _, decode_inputs = decompose_for_generation(ours, {"input_ids": ids, "attention_mask": mask},
                                                 generation_config=config, multi_token_decode=True)["decode"]
-    assert decode_inputs["cache"].get_seq_length() > 0 and decode_inputs["input_ids"].shape[1] > 1
+    # The cache goes by the running version's name (`cache` from transformers 5.24, `past_key_values` before): in the
+    # step's inputs, the graph's input names and its outputs.
+    assert decode_inputs[CACHE_FIELD].get_seq_length() > 0 and decode_inputs["input_ids"].shape[1] > 1
     exported = OnnxExporter().export(ours, decode_inputs, OnnxConfig(dynamic=True))
     assert "MatMul" in _standard_ops(exported.program)
-    assert "input.cache.layers.1.keys" in [value.name for value in exported.program.graph.inputs]
+    assert f"input.{CACHE_FIELD}.layers.1.keys" in [value.name for value in exported.program.graph.inputs]
 
     prompt = _ids(3, 9, seed=5)
     mask = torch.ones_like(prompt)
@@ -86,8 +89,9 @@ def test_decoder_exports_with_its_cache_as_inputs_and_outputs_and_decodes_as_the
     tokens, cache, logits = prompt, _empty_cache(ours, 3), []
     for _ in range(8):
         new = tokens[:, cache.get_seq_length():]
-        out = exported(input_ids=new, attention_mask=mask, position_ids=positions[:, -new.shape[1]:], cache=cache)
-        cache = out.cache
+        out = exported(input_ids=new, attention_mask=mask, position_ids=positions[:, -new.shape[1]:],
+                       **{CACHE_FIELD: cache})
+        cache = getattr(out, CACHE_FIELD)
         logits.append(out.logits[:, -1])
         tokens = torch.cat([tokens, logits[-1].argmax(-1, keepdim=True)], dim=1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
