@@ -439,6 +439,62 @@ class MasksOfEachStep:
         return batch
 
 
+# ---------------------------------------------------------------------------------------------- evaluation loss
+
+
+def summed_token_losses(logits: torch.Tensor, labels: torch.Tensor, shift: bool) -> torch.Tensor:
+    """logits (batch, length, vocab), labels (batch, length) -> (batch, 2): each sequence's summed cross-entropy
+    over its labelled tokens (-100 ignored) and their count, in fp32. `shift=True` for a causal LM (its
+    `loss_type` "ForCausalLM"), whose position t predicts label t + 1. With `sparse_prediction` a masked LM gives
+    (N, vocab) logits for its N labelled positions only, in order."""
+    if shift:
+        labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    labels = labels.to(logits.device)
+    labelled = labels != -100
+    losses = torch.zeros(labels.shape, device=logits.device)
+    logits = logits[labelled] if logits.dim() > 2 else logits  # (N, vocab) for the N labelled positions
+    losses[labelled] = F.cross_entropy(logits.float(), labels[labelled], reduction="none")
+    return torch.stack([losses.sum(-1), labelled.sum(-1).float()], dim=-1)
+
+
+class TokenWeightedEvaluationLoss:
+    """`Trainer` mixin: the evaluation loss is the mean cross-entropy over every labelled token of the evaluation
+    set, the loss the training steps minimise and the Accelerate loop reports. Trainer's is the mean of each batch's
+    mean, each batch counted by its number of sequences, so it moved with the evaluation batch size whenever sequences
+    carry different numbers of labels (masked LM, seq2seq): 5.669, 5.681, 5.691 for the same weights at batches of
+    4, 2, 1. Each sequence's summed loss and count are taken from the forward that computes the loss (a hook: the
+    seq2seq trainer calls the model itself) and gathered per batch with `gather_for_metrics`, which drops the
+    repeats Accelerate pads the last batch of each process with."""
+
+    def evaluation_loop(self, *args, metric_key_prefix: str = "eval", **kwargs):
+        self._token_losses, recorded = torch.zeros(2, dtype=torch.float64), []
+        shift = getattr(self.accelerator.unwrap_model(self.model), "loss_type", None) == "ForCausalLM"
+
+        def record(module, inputs, kwargs, outputs) -> None:  # forwards with labels only: not generate()'s steps
+            if kwargs.get("labels") is not None:
+                recorded.append(summed_token_losses(outputs.logits.detach(), kwargs["labels"], shift))
+
+        self._recorded_token_losses = recorded
+        hook = self.model.register_forward_hook(record, with_kwargs=True)
+        try:
+            output = super().evaluation_loop(*args, metric_key_prefix=metric_key_prefix, **kwargs)
+        finally:
+            hook.remove()
+        summed, count = self._token_losses.tolist()
+        if count:
+            output.metrics[f"{metric_key_prefix}_loss"] = summed / count
+        return output
+
+    def prediction_step(self, *args, **kwargs):
+        result = super().prediction_step(*args, **kwargs)
+        recorded = getattr(self, "_recorded_token_losses", None)
+        if recorded:  # in step on every process: each takes the same number of batches
+            per_sequence = self.accelerator.gather_for_metrics(recorded.pop())  # (sequences of every process, 2)
+            recorded.clear()
+            self._token_losses += per_sequence.sum(0).cpu().double()
+        return result
+
+
 # ---------------------------------------------------------------------------------------------- stopping
 
 

@@ -333,7 +333,7 @@ def test_trainer_seq2seq_under_two_processes_equals_one_process_and_scores_each_
     """2 processes x batch 2 train as 1 process x batch 4 (labels padded with -100, token counts that differ between
     the processes), and the final BLEU and chrF are those of one process: Accelerate fills the last evaluation batch
     of each process with repeats of the first pairs (5 pairs, 3 repeats), which Seq2SeqTrainer's `gather` kept and
-    scored as translations of their own."""
+    scored as translations of their own. The loss too: each labelled token counted once, whatever the batches."""
     arguments = [ROOT / "scripts/train.py", "--task", "seq2seq", "--source-files", workspace / "train.src",
                  "--target-files", workspace / "train.tgt", "--tokenizer", workspace / "seq2seq", *TINY_SEQ2SEQ,
                  *NO_DROPOUT, *RUN, "--max-eval-samples", 5, "--max-steps", 3, "--eval-steps", 3, "--num-beams", 1]
@@ -351,8 +351,7 @@ def test_trainer_seq2seq_under_two_processes_equals_one_process_and_scores_each_
     assert sorted(two) == sorted(one) == [1, 2, 3]
     for step in one:
         assert two[step] == pytest.approx(one[step], abs=1e-5), step
-    # Not the loss: Trainer's is the mean of its batches' means, and the batches differ.
-    for metric in ("bleu", "chrf"):
+    for metric in ("loss", "bleu", "chrf"):  # the loss over every labelled token, not a mean of batch means
         assert two_results[metric] == pytest.approx(one_results[metric], abs=1e-6), metric
 
 

@@ -9,14 +9,14 @@ import torch
 from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import VOCAB, lm_inputs, tiny_lm
+from tiny_models import VOCAB, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import CORPUS, byte_level_bpe, wordpiece
 from tokenizers import Tokenizer
 from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq, DataCollatorWithPadding
 from transformers.testing_utils import CaptureLogger
 from transformers.tokenization_utils_base import logger as tokenization_logger
 
-from hf_scratch_transformer import training
+from hf_scratch_transformer import ScratchEncoderForTokenClassification, training
 from tokenizer_training import train_tokenizer
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -75,6 +75,43 @@ def test_evaluation_under_label_smoothing_reports_the_plain_loss(family, tmp_pat
     with torch.no_grad():
         plain = model(**inputs).loss.item()
     assert trainer.evaluate()["eval_loss"] == pytest.approx(plain, rel=1e-5)
+
+
+def token_classifier():
+    torch.manual_seed(0)
+    return ScratchEncoderForTokenClassification(tiny_config("encoder", num_labels=5)).eval()
+
+
+@pytest.mark.parametrize("family, overrides", [("decoder", {}), ("encoder", {}), ("token-classification", {}),
+                                              ("encoder", {"sparse_prediction": True}), ("seq2seq", {})])
+def test_evaluation_loss_is_the_mean_over_every_labelled_token_at_any_batch_size(family, overrides, tmp_path):
+    """Sequences carrying 1 to 5 labels: the evaluation loss is the model's loss over all of them at once (each
+    token counted alike), whatever the evaluation batch; Trainer's mean of batch means moved with the batch size.
+    The seq2seq trainer evaluates by generating, and computes the loss with a forward of its own."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model = token_classifier() if family == "token-classification" else tiny_lm(family, **overrides)
+    inputs = lm_inputs("encoder" if family == "token-classification" else family, batch=5)
+    if family == "token-classification":
+        inputs["labels"] %= 5
+    for row, labels in enumerate(inputs["labels"]):
+        labels[row + 2:] = -100  # the causal LM's label 0 is never predicted: 1 to 5 labels
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(inputs["labels"])
+    with torch.no_grad():
+        every_token = model(**inputs).loss.item()
+    rows = [{key: value[i] for key, value in inputs.items()} for i in range(5)]
+
+    class Evaluating(training.TokenWeightedEvaluationLoss, Seq2SeqTrainer):
+        pass
+
+    for batch in (1, 2, 5):
+        arguments = Seq2SeqTrainingArguments(str(tmp_path), per_device_eval_batch_size=batch, report_to=[],
+                                             use_cpu=True, predict_with_generate=family == "seq2seq",
+                                             generation_max_length=4)
+        trainer = Evaluating(model=model, args=arguments, eval_dataset=rows, compute_metrics=lambda _: {})
+        assert trainer.evaluate()["eval_loss"] == pytest.approx(every_token, rel=1e-5), batch
+        assert trainer.predict(rows).metrics["test_loss"] == pytest.approx(every_token, rel=1e-5), batch
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -84,6 +84,10 @@ def step_budget(text: str) -> int:
     return value
 
 
+class TokenClassificationTrainer(training.TokenWeightedEvaluationLoss, CrashSafeTrainer):
+    """Its evaluation loss counts each labelled word alike: sentences carry different numbers of words."""
+
+
 # ----------------------------------------------------------------------------------------------- arguments
 parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--model", type=local_path(), required=True, help="a saved folder: ours, or native GPT-2 / BERT")
@@ -378,7 +382,7 @@ collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classificat
 
 # ----------------------------------------------------------------------------------------------- training
 preemption = training.Preemption()
-trainer = CrashSafeTrainer(
+trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClassificationTrainer)(
     model=model,
     args=TrainingArguments(
         output_dir=str(output_dir / "checkpoints"), num_train_epochs=args.epochs, max_steps=args.max_steps,

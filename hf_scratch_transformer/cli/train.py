@@ -85,7 +85,7 @@ RECIPES = {"vaswani": dict(lr_scheduler="inverse_sqrt", warmup_steps=4000, adam_
                            label_smoothing=0.1, max_grad_norm=1.0)}
 
 
-class ShardedCrashSafeTrainer(ShardedTrainer, CrashSafeTrainer):
+class ShardedCrashSafeTrainer(training.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeTrainer):
     pass
 
 
@@ -93,7 +93,7 @@ class MaskedLMTrainer(training.MasksOfEachStep, ShardedCrashSafeTrainer):
     pass
 
 
-class ShardedSeq2SeqTrainer(ShardedTrainer, CrashSafeSeq2SeqTrainer):
+class ShardedSeq2SeqTrainer(training.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeSeq2SeqTrainer):
     def prediction_step(self, *args, **kwargs):
         """Seq2SeqTrainer's, leaving the model's generation config as it was: transformers' writes every legacy
         default into it in place (max_length 20, greedy search, top_k 50, ...), and the saved folder shipped them to
