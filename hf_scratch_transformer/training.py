@@ -451,9 +451,11 @@ def summed_token_losses(logits: torch.Tensor, labels: torch.Tensor, shift: bool)
         labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
     labels = labels.to(logits.device)
     labelled = labels != -100
-    losses = torch.zeros(labels.shape, device=logits.device)
-    logits = logits[labelled] if logits.dim() > 2 else logits  # (N, vocab) for the N labelled positions
-    losses[labelled] = F.cross_entropy(logits.float(), labels[labelled], reduction="none")
+    if logits.dim() > 2:  # 0 where -100
+        losses = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none").view(labels.shape)
+    else:  # (N, vocab) for the N labelled positions
+        losses = torch.zeros(labels.shape, device=logits.device)
+        losses[labelled] = F.cross_entropy(logits.float(), labels[labelled], reduction="none")
     return torch.stack([losses.sum(-1), labelled.sum(-1).float()], dim=-1)
 
 

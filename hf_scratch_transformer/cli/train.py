@@ -85,11 +85,12 @@ RECIPES = {"vaswani": dict(lr_scheduler="inverse_sqrt", warmup_steps=4000, adam_
                            label_smoothing=0.1, max_grad_norm=1.0)}
 
 
-class ShardedCrashSafeTrainer(training.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeTrainer):
-    pass
+class ShardedCrashSafeTrainer(ShardedTrainer, CrashSafeTrainer):
+    """The causal LM's: its packed blocks all carry as many labels, so Trainer's evaluation loss is already the mean
+    over every token, without the mixin's second pass over the logits (about 15% of the evaluation's time)."""
 
 
-class MaskedLMTrainer(training.MasksOfEachStep, ShardedCrashSafeTrainer):
+class MaskedLMTrainer(training.MasksOfEachStep, training.TokenWeightedEvaluationLoss, ShardedCrashSafeTrainer):
     pass
 
 
