@@ -46,14 +46,16 @@ def folder(tmp_path_factory):
     """A tiny saved decoder with its tokenizer and a chat template. Its output layer only ever picks tokens that
     decode to printable ASCII, so that text streamed token by token is comparable exactly (a lone byte of a
     multi-byte character would be held back by the streaming decoder) and no EOS cuts an answer short."""
-    path = tmp_path_factory.mktemp("served")
+    return saved_decoder(tmp_path_factory.mktemp("served"), max_position_embeddings=128,
+                         position_embedding_type="rope", num_key_value_heads=2)
+
+
+def saved_decoder(path, **config_fields):
+    """`folder`'s model and tokenizer with `config_fields`, saved in `path`."""
     tokenizer = copy.deepcopy(byte_level_bpe())
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = tiny_config(
-        "decoder", vocab_size=padded_vocab_size(tokenizer), max_position_embeddings=128,
-        position_embedding_type="rope", num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.5,
-        **special_token_ids(tokenizer),
-    )
+    config = tiny_config("decoder", vocab_size=padded_vocab_size(tokenizer), tie_word_embeddings=False,
+                         initializer_range=0.5, **special_token_ids(tokenizer), **config_fields)
     torch.manual_seed(0)
     model = ScratchDecoderForCausalLM(config).eval()
     printable = [token for token in range(len(tokenizer)) if _is_printable(tokenizer.decode([token]))]
@@ -241,6 +243,37 @@ def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(
         question = QUESTIONS[0]
         answer = client.completions.create(model=str(base), prompt=question, max_tokens=NEW_TOKENS, temperature=0)
         assert answer.choices[0].text == expected["plain"][question]
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.parametrize("options", [[], ["--continuous-batching", "--cb-num-blocks", "16"]], ids=["generate", "cb"])
+def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_answered_400(options, tmp_path):
+    """A model of 32 learned positions: a request without `max_tokens` asks for 1024 new tokens, and one that
+    reached the last position failed part-way (a bare 500, streamed an error event; under continuous batching the
+    worker stopped for good). The answer now ends where the positions do, as `generate()` with the room left, with
+    `finish_reason` "length"; a prompt that leaves no room is a 400, and the server answers on."""
+    folder = saved_decoder(tmp_path / "learned", max_position_embeddings=32, position_embedding_type="learned")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    question = QUESTIONS[0]
+    prompt = tokenizer(question, return_tensors="pt")
+    room = 32 - prompt["input_ids"].shape[1]
+    filled = model.generate(**prompt, max_new_tokens=room, do_sample=False)[0, -room:]
+    log = tmp_path / "server.log"
+    with _running(folder, options, log) as client:
+        for max_tokens in (None, 100):
+            answer = client.completions.create(model=str(folder), prompt=question, max_tokens=max_tokens,
+                                               temperature=0)
+            assert answer.choices[0].text == tokenizer.decode(filled, skip_special_tokens=True)
+            assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == room
+        streamed = client.completions.create(model=str(folder), prompt=question, temperature=0, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == answer.choices[0].text
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refusal:
+                client.completions.create(model=str(folder), prompt=" ".join(QUESTIONS * 4), max_tokens=2,
+                                          stream=stream)
+            assert "this model reads at most 32 positions" in refusal.value.response.json()["detail"]
+        answer = client.completions.create(model=str(folder), prompt=question, max_tokens=4, temperature=0)
+        assert answer.choices[0].text == tokenizer.decode(filled[:4], skip_special_tokens=True)
     assert "Traceback" not in log.read_text()
 
 

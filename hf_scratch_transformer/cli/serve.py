@@ -36,6 +36,7 @@ except ImportError:  # 5.23 read what follows it as a revision
 from hf_scratch_transformer import AUTO_CLASSES, ScratchDecoderForCausalLM
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.linear_kernels import bound_onednn_caches
+from hf_scratch_transformer.pipeline_scratch_text2text import ABSOLUTE_POSITIONS
 
 if not is_serve_available():  # what `transformers serve` says, without the traceback of the import below
     sys.exit('hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')
@@ -45,6 +46,7 @@ from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
 from transformers.cli.serving.model_manager import ModelManager
 from transformers.cli.serving.response import ResponseHandler
+from transformers.cli.serving.utils import CBGenerateManager, GenerateManager
 
 
 class NotServableError(HTTPException):
@@ -204,6 +206,36 @@ for handler in (ChatCompletionHandler, ResponseHandler):
     handler._resolve_model = needing_a_chat_template(handler._resolve_model)
 for handler in (ChatCompletionHandler, CompletionHandler, ResponseHandler):
     handler._build_generation_config = refusing_invalid_generation(handler._build_generation_config)
+
+
+def within_the_models_positions(generate):
+    """A generation manager's `generate_streaming` / `generate_non_streaming` keeping each request within the
+    positions of a model whose positions end (learned or sinusoidal tables, at `max_position_embeddings`): a request
+    without `max_tokens` asks for 1024 new tokens (transformers serve's default), and one that ran past the last
+    position failed part-way with our error, a bare 500 (streamed: an error event), and stopped the continuous
+    batching worker for good. The new tokens now end where the positions do (`finish_reason` "length"), and a prompt
+    that leaves no room for one is answered 400 before it reaches the model."""
+
+    @functools.wraps(generate)
+    def generate_within(self, model, processor, inputs, gen_config, *args, **kwargs):
+        if getattr(model.config, "position_embedding_type", None) in ABSOLUTE_POSITIONS:
+            positions, ids = model.config.max_position_embeddings, inputs["input_ids"]
+            prompt = len(ids) if isinstance(ids, list) else ids.shape[-1]  # continuous batching: a list of ids
+            if prompt >= positions:
+                raise NotServableError(f"the prompt is {prompt} tokens, and this model reads at most {positions} "
+                                       "positions, its answer included: shorten the prompt")
+            if gen_config.max_new_tokens is not None:
+                gen_config.max_new_tokens = min(gen_config.max_new_tokens, positions - prompt)
+            else:  # a request's own generation config may give `max_length` (prompt included) instead
+                gen_config.max_length = min(gen_config.max_length, positions)
+        return generate(self, model, processor, inputs, gen_config, *args, **kwargs)
+
+    return generate_within
+
+
+for manager in (GenerateManager, CBGenerateManager):
+    manager.generate_streaming = within_the_models_positions(manager.generate_streaming)
+    manager.generate_non_streaming = within_the_models_positions(manager.generate_non_streaming)
 
 
 @functools.wraps(Serve, updated=())  # typer reads `Serve`'s options and help through the wrapper
