@@ -68,7 +68,10 @@ class OneDNNLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(inputs, weight)
         ctx.save_for_forward(inputs, weight)
         ctx.has_bias = bias is not None
-        return onednn_linear(inputs, weight, bias)
+        # Detached, as no copy: the op's product of more than two dimensions is a view (it computes into its output
+        # reshaped to rows x out, then reshapes it back), and a custom Function's view output refuses in-place ops
+        # ("Output 0 of OneDNNLinearFunction is a view and is being modified inplace") and makes FSDP2 warn of one.
+        return onednn_linear(inputs, weight, bias).detach()
 
     @staticmethod
     def jvp(ctx, inputs_tangent, weight_tangent, bias_tangent):
@@ -131,7 +134,9 @@ def transposed_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     an AVX-512 Intel Xeon."""
     rows = inputs.reshape(-1, inputs.shape[-1]).t()  # (..., in) -> (in, rows)
     product = torch.mm(weight, rows) if bias is None else torch.addmm(bias.unsqueeze(-1), weight, rows)
-    return product.t().contiguous().reshape(*inputs.shape[:-1], weight.shape[0])
+    # Reshaped (a view: it splits the rows) before the copy, so that the result is the copy, not a view of it (FSDP2
+    # warns of a module returning a view); one row needs no copy and stays a view.
+    return product.t().reshape(*inputs.shape[:-1], weight.shape[0]).contiguous()
 
 
 # bf16 products, under CPU autocast or of a bf16 model. A bf16 product (bf16 operands, fp32 sums, a bf16 result) is

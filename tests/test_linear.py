@@ -189,6 +189,31 @@ def test_each_forced_kernel_gives_f_linear_results(rows, kernels, onednn_calls):
         assert len(onednn_calls) == products, choice
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24)])
+def test_products_with_gradients_are_no_views_and_take_in_place_ops(shape, bias, kernels, onednn_calls):
+    """A recorded product is a tensor of its own, not a view, as `F.linear`'s without a bias (an output head's):
+    FSDP2 warns of a wrapped module that returns a view ("An in-place op on this view ... wrong gradients"), and a
+    custom Function's view output refuses in-place ops. oneDNN's op returns a view of its output over more than two
+    dimensions, and the transposed product was reshaped after its copy: both were views."""
+    torch.manual_seed(0)
+    layer = ScratchLinear(24, 40, bias=bias)
+    inputs = torch.randn(shape, requires_grad=True)
+    grad_output = torch.randn(*shape[:-1], 40)
+    reference = F.linear(inputs, layer.weight, layer.bias) * 2
+    expected = torch.autograd.grad(reference, [inputs, *layer.parameters()], grad_output)
+    for choice, products in [("onednn", 1), ("transposed", 0)]:
+        kernels(choice)
+        onednn_calls.clear()
+        output = layer(inputs)
+        assert not output._is_view() and len(onednn_calls) == products, choice
+        output.mul_(2)
+        torch.testing.assert_close(output, reference, atol=1e-5, rtol=1e-5)
+        for grad, wanted in zip(torch.autograd.grad(output, [inputs, *layer.parameters()], grad_output), expected,
+                                strict=True):
+            torch.testing.assert_close(grad, wanted, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_models_give_the_same_loss_and_gradients_with_each_kernel(family, kernels):
     model = tiny_lm(family)
