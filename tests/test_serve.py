@@ -4,6 +4,7 @@ Every answer must be the text of greedy `generate()` on the same prompt."""
 
 import contextlib
 import copy
+import json
 import os
 import shutil
 import socket
@@ -155,10 +156,10 @@ def _wait_until_healthy(process: subprocess.Popen, port: int, log) -> None:
     pytest.fail(f"the server did not answer within {START_TIMEOUT} s:\n{log.read_text()}")
 
 
-def _chat(client, model: str, question: str, stream: bool) -> str:
+def _chat(client, model: str, question: str, stream: bool, max_tokens: int | None = NEW_TOKENS) -> str:
     messages = [{"role": "user", "content": question}]
     response = client.chat.completions.create(
-        model=model, messages=messages, max_tokens=NEW_TOKENS, temperature=0, stream=stream
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=stream
     )
     if not stream:
         return response.choices[0].message.content
@@ -250,14 +251,27 @@ def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(
 def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_answered_400(options, tmp_path):
     """A model of 32 learned positions: a request without `max_tokens` asks for 1024 new tokens, and one that
     reached the last position failed part-way (a bare 500, streamed an error event; under continuous batching the
-    worker stopped for good). The answer now ends where the positions do, as `generate()` with the room left, with
-    `finish_reason` "length"; a prompt that leaves no room is a 400, and the server answers on."""
+    worker stopped for good), and so did one whose own `generation_config` gave a `max_length` past them under
+    continuous batching (without: `finish_reason` "stop"), or gave no length at all (a bare 500). The answer now ends
+    where the positions do, as `generate()` with the room left, with `finish_reason` "length", on every route; a
+    prompt that leaves no room is a 400, and the server answers on."""
     folder = saved_decoder(tmp_path / "learned", max_position_embeddings=32, position_embedding_type="learned")
     model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     question = QUESTIONS[0]
     prompt = tokenizer(question, return_tensors="pt")
     room = 32 - prompt["input_ids"].shape[1]
     filled = model.generate(**prompt, max_new_tokens=room, do_sample=False)[0, -room:]
+
+    def to_the_end(inputs) -> str:
+        left = 32 - inputs["input_ids"].shape[1]
+        return tokenizer.decode(model.generate(**inputs, max_new_tokens=left, do_sample=False)[0, -left:],
+                                skip_special_tokens=True)
+
+    longer = QUESTIONS[3]  # past the room of the first request, whose count continuous batching takes as its own
+    longer_filled = to_the_end(tokenizer(longer, return_tensors="pt"))
+    chat_filled = to_the_end(tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                           add_generation_prompt=True, return_tensors="pt",
+                                                           return_dict=True))
     log = tmp_path / "server.log"
     with _running(folder, options, log) as client:
         for max_tokens in (None, 100):
@@ -267,6 +281,16 @@ def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_ans
             assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == room
         streamed = client.completions.create(model=str(folder), prompt=question, temperature=0, stream=True)
         assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == answer.choices[0].text
+        given = {"generation_config": json.dumps({"max_length": 100, "do_sample": False})}
+        answer = client.completions.create(model=str(folder), prompt=longer, extra_body=given)
+        assert answer.choices[0].text == longer_filled and answer.choices[0].finish_reason == "length"
+        given = {"generation_config": json.dumps({"do_sample": False})}  # generate(): 20 new tokens; batching: all
+        answer = client.completions.create(model=str(folder), prompt=question, extra_body=given)
+        assert tokenizer.decode(filled, skip_special_tokens=True).startswith(answer.choices[0].text)
+        assert answer.usage.completion_tokens >= 20
+        assert _chat(client, str(folder), question, stream=True, max_tokens=None) == chat_filled
+        answer = client.responses.create(model=str(folder), input=question, stream=False)
+        assert answer.output_text == chat_filled and answer.usage.total_tokens == 32
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as refusal:
                 client.completions.create(model=str(folder), prompt=" ".join(QUESTIONS * 4), max_tokens=2,

@@ -211,10 +211,11 @@ for handler in (ChatCompletionHandler, CompletionHandler, ResponseHandler):
 def within_the_models_positions(generate):
     """A generation manager's `generate_streaming` / `generate_non_streaming` keeping each request within the
     positions of a model whose positions end (learned or sinusoidal tables, at `max_position_embeddings`): a request
-    without `max_tokens` asks for 1024 new tokens (transformers serve's default), and one that ran past the last
-    position failed part-way with our error, a bare 500 (streamed: an error event), and stopped the continuous
-    batching worker for good. The new tokens now end where the positions do (`finish_reason` "length"), and a prompt
-    that leaves no room for one is answered 400 before it reaches the model."""
+    without `max_tokens` asks for 1024 new tokens (transformers serve's default), one with a `generation_config` of
+    its own may give a `max_length` past them, and one that ran past the last position failed part-way with our
+    error, a bare 500 (streamed: an error event), and stopped the continuous batching worker for good. The new
+    tokens now end where the positions do (`finish_reason` "length"), and a prompt that leaves no room for one is
+    answered 400 before it reaches the model."""
 
     @functools.wraps(generate)
     def generate_within(self, model, processor, inputs, gen_config, *args, **kwargs):
@@ -224,10 +225,17 @@ def within_the_models_positions(generate):
             if prompt >= positions:
                 raise NotServableError(f"the prompt is {prompt} tokens, and this model reads at most {positions} "
                                        "positions, its answer included: shorten the prompt")
-            if gen_config.max_new_tokens is not None:
-                gen_config.max_new_tokens = min(gen_config.max_new_tokens, positions - prompt)
-            else:  # a request's own generation config may give `max_length` (prompt included) instead
-                gen_config.max_length = min(gen_config.max_length, positions)
+            if gen_config.max_new_tokens is None and gen_config.max_length is not None:
+                # A request's own generation config may give `max_length` (prompt included) instead, which
+                # continuous batching does not read (it ran on to the last position and stopped the worker).
+                if gen_config.max_length <= prompt:
+                    raise NotServableError(f"the prompt is {prompt} tokens, and the request's `max_length` "
+                                           f"({gen_config.max_length}) leaves no room for an answer")
+                gen_config.max_new_tokens = gen_config.max_length - prompt
+            if gen_config.max_new_tokens is not None or isinstance(self, CBGenerateManager):
+                gen_config.max_new_tokens = min(gen_config.max_new_tokens or positions, positions - prompt)
+            # Neither (a request's generation config without lengths): `generate()` keeps its 20 new tokens within
+            # the positions, where continuous batching took its first request's count, without end if that had none.
         return generate(self, model, processor, inputs, gen_config, *args, **kwargs)
 
     return generate_within
