@@ -31,6 +31,7 @@ from accelerate.utils import DistributedType, extract_model_from_parallel
 from accelerate.utils.constants import FSDP_MODEL_NAME
 from safetensors import safe_open
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.fsdp import register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedConfig, Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
@@ -736,6 +737,9 @@ class CrashSafeCheckpoints:
             self.create_optimizer()
             self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
             self.model_wrapped = self.model
+            # As `train` does: `generate` runs as a forward of the root unit. Without it a seq2seq evaluation's
+            # first forward was the encoder's, which FSDP2 refuses ("requires a single root module").
+            register_fsdp_forward_method(self.model, "generate")
         self._load_from_checkpoint(checkpoint, self.model_wrapped if self.is_fsdp_enabled else None)
         self.state = state
         return TrainOutput(state.global_step, float("nan"), {})  # no loss: this call trained nothing

@@ -189,6 +189,33 @@ def test_trainer_fsdp_equals_one_process_and_resumes_its_sharded_checkpoint(work
     assert "was saved sharded by FSDP, and this run does not use FSDP" in refused and "Traceback" not in refused
 
 
+@pytest.mark.slow
+def test_trainer_fsdp_seq2seq_evaluates_as_one_process_and_once_more_when_resumed_finished(workspace):
+    """`--task seq2seq --fsdp`: the evaluation (loss over every labelled token, BLEU, chrF; 5 pairs in batches of 4,
+    3 repeats) is one process's. Resumed when finished (no model folder), it trains nothing and evaluates the same:
+    its first forward was `generate`'s encoder, which FSDP2 refused without a root ("requires a single root
+    module"), with a traceback."""
+    arguments = [TRAINER_SCRIPT, "--task", "seq2seq", "--source-files", workspace / "train.src", "--target-files",
+                 workspace / "train.tgt", "--tokenizer", workspace / "seq2seq", *SEQ2SEQ, *RUN, "--max-eval-samples", 5,
+                 "--max-steps", 2, "--eval-steps", 2, "--num-beams", 1]
+    sharded, single = workspace / "trainer-seq2seq-fsdp", workspace / "trainer-seq2seq-single"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    run(*arguments, "--fsdp", "--batch-size", 2, "--output-dir", sharded, launcher=torchrun, env=CPU, cwd=workspace)
+    run(*arguments, "--batch-size", 4, "--output-dir", single, cwd=workspace)
+
+    def results(folder) -> dict:
+        return json.loads((folder / "model/eval_results.json").read_text())
+
+    two, one = results(sharded), results(single)
+    for metric in ("loss", "bleu", "chrf"):
+        assert two[metric] == pytest.approx(one[metric], abs=1e-5), metric
+    shutil.rmtree(sharded / "model")
+    stdout = run(*arguments, "--fsdp", "--batch-size", 2, "--output-dir", sharded, "--resume", launcher=torchrun,
+                 env=CPU, cwd=workspace)
+    assert "nothing left to train" in stdout
+    assert results(sharded) == two
+
+
 def test_the_cpu_fsdp_config_shards_as_the_gpu_one():
     """What the CPU tests run is what users launch on GPUs, but for the device and mixed precision."""
     cpu, gpu = (yaml.safe_load((CONFIGS / name).read_text()) for name in ("fsdp_cpu_2proc.yaml", "fsdp.yaml"))
