@@ -444,19 +444,21 @@ class MasksOfEachStep:
 
 def summed_token_losses(logits: torch.Tensor, labels: torch.Tensor, shift: bool) -> torch.Tensor:
     """logits (batch, length, vocab), labels (batch, length) -> (batch, 2): each sequence's summed cross-entropy
-    over its labelled tokens (-100 ignored) and their count, in fp32. `shift=True` for a causal LM (its
-    `loss_type` "ForCausalLM"), whose position t predicts label t + 1. With `sparse_prediction` a masked LM gives
-    (N, vocab) logits for its N labelled positions only, in order."""
+    over its labelled tokens (-100 ignored) and their count. `shift=True` for a causal LM (its `loss_type`
+    "ForCausalLM"), whose position t predicts label t + 1. With `sparse_prediction` a masked LM gives (N, vocab)
+    logits for its N labelled positions only, in order. In fp32 a sequence at a time, as the models' losses upcast:
+    no fp32 copy of a whole batch of bf16 logits."""
     if shift:
         labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
     labels = labels.to(logits.device)
-    labelled = labels != -100
-    if logits.dim() > 2:  # 0 where -100
-        losses = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none").view(labels.shape)
-    else:  # (N, vocab) for the N labelled positions
-        losses = torch.zeros(labels.shape, device=logits.device)
-        losses[labelled] = F.cross_entropy(logits.float(), labels[labelled], reduction="none")
-    return torch.stack([losses.sum(-1), labelled.sum(-1).float()], dim=-1)
+    counts = (labels != -100).sum(-1)
+    if logits.dim() > 2:
+        sequences = zip(logits, labels, strict=True)  # (length, vocab), (length,)
+    else:
+        sequences = zip(logits.split(counts.tolist()), labels[labels != -100].split(counts.tolist()), strict=True)
+    sums = [F.cross_entropy(sequence_logits.float(), sequence_labels, reduction="sum")
+            for sequence_logits, sequence_labels in sequences]
+    return torch.stack([torch.stack(sums), counts.float()], dim=-1)
 
 
 class TokenWeightedEvaluationLoss:
