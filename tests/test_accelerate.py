@@ -48,6 +48,10 @@ RESUME_RUN = [*RUN, "--batch-size", "4", "--gradient-accumulation-steps", "2", "
 STOP = 4
 
 
+# torch's warning each step of a DDP run told to search for unused parameters finds none (Trainer's default)
+UNUSED_SEARCH = "find_unused_parameters=True was specified in DDP constructor"
+
+
 def run(*arguments, cwd: Path, launcher: list[str] | None = None, env: dict | None = None,
         expect_failure: bool = False, limit_file_size: int | None = None, timeout: int = 600) -> str:
     """`limit_file_size` (bytes): a write past it fails as on a full disk (see forked_python); `timeout` (seconds):
@@ -327,6 +331,7 @@ def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
     assert (workspace / "trainer-ddp/model/model.safetensors").is_file()
     for line in ("data: ", "model: ScratchDecoderForCausalLM", "evaluation: loss"):  # once, not once a process
         assert stdout.count(line) == 1, line
+    assert UNUSED_SEARCH not in stdout
 
 
 def test_trainer_seq2seq_under_two_processes_equals_one_process_and_scores_each_pair_once(workspace):
@@ -388,6 +393,7 @@ def test_finetune_runs_under_torchrun_with_two_processes(classification_run):
     stdout = run(*finetune, "--output-dir", folder / "ddp", launcher=launcher, env=env, cwd=folder)
     assert stdout.count("saved a Hub-ready folder:") == 1
     assert stdout.count("model: ScratchEncoderForSequenceClassification") == stdout.count("evaluation: ") == 1
+    assert UNUSED_SEARCH not in stdout
     assert {"model.safetensors", "config.json", "tokenizer.json", "eval_results.json", "README.md"} <= {
         path.name for path in (folder / "ddp/model").iterdir()}
     assert not (folder / "ddp/model.tmp").exists()

@@ -6,6 +6,8 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     BertConfig,
     BertForMaskedLM,
     GPT2Config,
@@ -60,7 +62,8 @@ def test_preset_builds_runs_and_has_the_stated_shape(name):
     loss = model(**inputs).loss
     loss.backward()
     assert torch.isfinite(loss)
-    assert model.get_input_embeddings().weight.grad is not None
+    # `hf-scratch train` tells DDP so (ddp_find_unused_parameters=False): it no longer searches for unused ones
+    assert [name for name, parameter in model.named_parameters() if parameter.grad is None] == []
     if config.tie_word_embeddings:
         target_embeddings = model.model.decoder if family == "seq2seq" else model
         assert model.get_output_embeddings().weight is target_embeddings.get_input_embeddings().weight
@@ -92,6 +95,20 @@ def test_parameter_count_equals_the_native_model(name, native):
         ours = AUTO_LM[PRESETS[name]["family"]].from_config(get_preset(name))
         theirs = native()
     assert ours.num_parameters() == theirs.num_parameters()
+
+
+@pytest.mark.parametrize("name", sorted(name for name, preset in PRESETS.items() if preset["family"] != "seq2seq"))
+@pytest.mark.parametrize("head", [AutoModelForSequenceClassification, AutoModelForTokenClassification])
+def test_every_parameter_of_a_classifier_takes_part_in_a_step(name, head):
+    """`hf-scratch finetune` tells DDP so (ddp_find_unused_parameters=False)."""
+    config = get_preset(name, num_hidden_layers=1, num_labels=3, pad_token_id=0)
+    if type(config) not in head._model_mapping:
+        pytest.skip(f"no {head.__name__} for {config.model_type}")
+    model = head.from_config(config)
+    ids = torch.randint(3, config.vocab_size, (2, 8))
+    labels = torch.randint(0, 3, (2,) if head is AutoModelForSequenceClassification else (2, 8))
+    model(input_ids=ids, labels=labels).loss.backward()
+    assert [name for name, parameter in model.named_parameters() if parameter.grad is None] == []
 
 
 @pytest.mark.parametrize("name", ["gpt-mini", "llama-style", "bert-prenorm", "transformer-prenorm"])

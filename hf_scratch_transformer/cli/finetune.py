@@ -390,6 +390,7 @@ trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClas
         learning_rate=args.learning_rate, warmup_steps=0.06, weight_decay=0.01, eval_strategy="epoch",
         save_strategy="epoch", save_total_limit=1, logging_steps=10, report_to=[], seed=args.seed,
         dataloader_pin_memory=torch.accelerator.is_available(),  # pinned host memory is for copies to a GPU
+        ddp_find_unused_parameters=False,  # every parameter of the classifiers takes part in each step (test_presets)
     ),
     train_dataset=datasets["train"], eval_dataset=datasets["validation"], data_collator=collator,
     processing_class=tokenizer, step_settings={"max_length": args.max_length, "data": data_settings(args)},

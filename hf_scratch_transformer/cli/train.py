@@ -270,6 +270,9 @@ arguments = dict(
     prediction_loss_only=task == "causal-lm",  # perplexity needs the loss only, not every logit
     report_to=[],
     seed=args.seed,
+    # Every parameter of our language models takes part in each step (test_presets), as Accelerate's loop assumes:
+    # Trainer's default for a PreTrainedModel searched the graph for unused ones at every step, and said so.
+    ddp_find_unused_parameters=False,
 )
 if args.fsdp:  # as configs/accelerate/fsdp.yaml
     arguments |= dict(fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["ScratchBlock"],
