@@ -530,6 +530,25 @@ def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
     assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 2
 
 
+@pytest.mark.parametrize("name", ["train-accelerate", "finetune", "convert", "publish", "benchmark"])
+def test_a_commands_help_shows_its_examples(monkeypatch, capsys, name):
+    """A command's --help printed its summary alone, cut before the examples it announces ("... would be uploaded:"
+    and then the options)."""
+    import ast
+    import importlib.util
+
+    from hf_scratch_command import COMMANDS
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])  # `main` sets it: restored afterwards
+    with pytest.raises(SystemExit) as stopped:
+        main([name, "--help"])
+    assert stopped.value.code == 0
+    source = Path(importlib.util.find_spec(COMMANDS[name][0]).origin).read_text()
+    examples = ast.get_docstring(ast.parse(source), clean=False).split("\n\n")[1]
+    assert examples in capsys.readouterr().out
+
+
 def test_help_version_and_an_unknown_command_are_answered_without_importing_torch():
     """`hf-scratch --help` took 11 s on a 2-core AVX2 host: it imported the package (torch, transformers) to print
     a table. The entry point answers these three itself."""

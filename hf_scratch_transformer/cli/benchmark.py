@@ -138,7 +138,8 @@ BF16_TRAINING_TARGET = 1.1  # bf16 training against the native model, where bf16
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+                                 formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
 parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up, 2 repetitions: a smoke test")
 parser.add_argument("--write", action="store_true",

@@ -63,7 +63,8 @@ CARD_TASKS = {"gpt2": "causal-lm", "llama": "causal-lm", "mistral": "causal-lm",
 HOLDING_THE_LM = {"bert": ("BertForPreTraining",), "gpt2": ("GPT2DoubleHeadsModel",)}
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+                                 formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("source", type=Path, help="folder written by save_pretrained (native or Scratch)")
 parser.add_argument("output", type=Path, help="folder for the converted model (created if needed)")
 parser.add_argument("--to", choices=("scratch", "native"), default=None,

@@ -89,7 +89,8 @@ class TokenClassificationTrainer(training.TokenWeightedEvaluationLoss, CrashSafe
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = RunParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+                   formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--model", type=local_path(), required=True, help="a saved folder: ours, or native GPT-2 / BERT")
 parser.add_argument("--task", choices=sorted(HEADS), required=True)
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")

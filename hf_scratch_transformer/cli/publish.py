@@ -31,7 +31,8 @@ def namespaced_repo_id(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+                                 formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("folder", type=Path, help="a save_pretrained folder with its model card")
 parser.add_argument("--repo-id", type=namespaced_repo_id, required=True,
                     help="the Hub model repository, USER/NAME (created if missing)")

@@ -4,8 +4,9 @@ are those of `hf-scratch train`.
 
     hf-scratch train-accelerate                          # causal LM on the embedded Tiny Shakespeare
     hf-scratch train-accelerate --mixed-precision bf16 --gradient-accumulation-steps 4 --label-smoothing 0.1
-    hf-scratch train-accelerate --task seq2seq --lr-scheduler inverse_sqrt --adam-betas 0.9 0.98 \\
-        --adam-epsilon 1e-9 --label-smoothing 0.1 --source-files train.en --target-files train.de  # the seeds' recipe
+    hf-scratch train-accelerate --task seq2seq --lr-scheduler inverse_sqrt --warmup-steps 4000 \\
+        --adam-betas 0.9 0.98 --adam-epsilon 1e-9 --label-smoothing 0.1 \\
+        --source-files train.en --target-files train.de      # the seeds' recipe
     hf-scratch train-accelerate ... --resume             # continue from the newest checkpoint that verifies
     accelerate launch --config_file configs/accelerate/ddp.yaml -m hf_scratch_transformer.cli.train_accelerate \\
         --batch-size 8
@@ -86,7 +87,8 @@ from hf_scratch_transformer.presets import get_preset
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = RunParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+                   formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
 parser.add_argument("--output-dir", type=Path, help="default: outputs/accelerate/<task>")
 add_data_and_model_arguments(parser)
