@@ -42,6 +42,12 @@ def stopped_by_ctrl_c() -> None:
     sys.exit(130)
 
 
+def command_help(docstring: str) -> str:
+    """A subcommand's `--help` text above its options: its module docstring's summary and the examples that follow
+    it (a summary alone ended on the colon that announced them)."""
+    return "\n\n".join(docstring.split("\n\n")[:2])
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]

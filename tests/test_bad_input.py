@@ -530,7 +530,7 @@ def test_an_unknown_command_is_refused_as_a_bad_option_is(hf_scratch):
     assert "hf-scratch: error: unknown command 'trian'" in hf_scratch("trian", "--max-steps", "10")  # exit status 2
 
 
-@pytest.mark.parametrize("name", ["train-accelerate", "finetune", "convert", "publish", "benchmark"])
+@pytest.mark.parametrize("name", ["train", "train-accelerate", "finetune", "convert", "publish", "benchmark"])
 def test_a_commands_help_shows_its_examples(monkeypatch, capsys, name):
     """A command's --help printed its summary alone, cut before the examples it announces ("... would be uploaded:"
     and then the options)."""

@@ -103,6 +103,7 @@ from transformers import (
     TorchAoConfig,
 )
 
+from hf_scratch_command import command_help
 from hf_scratch_transformer import training
 from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
 from hf_scratch_transformer.cli.run_options import at_least
@@ -138,7 +139,7 @@ BF16_TRAINING_TARGET = 1.1  # bf16 training against the native model, where bf16
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+parser = argparse.ArgumentParser(description=command_help(__doc__),
                                  formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
 parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up, 2 repetitions: a smoke test")

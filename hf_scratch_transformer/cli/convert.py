@@ -37,6 +37,8 @@ from pathlib import Path
 
 import psutil
 
+from hf_scratch_command import command_help
+
 # model_type -> the class loaded from the source folder: native ones convert with `from_hf`, ours with `to_hf`
 NATIVE_CLASSES = {
     "gpt2": "GPT2LMHeadModel",
@@ -63,7 +65,7 @@ CARD_TASKS = {"gpt2": "causal-lm", "llama": "causal-lm", "mistral": "causal-lm",
 HOLDING_THE_LM = {"bert": ("BertForPreTraining",), "gpt2": ("GPT2DoubleHeadsModel",)}
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+parser = argparse.ArgumentParser(description=command_help(__doc__),
                                  formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("source", type=Path, help="folder written by save_pretrained (native or Scratch)")
 parser.add_argument("output", type=Path, help="folder for the converted model (created if needed)")

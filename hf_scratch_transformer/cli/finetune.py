@@ -34,6 +34,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
+from hf_scratch_command import command_help
 from hf_scratch_transformer import hub, training
 from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, CrashSafeTrainer, checkpoint_to_resume
 from hf_scratch_transformer.cli.run_options import (
@@ -89,7 +90,7 @@ class TokenClassificationTrainer(training.TokenWeightedEvaluationLoss, CrashSafe
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = RunParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+parser = RunParser(description=command_help(__doc__),
                    formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--model", type=local_path(), required=True, help="a saved folder: ours, or native GPT-2 / BERT")
 parser.add_argument("--task", choices=sorted(HEADS), required=True)

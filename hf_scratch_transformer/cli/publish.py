@@ -15,6 +15,7 @@ from pathlib import Path
 
 from huggingface_hub.errors import HfHubHTTPError
 
+from hf_scratch_command import command_help
 from hf_scratch_transformer.hub import card_repo_id, publish
 
 # The HTTP library's own errors (no connection, a name that does not resolve, a timeout), whichever library
@@ -31,7 +32,7 @@ def namespaced_repo_id(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+parser = argparse.ArgumentParser(description=command_help(__doc__),
                                  formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("folder", type=Path, help="a save_pretrained folder with its model card")
 parser.add_argument("--repo-id", type=namespaced_repo_id, required=True,

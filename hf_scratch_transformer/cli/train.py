@@ -32,6 +32,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
+from hf_scratch_command import command_help
 from hf_scratch_transformer import hub, training
 from hf_scratch_transformer.checkpointing import (
     TRAINER_PREFIX,
@@ -115,7 +116,7 @@ class ShardedSeq2SeqTrainer(training.TokenWeightedEvaluationLoss, ShardedTrainer
 
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = RunParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+parser = RunParser(description=command_help(__doc__), formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
 add_data_and_model_arguments(parser)

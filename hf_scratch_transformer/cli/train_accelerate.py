@@ -47,6 +47,7 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
+from hf_scratch_command import command_help
 from hf_scratch_transformer import checkpointing, hub, sharding, training
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
@@ -87,7 +88,7 @@ from hf_scratch_transformer.presets import get_preset
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
 
 # ----------------------------------------------------------------------------------------------- arguments
-parser = RunParser(description="\n\n".join(__doc__.split("\n\n")[:2]),  # the summary and its examples
+parser = RunParser(description=command_help(__doc__),
                    formatter_class=argparse.RawTextHelpFormatter)
 parser.add_argument("--task", choices=training.TASKS, default="causal-lm", help="default: causal-lm")
 parser.add_argument("--output-dir", type=Path, help="default: outputs/accelerate/<task>")
