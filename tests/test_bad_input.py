@@ -440,6 +440,12 @@ def corpus(tmp_path):
         (["train", "--model", "{saved}", "--tokenizer", "{saved}"], "--tokenizer: for a new model; --model continues"),
         (["train", "--model", "{saved}", "--preset", "gpt2-small", "--tokenizer-kind", "unigram"],
          "--preset, --tokenizer-kind: for a new model; --model continues"),
+        (["train", "--model", "{saved}", "--vocab-size", "300"], "--vocab-size: for a new model; --model"),
+        # A tokenizer given is used as it is: these were left out without a word.
+        (["train", "--tokenizer", "{saved}", "--vocab-size", "300"],
+         "--vocab-size: for a tokenizer trained here; --tokenizer "),
+        (["train", "--tokenizer", "{saved}", "--tokenizer-kind", "unigram", "--vocab-size", "300"],
+         "--tokenizer-kind, --vocab-size: for a tokenizer trained here; --tokenizer "),
         (["train-accelerate", "--keep-checkpoints", "0"], "argument --keep-checkpoints: must be >= 1, got 0"),
         (["train-accelerate", "--gradient-accumulation-steps", "0"], "argument --gradient-accumulation-steps: must"),
         # Optimisation options out of range trained silently wrong (a negative smoothing or clipping norm, listed

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
 TINY_RUN = ["--max-length", "32", "--batch-size", "4", "--vocab-size", "300", "--eval-steps", "2",
             "--max-eval-samples", "16"]
+GIVEN_TOKENIZER_RUN = [option for option in TINY_RUN if option not in ("--vocab-size", "300")]  # none trained
 
 
 def run_script(name: str, *arguments, cwd: Path, returncode: int = 0) -> str:
@@ -104,7 +105,7 @@ def test_training_resumes_from_the_last_checkpoint(causal_lm_run, tmp_path):
     run_tokenizer = (output / "checkpoints/checkpoint-4/tokenizer.json").read_text()
     wordpiece().save_pretrained(tmp_path / "other")  # another vocabulary would change the ids under the weights
     refused = run_script("train.py", "--max-steps", 6, "--output-dir", output, "--resume", "--tokenizer",
-                         tmp_path / "other", *TINY_RUN, *TINY_MODEL, cwd=output, returncode=2)
+                         tmp_path / "other", *GIVEN_TOKENIZER_RUN, *TINY_MODEL, cwd=output, returncode=2)
     assert f"the tokenizer of {tmp_path / 'other'} differs from the one" in refused and "Traceback" not in refused
     stdout = run_script("train.py", "--max-steps", 6, "--output-dir", output, "--resume", *TINY_RUN, *TINY_MODEL,
                         cwd=output)
@@ -118,8 +119,8 @@ def test_training_resumes_from_the_last_checkpoint(causal_lm_run, tmp_path):
 def test_training_continues_from_a_saved_model_folder(causal_lm_run, tmp_path):
     output, _ = causal_lm_run
     before = AutoModelForCausalLM.from_pretrained(output / "model")
-    run_script("train.py", "--model", output / "model", "--max-steps", 2, "--output-dir", tmp_path, *TINY_RUN,
-               cwd=tmp_path)
+    run_script("train.py", "--model", output / "model", "--max-steps", 2, "--output-dir", tmp_path,
+               *GIVEN_TOKENIZER_RUN, cwd=tmp_path)
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert after.config.vocab_size == before.config.vocab_size  # same tokenizer and architecture, trained further
     assert not torch.equal(after.lm_head.weight, before.lm_head.weight)

@@ -44,6 +44,7 @@ DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
     "masked-lm": ("bert-prenorm", "wordpiece", "encoder"),
     "seq2seq": ("transformer-base", "bpe", "seq2seq"),
 }
+TOKENIZER_VOCAB_SIZE = 4096  # --vocab-size of a tokenizer trained by the run
 
 
 # ----------------------------------------------------------------------------------------------- stopping
@@ -284,7 +285,8 @@ def add_data_and_model_arguments(parser: argparse.ArgumentParser) -> None:
     model_args.add_argument("--tokenizer", type=local_path(holds="tokenizer_config.json"),
                             help="a saved tokenizer folder; default: train one")
     model_args.add_argument("--tokenizer-kind", choices=["bpe", "wordpiece", "unigram"], help="default by task")
-    model_args.add_argument("--vocab-size", type=positive_int, default=4096, help="tokenizer vocabulary (default 4096)")
+    model_args.add_argument("--vocab-size", type=positive_int,
+                            help=f"vocabulary of the tokenizer trained here (default {TOKENIZER_VOCAB_SIZE})")
 
 
 def config_override(item: str) -> tuple[str, object]:
@@ -347,10 +349,15 @@ def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
     if overrides and args.model:
         parser.error("--set configures a new model (a preset or --config); --model continues a saved one as it is")
     # Else left out without a word: --model brings its config and its tokenizer.
-    new_model_options = ("preset", "config", "tokenizer", "tokenizer_kind")
+    new_model_options = ("preset", "config", "tokenizer", "tokenizer_kind", "vocab_size")
     if args.model and (ignored := [f"--{name.replace('_', '-')}" for name in new_model_options if getattr(args, name)]):
         parser.error(f"{', '.join(ignored)}: for a new model; --model continues a saved one, with its own config and "
                      "tokenizer")
+    tokenizer_options = ("tokenizer_kind", "vocab_size")
+    if args.tokenizer and (ignored := [f"--{name.replace('_', '-')}" for name in tokenizer_options
+                                       if getattr(args, name)]):
+        parser.error(f"{', '.join(ignored)}: for a tokenizer trained here; --tokenizer {args.tokenizer} is a trained "
+                     "one")
     if args.model:
         return overrides
     family = DEFAULTS[args.task][2]

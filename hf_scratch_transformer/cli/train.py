@@ -44,6 +44,7 @@ from hf_scratch_transformer.checkpointing import (
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULTS,
+    TOKENIZER_VOCAB_SIZE,
     RunParser,
     add_data_and_model_arguments,
     add_run_safety_arguments,
@@ -199,7 +200,8 @@ elif resumed is not None:
 else:
     try:
         tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family, dataset=tokenizer_texts,
-                                    vocab_size=args.vocab_size, model_max_length=args.max_length)
+                                    vocab_size=args.vocab_size or TOKENIZER_VOCAB_SIZE,
+                                    model_max_length=args.max_length)
     except ValueError as error:  # a --vocab-size below the alphabet of the text
         fail(parser, str(error))
     say(f"tokenizer: trained {args.tokenizer_kind or default_kind}, {len(tokenizer)} tokens")

@@ -52,6 +52,7 @@ from hf_scratch_transformer import checkpointing, hub, sharding, training
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULTS,
+    TOKENIZER_VOCAB_SIZE,
     RunParser,
     add_data_and_model_arguments,
     add_run_safety_arguments,
@@ -222,7 +223,7 @@ else:
     if not given and accelerator.is_main_process:  # the main process trains it; the others load what it saved
         try:
             tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family,
-                                        dataset=tokenizer_texts, vocab_size=args.vocab_size,
+                                        dataset=tokenizer_texts, vocab_size=args.vocab_size or TOKENIZER_VOCAB_SIZE,
                                         model_max_length=args.max_length)
             tokenizer.save_pretrained(tokenizer_dir)
         except ValueError as error:  # a --vocab-size below the alphabet of the text
