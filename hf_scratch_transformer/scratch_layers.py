@@ -42,8 +42,8 @@ def may_write_over(output: torch.Tensor, *producers: nn.Module) -> bool:
     semantics), no forward hook on the producers or on every module (a hook may keep what it was given), outside
     `torch.compile` and `torch.func` transforms (their graphs and batching rules expect the op out of place). A view
     (F.linear's output of 3-D inputs with a bias: a view of the 2-D product) only without an autograd graph: with
-    one, autograd forbids writing over a view that a custom `autograd.Function` returned (oneDNN's product, the alias
-    a module's backward hook hands on) and copies the whole tensor again in backward for the others."""
+    one, autograd forbids writing over a view that a custom `autograd.Function` returned (the alias a module's
+    backward hook hands on) and copies the whole tensor again in backward for the others."""
     if (
         torch.compiler.is_compiling()  # first: the checks below would break a traced graph
         or type(output) is not torch.Tensor

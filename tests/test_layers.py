@@ -360,9 +360,8 @@ def test_residual_sums_are_written_over_the_projections_with_the_same_logits_and
     """Each residual sum is written over the attention's or the feed-forward's output projection (a fresh tensor,
     which F.linear does not keep for backward), or over the dropout's output: logits and every gradient bit for bit
     those of the sums out of place, cross-attention included. In pre-norm without dropout each block returns its
-    last projection's tensor itself: in training where that is no view (F.linear without a bias; with one it
-    returns a view of the 2-D product, and oneDNN's product is a view from its autograd.Function, the transposed
-    product a view of its copy in F.linear's layout), without gradients always."""
+    last projection's tensor itself: in training where that is no view (every kernel's product but F.linear's with a
+    bias, a view of its 2-D product), without gradients always."""
     force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, kernel)
     model = tiny_lm(family, norm_position=norm_position, dropout=dropout, use_bias=use_bias).train()
     inputs = lm_inputs(family)
@@ -388,7 +387,7 @@ def test_residual_sums_are_written_over_the_projections_with_the_same_logits_and
     assert torch.equal(logits, expected_logits)
     assert gradients.keys() == expected_gradients.keys()
     assert all(torch.equal(gradients[name], expected_gradients[name]) for name in gradients)
-    no_views = not use_bias and kernel == "native"
+    no_views = not (use_bias and kernel == "native")
     in_place = written_over()
     assert all(in_place) if norm_position == "pre" and not dropout and no_views else not any(in_place)
     model.eval()
