@@ -613,9 +613,10 @@ class CrashSafeCheckpoints:
     which, as the Accelerate loop tells it."""
 
     # Taken from the resuming command, not the checkpoint: other values change the steps (the schedule is rebuilt
-    # from the resumed step; another batch or seed draws other batches), which Trainer did without a word.
+    # from the resumed step; another batch or seed draws other batches; clipping and precision), which Trainer did
+    # without a word. The optimizer's own settings (learning rate, betas, epsilon, weight decay) must match: refused.
     STEP_SETTINGS = ("max_steps", "lr_scheduler_type", "warmup_steps", "per_device_train_batch_size",
-                     "gradient_accumulation_steps", "seed")
+                     "gradient_accumulation_steps", "seed", "max_grad_norm", "bf16")
     _staging_dir: Path | None = None
     _resumed_loss_window: dict | None = None
 

@@ -264,16 +264,18 @@ def test_resuming_with_settings_that_change_the_steps_says_which(workspace, unin
 def test_resuming_with_another_max_length_or_other_data_says_so(workspace, uninterrupted, tmp_path):
     """Trainer's resume named the changed settings of its TrainingArguments alone: --max-length and the data files,
     which make other sequences, changed without a word; the Accelerate loop named neither the data nor the schedule's
-    warm-up. Both commands record them in each checkpoint's manifest."""
+    warm-up, and neither the label smoothing nor clipping. Both commands record them in each checkpoint's manifest."""
     entry, full = uninterrupted
     output, more = tmp_path / "other-data", tmp_path / "more.txt"
     shutil.copytree(full, output)
     shutil.copy(workspace / "corpus.txt", more)
     stdout = run(command(entry, workspace, output, "--resume", "--max-length", "24", "--train-files", more,
-                         "--warmup-steps", "3"), workspace)
+                         "--warmup-steps", "3", "--label-smoothing", "0.1", "--max-grad-norm", "0.5"), workspace)
     corpus = str((workspace / "corpus.txt").resolve())
     changed = stdout.split("changed settings ")[1].split(" make the steps differ")[0]
-    for setting in ("'max_length': (32, 24)", "'warmup_steps': (1, 3)",
+    # The objective and the optimizer's settings too: a run resumed without its smoothing changed without a word
+    for setting in ("'max_length': (32, 24)", "'warmup_steps': (1, 3)", "'label_smoothing': (0.0, 0.1)",
+                    "'max_grad_norm': (1.0, 0.5)",
                     f"'data': ({{'train_files': ['{corpus}']}}, {{'train_files': ['{corpus}', '{more.resolve()}']}})"):
         assert setting in changed, changed
 

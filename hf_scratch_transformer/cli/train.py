@@ -282,7 +282,8 @@ if args.fsdp:  # as configs/accelerate/fsdp.yaml
                                                "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT"})
 trainer_kwargs = dict(model=model, train_dataset=datasets["train"], eval_dataset=datasets["validation"],
                       data_collator=collator, processing_class=tokenizer,
-                      step_settings={"max_length": args.max_length, "data": data_settings(args)})
+                      step_settings={"max_length": args.max_length, "data": data_settings(args),
+                                     "label_smoothing": optimisation["label_smoothing"]})
 preemption = training.Preemption()
 stopper = training.StopAfterStep(60 * args.max_minutes if args.max_minutes else None, preemption)
 trainer_kwargs["callbacks"] = [stopper]

@@ -291,8 +291,10 @@ if len(loader) == 0:
     fail(parser, f"{len(datasets['train'])} training sequences do not fill one batch per process.")
 
 layout = {key: getattr(args, key) for key in ("task", "batch_size", "gradient_accumulation_steps", "max_steps",
-                                             "lr_scheduler", "max_length", "seed")} | {
-    "warmup_steps": warmup_steps, "num_processes": accelerator.num_processes, "data": data_settings(args)}
+                                             "lr_scheduler", "max_length", "seed", "label_smoothing",
+                                             "max_grad_norm")} | {
+    "warmup_steps": warmup_steps, "num_processes": accelerator.num_processes, "data": data_settings(args),
+    "mixed_precision": accelerator.mixed_precision}
 history, start_step = [], 0
 if resume:
     problem = None  # each process loads its own random state
