@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset, DatasetDict
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, BertTokenizer
 from transformers.testing_utils import CaptureLogger
@@ -210,6 +210,7 @@ def test_drawn_text_gets_its_familys_special_tokens_when_truncated_and_padded(tr
 @pytest.mark.parametrize("kind,family", COMBOS)
 @settings(max_examples=25, deadline=None)
 @given(first=TEXTS, second=st.none() | TEXTS.filter(bool))
+@example(first="0▁", second=None)  # a `▁` in the text (CI drew it)
 def test_offsets_of_drawn_text_point_at_each_tokens_characters(trained, kind, family, first, second):
     tok = trained(kind, family)
     encoded = tok(first, second, return_offsets_mapping=True)
@@ -229,7 +230,8 @@ def test_offsets_of_drawn_text_point_at_each_tokens_characters(trained, kind, fa
             assert backend.normalizer.normalize_str(span).strip() == token.removeprefix("##")
         elif kind == "unigram":  # the `▁` opening a text stands for no character; alone, it spans the first one
             opened = start == 0 and token.startswith("▁") and not span.startswith(" ")
-            assert span == token.replace("▁", " ")[opened:] or (opened and token == "▁")
+            # A `▁` in the text is Metaspace's own character for a space: the same token as one
+            assert span.replace("▁", " ") == token.replace("▁", " ")[opened:] or (opened and token == "▁")
         elif "\ufffd" not in (piece := backend.decoder.decode([token])):  # a token of whole characters
             assert span == (piece.strip(" ") if family == "encoder" else piece)  # RoBERTa's trimmed for the encoder
 
