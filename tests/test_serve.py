@@ -301,6 +301,44 @@ def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_ans
     assert "Traceback" not in log.read_text()
 
 
+def test_answers_end_where_the_paged_cache_does_and_a_prompt_past_it_is_answered_400(folder, tmp_path):
+    """Under continuous batching a request holds its prompt and answer (all but the last token) in the paged cache,
+    here 2 blocks of 16 tokens. One larger than the cache stopped the batching worker for good: every later request
+    was answered 503 "CB worker is dead", and so was /health. The answer now ends where the cache does, as
+    `generate()` with the room left, with `finish_reason` "length" (the first request, before the worker has built
+    its cache, and later ones, streamed or not); a prompt past the cache is a 400 naming both sizes; the server
+    answers on."""
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    question = QUESTIONS[0]
+    prompt = tokenizer(question, return_tensors="pt")
+    room = 32 + 1 - prompt["input_ids"].shape[1]
+    new_tokens = model.generate(**prompt, max_new_tokens=room, do_sample=False)[0, -room:]
+    filled = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    long_prompt = " ".join(QUESTIONS * 4)
+    log = tmp_path / "server.log"
+    options = ["--continuous-batching", "--cb-num-blocks", "2", "--cb-block-size", "16"]
+    with _running(folder, options, log) as client:
+        for _ in range(2):
+            answer = client.completions.create(model=str(folder), prompt=question, max_tokens=100, temperature=0)
+            assert answer.choices[0].text == filled
+            assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == room
+        streamed = client.completions.create(model=str(folder), prompt=question, max_tokens=100, temperature=0,
+                                             stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == filled
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refusal:
+                client.completions.create(model=str(folder), prompt=long_prompt, max_tokens=2, stream=stream)
+            reason = refusal.value.response.json()["detail"]
+            assert f"the prompt is {len(tokenizer(long_prompt)['input_ids'])} tokens" in reason
+            assert "paged cache of continuous batching holds 32 tokens" in reason
+        answer = client.completions.create(model=str(folder), prompt=question, max_tokens=4, temperature=0)
+        assert answer.choices[0].text == tokenizer.decode(new_tokens[:4], skip_special_tokens=True)
+        assert answer.choices[0].finish_reason == "length"
+        with LOOPBACK.open(f"{client.base_url}".removesuffix("/v1/") + "/health", timeout=10) as health:
+            assert health.status == 200
+    assert "Traceback" not in log.read_text()
+
+
 def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):
     """`transformers serve` answers with `generate()` cut at the prompt's length: an encoder-decoder's non-streamed
     answers came back empty (its output starts a new sequence), a classifier's requests failed later. Refused."""

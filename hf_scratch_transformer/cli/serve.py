@@ -17,6 +17,7 @@ exported to a native family (`hf-scratch convert FOLDER NATIVE_FOLDER`) needs ne
 
 import functools
 import sys
+import time
 from pathlib import Path
 
 import transformers
@@ -241,6 +242,42 @@ def within_the_models_positions(generate):
     return generate_within
 
 
+def within_the_paged_cache(generate):
+    """The continuous batching manager's `generate_streaming` / `generate_non_streaming` keeping each request within
+    its paged cache (`--cb-num-blocks` x `--cb-block-size` tokens, rounded up to whole memory sectors), which holds a
+    request's prompt and its answer but for the last token: one that outgrew it failed ("No requests can be scheduled
+    and no requests can be offloaded") and stopped the worker for good, every later request answered 503 "CB worker is
+    dead". The new tokens now end where the cache does (`finish_reason` "length"), and a prompt past it is answered 400
+    before it reaches the worker. Requests that fit alone but not together are the worker's to share (it offloads)."""
+
+    @functools.wraps(generate)
+    def generate_within(self, model, processor, inputs, gen_config, *args, **kwargs):
+        cb = self._cb
+        # The worker thread builds the cache as it starts, after `init_cb` has returned (no event tells when): a
+        # worker that stopped without one (a cache too large for memory) is answered 503 with its reason, as before.
+        while cb is not None and cb.batch_processor is None and cb.is_running():
+            time.sleep(0.01)
+        cache = cb.batch_processor.cache if cb is not None and cb.batch_processor is not None else None
+        # A cache of sliding-window layers alone keeps a request's last `sliding_window` tokens: bounded where those
+        # do not fit. (A native model mixing both kinds can outgrow it by its window's share, not counted here.)
+        window = cache.read_cache_limit if cache is not None else None
+        if cache is not None and (window is None or window > cache.max_tokens_read):
+            capacity, prompt = cache.max_tokens_read, len(inputs["input_ids"])
+            if prompt > capacity:
+                raise NotServableError(f"the prompt is {prompt} tokens, and the paged cache of continuous batching "
+                                       f"holds {capacity} tokens for a request, its answer included: shorten the "
+                                       "prompt, or start the server with a larger --cb-num-blocks or --cb-block-size")
+            room = capacity + 1 - prompt  # the last new token is never written to the cache
+            asked = gen_config.max_new_tokens or cb.generation_config.max_new_tokens  # None: the manager's own count
+            gen_config.max_new_tokens = min(asked or room, room)
+        return generate(self, model, processor, inputs, gen_config, *args, **kwargs)
+
+    return generate_within
+
+
+# Inside the positions' check, which runs first: it reads a request's `max_length`, given where no count is.
+CBGenerateManager.generate_streaming = within_the_paged_cache(CBGenerateManager.generate_streaming)
+CBGenerateManager.generate_non_streaming = within_the_paged_cache(CBGenerateManager.generate_non_streaming)
 for manager in (GenerateManager, CBGenerateManager):
     manager.generate_streaming = within_the_models_positions(manager.generate_streaming)
     manager.generate_non_streaming = within_the_models_positions(manager.generate_non_streaming)
