@@ -555,6 +555,34 @@ def test_a_commands_help_shows_its_examples(monkeypatch, capsys, name):
     assert examples in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", ["train", "train-accelerate", "finetune", "convert", "publish", "benchmark",
+                                  "tokenizer"])
+def test_a_commands_help_states_every_default(monkeypatch, name):
+    """Options such as finetune's --epochs and --batch-size, train's --weight-decay and train-accelerate's
+    --max-grad-norm showed no default in --help, which a user needs before choosing a value."""
+    import argparse
+
+    from hf_scratch_transformer.cli import main
+
+    parsers = []
+    parse_known_args = argparse.ArgumentParser.parse_known_args
+
+    def recording(parser, *args, **kwargs):
+        parsers.append(parser)
+        return parse_known_args(parser, *args, **kwargs)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", recording)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])  # `main` sets it: restored afterwards
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    def has_a_default(action):  # a store_true's False is none (and a seed's 0 is one)
+        return action.default not in (None, [], argparse.SUPPRESS) and action.default is not False
+
+    unstated = [action.option_strings for parser in parsers for action in parser._actions
+                if has_a_default(action) and action.help != argparse.SUPPRESS and "default" not in (action.help or "")]
+    assert parsers and not unstated
+
+
 def test_help_version_and_an_unknown_command_are_answered_without_importing_torch():
     """`hf-scratch --help` took 11 s on a 2-core AVX2 host: it imported the package (torch, transformers) to print
     a table. The entry point answers these three itself."""

@@ -141,7 +141,7 @@ DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=command_help(__doc__),
                                  formatter_class=argparse.RawTextHelpFormatter)
-parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
+parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all", help="default all")
 parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up, 2 repetitions: a smoke test")
 parser.add_argument("--write", action="store_true",
                     help="write docs/benchmarks/<machine class>.md and .json (in this folder), e.g. intel-xeon-avx512")
@@ -150,7 +150,7 @@ parser.add_argument("--write", action="store_true",
 SIZE_TYPES = dict.fromkeys(SIZES["full"], at_least(1)) | {"warmup": at_least(0), "vocab": at_least(6)}
 for name, value in SIZES["full"].items():
     parser.add_argument(f"--{name.replace('_', '-')}", type=SIZE_TYPES[name], default=None, help=f"default {value}")
-parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--seed", type=int, default=0, help="default 0")
 parser.add_argument("--compiled", action="store_true",
                     help="also batch-1 generate() compiled over a static cache, both sides (inductor: a C++ compiler)")
 parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

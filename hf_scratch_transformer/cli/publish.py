@@ -39,7 +39,8 @@ parser.add_argument("--repo-id", type=namespaced_repo_id, required=True,
                     help="the Hub model repository, USER/NAME (created if missing)")
 parser.add_argument("--private", action="store_true", help="create the repository as private")
 parser.add_argument("--dry-run", action="store_true", help="check the folder and list its files; upload nothing")
-parser.add_argument("--commit-message", default="Upload hf-scratch-transformer model")
+parser.add_argument("--commit-message", default="Upload hf-scratch-transformer model",
+                    help="default: Upload hf-scratch-transformer model")
 args = parser.parse_args()
 
 # ----------------------------------------------------------------------------------------------- publish

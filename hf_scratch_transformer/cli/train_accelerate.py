@@ -109,7 +109,7 @@ optim.add_argument("--weight-decay", type=non_negative_float, default=0.01,
                    help="on matrices and embeddings (default 0.01)")
 optim.add_argument("--label-smoothing", type=fraction, default=0.0, help="default 0")
 optim.add_argument("--max-grad-norm", type=non_negative_float, default=1.0,
-                   help="clip gradients to this norm; 0: no clipping")
+                   help="clip gradients to this norm; 0: no clipping (default 1.0)")
 optim.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="default: the `accelerate launch` config, else no. bf16 runs on CPU and GPU, fp16 on GPU only")
 optim.add_argument("--force-bf16", action="store_true", help="bf16 even on a CPU where it is slower than fp32")
@@ -125,7 +125,7 @@ run.add_argument("--stop-at-step", type=positive_int, help="end this run after t
 run.add_argument("--max-eval-samples", type=positive_int,
                  help="final validation loss on the first N sequences (default: all)")
 run.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: <preset>-<data>)")
-run.add_argument("--seed", type=int, default=1337)
+run.add_argument("--seed", type=int, default=1337, help="default 1337")
 run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()
