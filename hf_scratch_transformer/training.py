@@ -278,6 +278,12 @@ def truncated_map(data: Dataset, tokenize: Callable, tokenizer) -> Dataset:
 # ---------------------------------------------------------------------------------------------- loss
 
 
+def next_token_labels(labels: torch.Tensor) -> torch.Tensor:
+    """A causal LM's labels are its inputs: position t predicts label t + 1, the last position nothing (-100), as
+    transformers' `ForCausalLMLoss` shifts them. (batch, length) -> (batch, length)."""
+    return F.pad(labels, (0, 1), value=-100)[..., 1:]
+
+
 def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float, shift: bool,
                         num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
     """Cross-entropy with label smoothing `epsilon` (Szegedy et al., 2016), -100 ignored. `shift=True` for the
@@ -285,7 +291,7 @@ def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: flo
     given (gradient accumulation counts the whole accumulated batch), else by the number of labelled tokens. On CPU
     through `scratch_loss.cross_entropy`, whose backward costs a fraction of `F.cross_entropy`'s."""
     if shift:
-        labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        labels = next_token_labels(labels)
     labels = labels.reshape(-1).to(logits.device)
     total = cross_entropy(logits.reshape(labels.shape[0], -1), labels, reduction="sum", label_smoothing=epsilon)
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
@@ -449,7 +455,7 @@ def summed_token_losses(logits: torch.Tensor, labels: torch.Tensor, shift: bool)
     logits for its N labelled positions only, in order. In fp32 a sequence at a time, as the models' losses upcast:
     no fp32 copy of a whole batch of bf16 logits."""
     if shift:
-        labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        labels = next_token_labels(labels)
     labels = labels.to(logits.device)
     counts = (labels != -100).sum(-1)
     if logits.dim() > 2:
