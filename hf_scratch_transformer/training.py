@@ -406,9 +406,9 @@ class MasksOfEachStep:
     DataLoader fetches one batch ahead, and a resumed Trainer restores the global RNG only after taking its first
     step's batches: either way a resumed run drew other masks than the uninterrupted one (its losses left the
     uninterrupted run's at the first step after the checkpoint). Evaluation batches are masked by the collator, from
-    a generator seeded with the run's seed and the process at each evaluation: every evaluation masks the same tokens,
-    so that two of them differ by the weights only (from the global RNG, the final evaluation of a run's last weights
-    gave another loss than the evaluation of the same weights at its last step)."""
+    a generator seeded with the run's seed and the process at each evaluation (and `predict`'s): every evaluation
+    masks the same tokens, so that two of them differ by the weights only (from the global RNG, the final evaluation
+    of a run's last weights gave another loss than the evaluation of the same weights at its last step)."""
 
     def get_train_dataloader(self):
         masking = self.data_collator  # the DataLoader pads only; `get_batch_samples` masks
@@ -421,12 +421,18 @@ class MasksOfEachStep:
             self.data_collator = masking
 
     def get_eval_dataloader(self, eval_dataset=None):
+        return self._masked_from_the_seed(super().get_eval_dataloader, eval_dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        return self._masked_from_the_seed(super().get_test_dataloader, test_dataset)
+
+    def _masked_from_the_seed(self, get_dataloader, dataset):
         masking = self.data_collator
         self.data_collator = copy.copy(masking)  # the DataLoader keeps this one, its generator drawn from in order
         self.data_collator.generator = torch.Generator().manual_seed(  # step -1: no training batch's seed
             hash((self.args.seed, -1, 0, self.args.process_index)) % 2**63)  # ints: no per-process hash salt
         try:
-            return super().get_eval_dataloader(eval_dataset)
+            return get_dataloader(dataset)
         finally:
             self.data_collator = masking
 

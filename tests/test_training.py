@@ -114,6 +114,25 @@ def test_evaluation_loss_is_the_mean_over_every_labelled_token_at_any_batch_size
         assert trainer.predict(rows).metrics["test_loss"] == pytest.approx(every_token, rel=1e-5), batch
 
 
+def test_masked_lm_predict_masks_as_evaluation_does(tmp_path):
+    """`predict` on the masked-LM trainer masked its batches from the global RNG: two calls on the same weights gave
+    two losses. It masks from the run's seed, as every evaluation does: the same tokens, the same loss."""
+    from transformers import Trainer, TrainingArguments
+
+    class MaskedLMTrainer(training.MasksOfEachStep, Trainer):
+        pass
+
+    tokenizer = wordpiece()
+    model = tiny_lm("encoder", vocab_size=len(tokenizer))
+    rows = [tokenizer(line) for line in CORPUS.read_text().splitlines()[:16] if line]
+    trainer = MaskedLMTrainer(model=model, eval_dataset=rows,
+                              data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3),
+                              args=TrainingArguments(str(tmp_path), per_device_eval_batch_size=4, report_to=[],
+                                                     use_cpu=True))
+    evaluated = trainer.evaluate()["eval_loss"]
+    assert [trainer.predict(rows).metrics["test_loss"] for _ in range(2)] == [evaluated, evaluated]
+
+
 # ---------------------------------------------------------------------------------------------- data
 
 
