@@ -403,6 +403,15 @@ class ScratchTransformer(ScratchPreTrainedModel):
             raise ValueError(f"Pass exactly one of `{ids_name}` or `{embeds_name}`.")
         if self.has_cross_attention and encoder_hidden_states is None:
             raise ValueError("This decoder attends to an encoder: pass `encoder_hidden_states`.")
+        if self.has_cross_attention and past_key_values is not None and not isinstance(
+            past_key_values, EncoderDecoderCache
+        ):
+            # One plain cache failed inside cross-attention (native Marian mixes both kinds of keys in it, silently).
+            raise ValueError(
+                "An encoder-decoder caches its self- and cross-attention keys apart: pass an `EncoderDecoderCache` "
+                "(such as `EncoderDecoderCache(DynamicCache(), DynamicCache())`), got a "
+                f"{type(past_key_values).__name__}."
+            )
         inputs, name, dims = (input_ids, ids_name, 2) if input_ids is not None else (inputs_embeds, embeds_name, 3)
         check_inputs_shape(inputs, name, dims)
         if not self.is_causal:

@@ -290,6 +290,21 @@ def test_seq2seq_continuing_from_a_returned_cache():
     assert torch.equal(continued, _greedy(model, {"input_ids": source}))
 
 
+@pytest.mark.parametrize("cache", [DynamicCache, lambda config: StaticCache(config=config, max_cache_len=16)])
+def test_seq2seq_given_a_decoder_only_cache_names_the_cache_it_needs(cache):
+    """An encoder-decoder keeps its self- and cross-attention keys apart (`EncoderDecoderCache`). Given one plain
+    cache, as a decoder-only model takes it, the decoder failed deep in its cross-attention with "'DynamicCache'
+    object has no attribute 'cross_attention_cache'"; native Marian stores both kinds in it (logits 5 apart)."""
+    model = tiny_lm("seq2seq")
+    ids = _prompt()
+    with pytest.raises(ValueError, match="`EncoderDecoderCache`.*got a (DynamicCache|StaticCache)"):
+        _greedy(model, {"input_ids": ids}, past_key_values=cache(config=model.config))
+    with pytest.raises(ValueError, match="`EncoderDecoderCache`"):
+        model(input_ids=ids, decoder_input_ids=ids[:, :2], past_key_values=cache(config=model.config), use_cache=True)
+    given = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    assert torch.equal(_greedy(model, {"input_ids": ids}, past_key_values=given), _greedy(model, {"input_ids": ids}))
+
+
 def test_seq2seq_continuing_from_a_returned_cache_runs_only_what_it_lacks():
     """`decoder_input_ids` holding a returned cache's tokens and more (a next turn) give the uncached logits: without
     a `decoder_attention_mask`, transformers fed them whole on top of the cache (the cached prefix twice; greedy's
