@@ -442,6 +442,12 @@ class ScratchTransformer(ScratchPreTrainedModel):
             paged=paged,
         )
         if self.has_cross_attention:
+            if encoder_hidden_states.shape[0] not in (1, inputs.shape[0]):
+                # Else a shape error from inside cross-attention's matrix product.
+                raise ValueError(
+                    f"`{name}` hold {inputs.shape[0]} sequences and the encoder output "
+                    f"{encoder_hidden_states.shape[0]}: give each decoder row its source, or one source for all rows."
+                )
             encoder_attention_mask = build_cross_attention_mask(
                 self.config, hidden_states, encoder_hidden_states, encoder_attention_mask
             )

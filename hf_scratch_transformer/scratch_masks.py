@@ -177,10 +177,13 @@ def build_cross_attention_mask(
     encoder_hidden_states: torch.Tensor,
     encoder_attention_mask: torch.Tensor | None,
 ):
-    """Mask over the encoder's tokens for every cross-attention layer: padding only."""
+    """Mask over the encoder's tokens for every cross-attention layer: padding only. A 2D mask is the source's, one
+    row per encoder output: one source may serve several decoder rows (broadcast, as in Marian)."""
     batch_size, q_len, key_length = inputs_embeds.shape[0], inputs_embeds.shape[1], encoder_hidden_states.shape[1]
     scores_shape = (batch_size, config.num_attention_heads, q_len, key_length)
-    check_padding_mask("encoder_attention_mask", encoder_attention_mask, batch_size, key_length, scores_shape)
+    check_padding_mask(
+        "encoder_attention_mask", encoder_attention_mask, encoder_hidden_states.shape[0], key_length, scores_shape
+    )
     if _every_key_visible(config, encoder_attention_mask):
         return None
     return create_bidirectional_mask(

@@ -305,6 +305,27 @@ def test_seq2seq_given_a_decoder_only_cache_names_the_cache_it_needs(cache):
     assert torch.equal(_greedy(model, {"input_ids": ids}, past_key_values=given), _greedy(model, {"input_ids": ids}))
 
 
+def test_one_padded_source_serves_several_decoder_rows():
+    """One source with its mask and several decoder prompts (scoring candidate translations): the encoder output
+    broadcasts over the decoder's rows, as in Marian. With a mask ours refused it: "`encoder_attention_mask` must
+    have shape (batch_size, 7) = (2, 7) ..., got (1, 7)"; the other way round it named that mask too."""
+    model = tiny_lm("seq2seq")
+    source = _prompt(length=7)
+    mask = torch.ones_like(source)
+    mask[:, -2:] = 0
+    source = source.masked_fill(mask == 0, PAD)
+    targets = torch.cat([torch.full((2, 1), BOS), _prompt(length=3, batch=2, seed=4)], dim=1)
+    one = {"input_ids": source, "attention_mask": mask}
+    repeated = {"input_ids": source.expand(2, -1), "attention_mask": mask.expand(2, -1)}
+    torch.testing.assert_close(model(**one, decoder_input_ids=targets).logits,
+                               model(**repeated, decoder_input_ids=targets).logits)
+    greedy = [_greedy(model, inputs, decoder_input_ids=targets) for inputs in (one, repeated)]
+    assert torch.equal(*greedy)
+    # Two sources and one decoder row: a shape error from inside cross-attention (Marian's too), now named.
+    with pytest.raises(ValueError, match="`decoder_input_ids` hold 1 sequences and the encoder output 2"):
+        model(**repeated, decoder_input_ids=targets[:1])
+
+
 def test_seq2seq_continuing_from_a_returned_cache_runs_only_what_it_lacks():
     """`decoder_input_ids` holding a returned cache's tokens and more (a next turn) give the uncached logits: without
     a `decoder_attention_mask`, transformers fed them whole on top of the cache (the cached prefix twice; greedy's
