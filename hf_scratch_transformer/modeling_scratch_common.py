@@ -430,6 +430,8 @@ class ScratchTransformer(ScratchPreTrainedModel):
                 position_span = (past_length, past_length + length - 1) if length else None
             else:
                 position_ids = torch.arange(length, device=inputs.device).unsqueeze(0) + past_length  # (1, T)
+        if token_type_ids is not None and token_type_ids.shape in ((inputs.shape[1],), (1, inputs.shape[1])):
+            token_type_ids = token_type_ids.expand(inputs.shape[:2])  # one row serves every sequence, as in BERT
         check_labels_shape(token_type_ids, inputs, "token_type_ids")
 
         hidden_states = self.embeddings(  # (B, T, hidden)
