@@ -445,6 +445,10 @@ def publish(
     of the files of `upload_plan`, with the card's "How to use" loading `repo_id` (the folder's card is left as it is),
     which also deletes the repo's weight files that the plan does not hold (an earlier upload's other layout).
 
+    `private` creates a new repository as private; an existing public one is refused before any upload (the Hub
+    ignores `private` for a repository that exists). Without it, a new repository gets the Hub's default visibility
+    (an organization's may be private), as `push_to_hub` gives it.
+
     With `dry_run`, check the folder and the repo id and return the `upload_plan` without touching the network.
     """
     validate_repo_id(repo_id)  # as the upload would, with a ValueError (HFValidationError) saying what is wrong
@@ -453,7 +457,11 @@ def publish(
         return plan
     folder = Path(folder)
     api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id  # a bare name gets its namespace
+    # `private=False` would ask for a public repository, overriding an organization's private default: None leaves it.
+    repo_id = api.create_repo(repo_id, private=private or None, exist_ok=True).repo_id  # a bare name gets a namespace
+    if private and not api.repo_info(repo_id).private:
+        raise ValueError(f"{repo_id} exists and is public, and `private` only makes a new repository private: nothing "
+                         "was uploaded. Make it private in its settings on the Hub first, or publish without it.")
     operations = [
         CommitOperationAdd(path, _card_for(folder, repo_id) if path == "README.md" else folder / path)
         for path, _ in plan

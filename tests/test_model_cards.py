@@ -226,10 +226,12 @@ def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):
 
 
 class FakeApi:
-    """`HfApi` without the Hub: records the calls in `calls`; the repo holds `repo_files`."""
+    """`HfApi` without the Hub: records the calls in `calls`; the repo holds `repo_files`; the repos of `public_repos`
+    exist and are public (`create_repo` leaves them so, whatever it is asked, as the Hub does)."""
 
     calls: list = []
     repo_files: list = []
+    public_repos: set = set()
 
     def __init__(self, token=None):
         self.calls.append(("init", token))
@@ -237,6 +239,9 @@ class FakeApi:
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(("create_repo", repo_id, kwargs))
         return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else 'someone/' + repo_id}")
+
+    def repo_info(self, repo_id):
+        return type("RepoInfo", (), {"private": repo_id not in self.public_repos})()
 
     def list_repo_files(self, repo_id):
         return list(self.repo_files)
@@ -250,6 +255,7 @@ class FakeApi:
 def fake_api(monkeypatch) -> type[FakeApi]:
     monkeypatch.setattr(FakeApi, "calls", [])
     monkeypatch.setattr(FakeApi, "repo_files", [".gitattributes"])
+    monkeypatch.setattr(FakeApi, "public_repos", set())
     monkeypatch.setattr(hub, "HfApi", FakeApi)
     return FakeApi
 
@@ -276,6 +282,21 @@ def test_publish_creates_the_repo_and_uploads_the_plan(folders, fake_api):
     hub.publish(folder, "tiny")
     uploaded = {operation.path_in_repo: operation.path_or_fileobj for operation in calls[-1][2]}
     assert b'repo_id = "someone/tiny"\n' in uploaded["README.md"]
+
+
+def test_publish_leaves_the_visibility_to_the_hub_unless_asked_and_never_uploads_private_work_to_a_public_repo(
+        folders, fake_api):
+    """Without `private`, `create_repo(private=False)` asked for a public repository, overriding an organization
+    whose new repositories are private; with it, a repository that existed public was uploaded to without a word
+    (the Hub ignores `private` for a repository that exists): the model went out public."""
+    folder = folders["decoder"]
+    hub.publish(folder, "someorg/tiny")
+    assert fake_api.calls[1] == ("create_repo", "someorg/tiny", {"private": None, "exist_ok": True})
+    fake_api.public_repos.add("someorg/tiny")
+    calls = len(fake_api.calls)
+    with pytest.raises(ValueError, match="someorg/tiny exists and is public.*nothing was uploaded"):
+        hub.publish(folder, "someorg/tiny", private=True)
+    assert [call[0] for call in fake_api.calls[calls:]] == ["init", "create_repo"]  # no commit
 
 
 def test_publishing_again_deletes_the_repos_weights_of_the_other_layout(folders, fake_api, tmp_path):

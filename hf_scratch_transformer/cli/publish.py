@@ -37,7 +37,8 @@ parser = argparse.ArgumentParser(description=command_help(__doc__),
 parser.add_argument("folder", type=Path, help="a save_pretrained folder with its model card")
 parser.add_argument("--repo-id", type=namespaced_repo_id, required=True,
                     help="the Hub model repository, USER/NAME (created if missing)")
-parser.add_argument("--private", action="store_true", help="create the repository as private")
+parser.add_argument("--private", action="store_true",
+                    help="create the repository as private (an existing public one is refused: nothing is uploaded)")
 parser.add_argument("--dry-run", action="store_true", help="check the folder and list its files; upload nothing")
 parser.add_argument("--commit-message", default="Upload hf-scratch-transformer model",
                     help="default: Upload hf-scratch-transformer model")
