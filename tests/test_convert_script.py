@@ -566,6 +566,22 @@ def test_an_output_under_a_file_is_refused_before_any_work(tmp_path, monkeypatch
     assert f"lies under {source / 'config.json'}, a file, not a folder" in str(stopped.value.code)
 
 
+def test_an_output_that_is_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch):
+    """An empty volume mounted into a container as the output: the renaming that puts the converted folder in place
+    failed with an OSError traceback (EBUSY) once the model was converted, checked and saved, leaving it hidden beside
+    the output for the next conversion to remove. (A mount needs root: `os.path.ismount` says it here.)"""
+    source, output = tmp_path / "native", tmp_path / "volume"
+    gpt2().save_pretrained(source)
+    output.mkdir()
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda path: Path(path) == output.resolve() or real_ismount(path))
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, output)
+    assert f"the output {output} is a mount point" in str(stopped.value.code)
+    assert f"Give a folder inside it, e.g. {output / 'converted'}" in str(stopped.value.code)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "volume"] and not any(output.iterdir())
+
+
 def test_an_output_folder_that_contains_the_source_is_refused(tmp_path):
     """Replacing such an output folder (with --overwrite-output-dir) deleted the source with it."""
     source = tmp_path / "models" / "native"

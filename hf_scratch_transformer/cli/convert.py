@@ -23,7 +23,7 @@ result loads with the plain Auto classes, no remote code; where llama.cpp would 
 GGUF (a GPT-2 without `gelu_tanh` or with a feed-forward other than 4 x hidden, Mistral's window), a note says why
 (`conversion.llama_cpp_caveats`; docs/native_models.md, "GGUF and llama.cpp"). Local folders only: the Hub is
 never contacted. An output folder that already holds files is replaced only with --overwrite-output-dir (never one
-that contains the source).
+that contains the source); the output cannot be a mount point (give a folder inside it).
 """
 
 import argparse
@@ -142,6 +142,12 @@ if args.output.exists() and not args.output.is_dir():
 # An output under a file failed only when the converted model was saved, with a traceback.
 if in_the_way := next((parent for parent in args.output.parents if parent.exists() and not parent.is_dir()), None):
     fail(f"the output {args.output} lies under {in_the_way}, a file, not a folder")
+# The converted folder is written beside the output and renamed into place (see "save"): a mount point (a volume
+# mounted into a container, say) cannot be renamed, which failed with a traceback after all the work, leaving the
+# converted folder hidden beside it for the next conversion to remove.
+if os.path.ismount(args.output.resolve()):  # resolved: a link to a mount point is no mount point itself
+    fail(f"the output {args.output} is a mount point, which cannot be replaced: the converted folder is written "
+         f"beside the output and renamed into place. Give a folder inside it, e.g. {args.output / 'converted'}")
 recover_from_stopped_conversions(args.output.resolve())
 held = sorted(path.name for path in args.output.iterdir()) if args.output.is_dir() else []
 if held and not args.overwrite_output_dir:
