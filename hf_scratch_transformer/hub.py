@@ -15,6 +15,8 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResul
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 from transformers import AutoTokenizer
 
+from tokenizer_training import TOKENIZER_FILES
+
 from .modeling_scratch_common import safetensors_error
 from .pipeline_scratch_text2text import ABSOLUTE_POSITIONS
 
@@ -443,7 +445,7 @@ def publish(
 ):
     """Upload `folder` to the Hub model repository `repo_id`, creating it if needed; return the commit URL. One commit
     of the files of `upload_plan`, with the card's "How to use" loading `repo_id` (the folder's card is left as it is),
-    which also deletes the repo's weight files that the plan does not hold (an earlier upload's other layout).
+    which also deletes the repo's weight and tokenizer files that the plan does not hold (an earlier upload's).
 
     `private` creates a new repository as private; an existing public one is refused before any upload (the Hub
     ignores `private` for a repository that exists). Without it, a new repository gets the Hub's default visibility
@@ -468,8 +470,10 @@ def publish(
     ]
     # A repo published to before keeps weights of the other layout, which no upload replaces: its model.safetensors
     # is what `from_pretrained` reads before a new index (the earlier weights, silently), as `remove_stale_weights`
-    # says of a folder. The repo's weight files that the plan does not hold go in the same commit.
+    # says of a folder. The repo's weight files that the plan does not hold go in the same commit, and so do its
+    # tokenizer files: one left beside the new tokenizer overrides it (an earlier upload's special_tokens_map.json
+    # renamed its special tokens, its chat_template.jinja gave it a template of another model).
     uploaded = {path for path, _ in plan}
     operations += [CommitOperationDelete(path) for path in api.list_repo_files(repo_id)
-                   if _WEIGHT_FILE.fullmatch(path) and path not in uploaded]
+                   if (_WEIGHT_FILE.fullmatch(path) or path in TOKENIZER_FILES) and path not in uploaded]
     return api.create_commit(repo_id, operations, commit_message=commit_message).commit_url

@@ -319,6 +319,19 @@ def test_publishing_again_deletes_the_repos_weights_of_the_other_layout(folders,
         assert added == {path for path, _ in hub.upload_plan(folder)}
 
 
+def test_publishing_again_deletes_the_repos_tokenizer_files_the_new_tokenizer_does_not_have(folders, fake_api):
+    """An earlier upload's special_tokens_map.json (transformers 4 wrote one; 5 does not) or chat_template.jinja stayed
+    in the repo beside the new tokenizer, and AutoTokenizer read them over it: other special tokens, another model's
+    chat template. Such tokenizer files go in the upload's commit; the repo's other files stay."""
+    folder = folders["decoder"]
+    stale = ["special_tokens_map.json", "chat_template.jinja", "added_tokens.json", "vocab.txt", "merges.txt"]
+    fake_api.repo_files = [".gitattributes", "notes.md", "tokenizer.json", "tokenizer_config.json", *stale]
+    hub.publish(folder, "someone/tiny")
+    operations = fake_api.calls[-1][2]
+    assert sorted(op.path_in_repo for op in operations if isinstance(op, CommitOperationDelete)) == sorted(stale)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {op.path_in_repo for op in operations}
+
+
 def _card_not_yaml(folder: Path) -> None:
     text = (folder / "README.md").read_text()
     (folder / "README.md").write_text(text.replace("---\n", "---\nlicense: [apache\n", 1))
