@@ -582,6 +582,22 @@ def test_an_output_that_is_a_mount_point_is_refused_before_any_work(tmp_path, mo
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "volume"] and not any(output.iterdir())
 
 
+def test_an_output_in_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    """An output folder of one's own in a folder one cannot write in (a shared or read-only one): the converted folder,
+    written beside the output, failed with a PermissionError traceback after all the work. (Unwritable for root too
+    only where the filesystem says so: `os.access` says it here.)"""
+    source, shared = tmp_path / "native", tmp_path / "shared"
+    gpt2().save_pretrained(source)
+    (shared / "mine").mkdir(parents=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: Path(path) != shared.resolve() and real_access(
+        path, mode, **kwargs))
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, shared / "mine")
+    assert f"cannot write in {shared.resolve()}, where the converted folder is written" in str(stopped.value.code)
+    assert [path.name for path in shared.iterdir()] == ["mine"] and not any((shared / "mine").iterdir())
+
+
 def test_an_output_folder_that_contains_the_source_is_refused(tmp_path):
     """Replacing such an output folder (with --overwrite-output-dir) deleted the source with it."""
     source = tmp_path / "models" / "native"

@@ -148,6 +148,12 @@ if in_the_way := next((parent for parent in args.output.parents if parent.exists
 if os.path.ismount(args.output.resolve()):  # resolved: a link to a mount point is no mount point itself
     fail(f"the output {args.output} is a mount point, which cannot be replaced: the converted folder is written "
          f"beside the output and renamed into place. Give a folder inside it, e.g. {args.output / 'converted'}")
+# Written beside it, the converted folder needs the folder above the output writable (or the nearest one that exists,
+# where the rest is created), not only the output: a PermissionError traceback after all the work.
+above = next(parent for parent in args.output.resolve().parents if parent.exists())
+if not os.access(above, os.W_OK | os.X_OK):
+    fail(f"cannot write in {above}, where the converted folder is written and then renamed into place as "
+         f"{args.output}: give an output in a folder you can write in")
 recover_from_stopped_conversions(args.output.resolve())
 held = sorted(path.name for path in args.output.iterdir()) if args.output.is_dir() else []
 if held and not args.overwrite_output_dir:
