@@ -403,7 +403,7 @@ def _folder_without_config(path: Path) -> Path:
 @pytest.mark.parametrize("make_source, options, expected", [
     (_unsupported_folder, [], ["model_type='opt'", "OPTForCausalLM", "supported: gpt2 (GPT2LMHeadModel)",
                                "llama (LlamaForCausalLM)", "scratch_decoder (ScratchDecoderForCausalLM)"]),
-    (lambda path: path / "missing", [], ["does not exist"]),
+    (lambda path: path / "missing", [], ["does not exist", "local folders only, never the Hub", "hf download"]),
     (_folder_without_config, [], ["no config.json"]),
     (_gpt2_without_a_weight, [], ["lacks weights", "transformer.h.1.mlp.c_fc.weight"]),
     (_gpt2_with_a_resized_weight, [], ["shapes its config.json does not give",

@@ -130,7 +130,8 @@ def recover_from_stopped_conversions(output: Path) -> None:
 # ----------------------------------------------------------------------------------------------- source
 # Checked before anything is loaded, so that a wrong path or model fails before any work.
 if not args.source.is_dir():
-    fail(f"source folder {args.source} does not exist")
+    fail(f"source folder {args.source} does not exist (convert reads local folders only, never the Hub: download a "
+         "Hub model into one first, `hf download REPO_ID --local-dir FOLDER`)")
 if not (args.source / "config.json").is_file():
     fail(f"{args.source} has no config.json; expected a folder written by `save_pretrained`")
 if args.output.resolve() == args.source.resolve():
