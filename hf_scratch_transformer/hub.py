@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from tokenizer_training import TOKENIZER_FILES
 
@@ -322,6 +322,10 @@ def write_conversion_card(folder, source, *, name: str, task: str, source_class:
 def _code_files(folder: Path, config: dict) -> list[str]:
     """The Python files a `trust_remote_code` load imports: the modules that `auto_map` and `custom_pipelines`
     name, and the sibling modules those import in turn."""
+    for key in ("auto_map", "custom_pipelines"):  # a hand-edited list ended in an AttributeError traceback
+        if not isinstance(config.get(key, {}), dict):
+            raise ValueError(f"{folder / 'config.json'}'s {key} is a JSON {type(config[key]).__name__}, not the "
+                             "object save_pretrained writes")
     references = [pipe["impl"] for pipe in config.get("custom_pipelines", {}).values()]
     for value in config.get("auto_map", {}).values():
         references += value if isinstance(value, list) else [value]  # AutoTokenizer maps to [slow, fast]
@@ -394,6 +398,18 @@ def _check_tokenizer(folder: Path) -> None:
                          "its save_pretrained") from error
 
 
+def _check_configs(folder: Path) -> None:
+    """A ValueError naming the folder where its config.json or generation_config.json does not load as
+    `from_pretrained` loads them: a hand-edited value (`hidden_act` "foo", heads that do not divide the width, a
+    generation config that is not JSON) passed, and the model failed to load on the Hub."""
+    try:
+        AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        if (folder / "generation_config.json").is_file():
+            GenerationConfig.from_pretrained(folder)
+    except Exception as error:  # whatever the config class raises: the folder cannot be published as it is
+        raise ValueError(f"{folder}'s configuration does not load ({type(error).__name__}: {error})") from error
+
+
 def upload_plan(folder) -> list[tuple[str, int]]:
     """The files `publish` would upload from `folder`, as (relative path, size in bytes), sorted by path.
 
@@ -414,6 +430,7 @@ def upload_plan(folder) -> list[tuple[str, int]]:
         if corrupt:
             raise corrupt
     load_card(folder)  # metadata the Hub would not read, or a card that is not UTF-8: named before any upload
+    _check_configs(folder)
     _check_tokenizer(folder)
     paths = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
     # upload_folder's filter; `publish` uploads exactly these files.

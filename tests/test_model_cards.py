@@ -353,16 +353,34 @@ def _config_that_is_a_list(folder: Path) -> None:
     (folder / "config.json").write_text("[]")
 
 
+def _config_edited(**fields):
+    def spoil(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | fields))
+    return spoil
+
+
+def _generation_config_not_json(folder: Path) -> None:
+    (folder / "generation_config.json").write_text("{not json")
+
+
 @pytest.mark.parametrize("spoil, message", [
     (_card_not_yaml, r"README\.md is not a valid model card: its metadata block does not parse"),
     (_card_not_utf8, r"README\.md is not a valid model card: it is not UTF-8 text"),
     (_tokenizer_json_missing, r"tokenizer does not load"),
     (_index_without_weight_map, r"model\.safetensors\.index\.json has no weight_map"),
     (_config_that_is_a_list, r"config\.json holds a JSON list, not the object"),
-], ids=["card-not-yaml", "card-not-utf8", "tokenizer-json-missing", "index-without-weight-map", "config-list"])
+    (_config_edited(hidden_act="foo"), r"configuration does not load \(ValueError: `hidden_act` must be one of"),
+    (_config_edited(num_attention_heads=7), r"configuration does not load .* must be divisible"),
+    (_config_edited(auto_map=["modeling_scratch_decoder.ScratchDecoderForCausalLM"]),
+     r"config\.json's auto_map is a JSON list, not the object"),
+    (_generation_config_not_json, r"configuration does not load \(OSError: .*generation_config\.json"),
+], ids=["card-not-yaml", "card-not-utf8", "tokenizer-json-missing", "index-without-weight-map", "config-list",
+        "unknown-activation", "heads-not-dividing", "auto-map-list", "generation-config-not-json"])
 def test_upload_plan_refuses_a_folder_the_hub_would_not_load(folders, tmp_path, spoil, message):
     """Each passed the dry run (a card whose metadata the Hub does not read, a tokenizer_config.json without the
-    tokenizer, which the card's "How to use" then failed to load) or ended in a traceback (a UnicodeDecodeError after
+    tokenizer, which the card's "How to use" then failed to load, a hand-edited config or generation config that
+    does not load) or ended in a traceback (a UnicodeDecodeError after
     the file list, a KeyError, an AttributeError)."""
     folder = shutil.copytree(folders["decoder"], tmp_path / "decoder")
     if spoil is _index_without_weight_map:
