@@ -7,12 +7,14 @@ No model file imports this module, so it never travels to the Hub.
 import json
 import re
 import shutil
+from importlib.metadata import requires
 from importlib.resources import files
 from pathlib import Path
 
 import yaml
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
+from packaging.requirements import Requirement
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from tokenizer_training import TOKENIZER_FILES
@@ -106,10 +108,18 @@ IGNORE_PATTERNS = ["checkpoints/*", "checkpoint-*/*", ".*", "*/.*"]
 CONVERTED = "**Converted** by `hf-scratch convert`"  # how the card of a converted model begins, under its title
 LOSS_CURVE = "loss_curve.png"  # a card shows it when its folder has it (`training.plot_loss_curve` writes it)
 
+# The transformers releases the model code is tested with (pyproject.toml): it imports transformers 5's modules, so
+# under transformers 4 a Hub user's load failed with an ImportError the card did not explain.
+_TRANSFORMERS = next(requirement for requirement in map(Requirement, requires("hf-scratch-transformer"))
+                    if requirement.name == "transformers" and not requirement.extras)
+TRANSFORMERS_REQUIREMENT = "transformers" + ",".join(sorted(map(str, _TRANSFORMERS.specifier), reverse=True))  # >=,<
 # What the card says of remote code (left out of the card of a native model that `hf-scratch convert` exported).
 REMOTE_CODE_NOTE = (
-    "The model code travels with the weights, so loading needs `trust_remote_code=True` (read the `*.py` files first)."
+    "The model code travels with the weights, so loading needs `trust_remote_code=True` (read the `*.py` files first) "
+    f'and the transformers releases that code is tested with: `pip install "{TRANSFORMERS_REQUIREMENT}"`.'
 )
+# The note in a card of this or an earlier version (whose note ended at the `*.py` files).
+_REMOTE_CODE_NOTE = re.compile(r"^The model code travels with the weights, so loading needs .*\n", re.MULTILINE)
 REMOTE_CODE_LIMITATION = "Loading it runs the Python files in this repository (`trust_remote_code=True`)."
 
 # The pattern transformers follows to copy sibling modules of the model code (dynamic_module_utils).
@@ -296,7 +306,7 @@ def write_conversion_card(folder, source, *, name: str, task: str, source_class:
     if (source / LOSS_CURVE).is_file():
         shutil.copy2(source / LOSS_CURVE, folder / LOSS_CURVE)
     if native:
-        text = text.replace(REMOTE_CODE_NOTE + "\n", "").replace(" " + REMOTE_CODE_LIMITATION, "")
+        text = _REMOTE_CODE_NOTE.sub("", text).replace(" " + REMOTE_CODE_LIMITATION, "")
     pipeline_task, call = NATIVE_USAGE[task] if native else (spec["pipeline_task"], spec["pipeline_call"])
     named = _USAGE_REPO_ID.search(text)
     repo_id = named.group(1) if named else name
