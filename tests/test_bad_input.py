@@ -366,9 +366,12 @@ class ReachedModelWork(Exception):
 
 
 def config_only(folder: Path) -> Path:
-    """`folder` with a config.json of ours and nothing else: as far as `finetune` reads a model before its data
-    checks."""
+    """`folder` (made) with a config.json of ours and empty weights and tokenizer files: as far as `finetune` reads a
+    model before its data checks."""
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text('{"model_type": "scratch_encoder"}')
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "tokenizer_config.json").write_text("{}")
     return folder
 
 
@@ -483,7 +486,7 @@ def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, a
     if "{saved}" in options:  # a saved model's folder, as far as these checks read it
         saved = tmp_path / "saved"
         saved.mkdir()
-        (config_only(saved) / "tokenizer_config.json").write_text("{}")
+        config_only(saved)
         options = [saved if option == "{saved}" else option for option in options]
     output = tmp_path / "out"
     assert message in hf_scratch(command, *data[command], *options, "--output-dir", output)
@@ -1016,3 +1019,65 @@ def test_config_file_fields_the_run_replaces_are_named(monkeypatch, capsys, corp
         main([*run, "--set", "max_position_embeddings=512", "--output-dir", str(tmp_path / "kept")])  # asked for
     assert model.value.args[0].max_position_embeddings == 512
     assert "max_position_embeddings 512" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["train", "--train-files", "{corpus}"],
+                                     ["finetune", "--task", "text-classification", "--train-file", "{corpus}"]])
+@pytest.mark.parametrize("broken, refusal", [
+    ("config.json", "its config.json is not JSON (Expecting property name"),
+    ("model.safetensors", "holds no weights (model.safetensors, model.safetensors.index.json, pytorch_model.bin"),
+    ("tokenizer_config.json", "holds no tokenizer (tokenizer.json, tokenizer_config.json, vocab files)"),
+])
+def test_a_model_folder_without_weights_tokenizer_or_a_json_config_is_refused_before_any_work(
+        hf_scratch, corpus, tmp_path, command, broken, refusal):
+    # Each was `from_pretrained`'s traceback, finetune's after its data work: "is not a valid JSON file", "no file
+    # named model.safetensors", "Couldn't instantiate the backend tokenizer" (a model saved without its tokenizer).
+    folder = config_only(tmp_path / "model")
+    if broken == "config.json":
+        (folder / broken).write_text("{not json")
+    else:
+        (folder / broken).unlink()
+    stderr = hf_scratch(*[corpus if option == "{corpus}" else option for option in command], "--model", folder,
+                        "--output-dir", tmp_path / "out")
+    assert f"--model {folder}" in stderr and refusal in stderr, stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_finetune_refuses_a_native_model_it_does_not_convert(hf_scratch, corpus, tmp_path):
+    # A native RoBERTa (or any native family with a classifier in transformers) trained as the native class, with a
+    # card calling it a Transformer written from scratch.
+    folder = config_only(tmp_path / "model")
+    (folder / "config.json").write_text('{"model_type": "roberta"}')
+    stderr = hf_scratch("finetune", "--model", folder, "--task", "text-classification", "--train-file", corpus,
+                        "--output-dir", tmp_path / "out")
+    assert (f"--model {folder} is a roberta model, neither one of this package's nor a native model it converts "
+            "(bert, gpt2, llama, marian, mistral, qwen2)") in stderr, stderr
+
+
+def test_finetune_converts_every_native_model_that_from_hf_converts(monkeypatch, tmp_path):
+    """A native Llama (Mistral, Qwen2) folder, which `from_hf` converts, was fine-tuned as the native
+    LlamaForSequenceClassification, with a card calling it a Transformer written from scratch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
+    from hf_scratch_transformer.cli import main
+
+    tokenizer = byte_level_bpe()
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id)
+                     ).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"a {animal} runs,{animal}\n" for animal in
+                                                                  ("dog", "horse") * 5))
+    trained = []
+
+    def train(self, *args, **kwargs):
+        trained.append(type(self.model).__name__)
+        raise ReachedTraining
+
+    monkeypatch.setattr(CrashSafeTrainer, "train", train)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(ReachedTraining):
+        main(["finetune", "--model", str(tmp_path / "llama"), "--task", "text-classification", "--train-file",
+              str(tmp_path / "train.csv"), "--output-dir", str(tmp_path / "out")])
+    assert trained == ["ScratchDecoderForSequenceClassification"]

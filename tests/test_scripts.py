@@ -529,6 +529,8 @@ def test_a_tokenizer_without_the_special_token_the_task_needs_is_refused(capsys,
 def test_config_overrides_are_checked_before_any_work(options, message, tmp_path):
     (tmp_path / "saved").mkdir()  # a saved model's folder, as far as these checks read it
     (tmp_path / "saved/config.json").write_text('{"model_type": "scratch_decoder"}')
+    (tmp_path / "saved/model.safetensors").write_bytes(b"")
+    (tmp_path / "saved/tokenizer_config.json").write_text("{}")
     output = run_script("train.py", "--output-dir", tmp_path / "run", *options, cwd=tmp_path, returncode=2)
     assert message in output and "Traceback" not in output
     assert not (tmp_path / "run").exists()

@@ -8,9 +8,10 @@ for entity tags such as B-PER / I-PER / O, entity-level precision, recall and F1
     hf-scratch finetune --model path/to/native-bert-folder --task text-classification --dataset imdb
 
 The model is one of ours (any family with a classification head: decoder or encoder), or a saved native
-GPT-2 / BERT folder, converted first with `hf_scratch_transformer.conversion.from_hf`. Data: local CSV / JSON
-files or a `datasets` name. Writes OUTPUT_DIR/model (Hub-ready, with eval_results.json) and OUTPUT_DIR/checkpoints.
-To continue causal-LM or seq2seq training of a saved model instead, use `hf-scratch train --model FOLDER`.
+GPT-2 / Llama / Mistral / Qwen2 / BERT folder, converted first with `hf_scratch_transformer.conversion.from_hf`.
+Data: local CSV / JSON files or a `datasets` name. Writes OUTPUT_DIR/model (Hub-ready, with eval_results.json) and
+OUTPUT_DIR/checkpoints. To continue causal-LM or seq2seq training of a saved model instead, use
+`hf-scratch train --model FOLDER`.
 """
 
 import argparse
@@ -19,11 +20,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+import transformers
 from datasets import DatasetDict
 from transformers import (
     AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
@@ -62,14 +62,17 @@ from hf_scratch_transformer.cli.run_options import (
     stop_cleanly_on_ctrl_c,
     trainer_model_folder,
 )
-from hf_scratch_transformer.conversion import from_hf
+from hf_scratch_transformer.conversion import CONVERTERS, from_hf
 from tokenizer_training import load_data
 
-NATIVE_LMS = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM}
+# model_type -> the native class `from_hf` converts. Llama, Mistral and Qwen2 folders, left out, trained as the native
+# classifier with a card naming ours; other native models are refused (`check_model_folder`).
+NATIVE_LMS = {(native := getattr(transformers, name)).config_class.model_type: native for name in CONVERTERS}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
          "token-classification": AutoModelForTokenClassification}
 HEAD_SUFFIXES = {"text-classification": "ForSequenceClassification", "token-classification": "ForTokenClassification"}
-MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2 or BERT",
+MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2, Llama, Mistral, Qwen2 "
+                                           "or BERT",
                     "token-classification": "an encoder of ours, or a native BERT"}
 FORMATS = (".csv", ".json", ".jsonl")  # the data files with named columns (`load_data` reads them)
 
@@ -92,7 +95,8 @@ class TokenClassificationTrainer(training.TokenWeightedEvaluationLoss, CrashSafe
 # ----------------------------------------------------------------------------------------------- arguments
 parser = RunParser(description=command_help(__doc__),
                    formatter_class=argparse.RawTextHelpFormatter)
-parser.add_argument("--model", type=local_path(), required=True, help="a saved folder: ours, or native GPT-2 / BERT")
+parser.add_argument("--model", type=local_path(), required=True,
+                    help="a saved folder: ours, or native GPT-2 / Llama / Mistral / Qwen2 / BERT")
 parser.add_argument("--task", choices=sorted(HEADS), required=True)
 parser.add_argument("--output-dir", type=Path, help="default: outputs/<task>")
 parser.add_argument("--train-file", help="CSV (.csv), JSON or JSON lines (.json, .jsonl) file")
@@ -114,7 +118,7 @@ parser.add_argument("--resume", action="store_true", help="continue from the new
 add_run_safety_arguments(parser)
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from every process (scripts/finetune.py)
-check_model_folder(parser, args.model, converts_natives=True)
+check_model_folder(parser, args.model, converts=NATIVE_LMS)
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero())

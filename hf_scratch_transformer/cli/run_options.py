@@ -8,7 +8,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager, suppress
 from importlib.resources import files
 from pathlib import Path
@@ -24,16 +24,19 @@ from datasets import Dataset, DatasetDict
 from huggingface_hub import is_offline_mode, try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from hf_scratch_command import is_rank_zero
 from hf_scratch_transformer import checkpointing, training
 from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields, get_preset
+from tokenizer_training import TOKENIZER_FILES
 
 # Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
 DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
 AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
 RUN_FOLDERS = ("checkpoints", "tokenizer", "model")  # the folders a run writes into its output folder
 RUN_FILES = (*RUN_FOLDERS, "loss_curve.jsonl")  # all it writes there
+WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)  # `from_pretrained`'s
 TOKENIZER_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")  # `special_token_ids`
 LOCK_FILE = ".hf-scratch.lock"  # held by the main process of the run writing the folder (claim_output_dir)
 _held_locks = []  # open for the life of the process: closing a file releases its lock
@@ -309,13 +312,14 @@ def model_tokenizer(folder: Path | None) -> Path | None:
     return folder
 
 
-def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, converts_natives: bool = False) -> None:
+def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, converts: Collection[str] = ()) -> None:
     """A --model folder that cannot train, read from its config.json before anything is loaded: none there (a
     tokenizer's folder failed in `from_pretrained` with "Unrecognized model"), quantized weights (torchao's int8,
     bitsandbytes, GPTQ, ...: Trainer refused them with a traceback after the data work, the accelerate loop trained
-    around them and failed at its first checkpoint), or, for a command that does not convert them
-    (`converts_natives`), a native model: Trainer trained it as the native class, with a card naming ours and the
-    native loss's count of tokens. A name that is no local folder is left to `from_pretrained` (a Hub id)."""
+    around them and failed at its first checkpoint), a native model that the command does not convert (`converts`:
+    the model types it does; Trainer trained it as the native class, with a card naming ours and the native loss's
+    count of tokens), or no weights or tokenizer. A name that is no local folder is left to `from_pretrained` (a Hub
+    id)."""
     if folder is None or not folder.is_dir():
         return
     config = folder / "config.json"
@@ -328,8 +332,8 @@ def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, con
         parser.error(f"--model {folder} holds no config.json: not a model folder written by `save_pretrained`")
     try:
         saved = json.loads(config.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return  # loading the model names a config.json that is not JSON
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:  # `from_pretrained`'s traceback, after the data work
+        parser.error(f"--model {folder}: its config.json is not JSON ({error})")
     saved = saved if isinstance(saved, dict) else {}
     quantization = saved.get("quantization_config")
     if isinstance(quantization, dict):
@@ -337,9 +341,19 @@ def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, con
                      "quantization_config), which do not train: train the full-precision folder, then quantize the "
                      "result.")
     ours = {family.model_type for family in FAMILY_CONFIGS.values()}
-    if not converts_natives and saved.get("model_type") not in ours:
-        parser.error(f"--model {folder} is a {saved.get('model_type')} model, not one of this package's: convert it "
-                     f"first (`hf-scratch convert {folder} OUTPUT`), then continue OUTPUT with --model.")
+    if saved.get("model_type") not in {*ours, *converts}:
+        parser.error(f"--model {folder} is a {saved.get('model_type')} model, " + (
+            f"neither one of this package's nor a native model it converts ({', '.join(sorted(converts))})" if converts
+            else f"not one of this package's: convert it first (`hf-scratch convert {folder} OUTPUT`), then continue "
+                 "OUTPUT with --model."))
+    # Else `from_pretrained` failed with a traceback, after the data work: a folder of a config alone, or a model saved
+    # without its tokenizer ("Couldn't instantiate the backend tokenizer").
+    if not any((folder / name).is_file() for name in WEIGHTS_FILES):
+        parser.error(f"--model {folder} holds no weights ({', '.join(WEIGHTS_FILES)}): not a model folder written by "
+                     "`save_pretrained`")
+    if not any((model_tokenizer(folder) / name).exists() for name in TOKENIZER_FILES):
+        parser.error(f"--model {folder} holds no tokenizer (tokenizer.json, tokenizer_config.json, vocab files): save "
+                     "the tokenizer the model was trained with into the folder (`tokenizer.save_pretrained`)")
 
 
 def config_overrides(parser: argparse.ArgumentParser, args) -> dict:
