@@ -1081,3 +1081,26 @@ def test_finetune_converts_every_native_model_that_from_hf_converts(monkeypatch,
         main(["finetune", "--model", str(tmp_path / "llama"), "--task", "text-classification", "--train-file",
               str(tmp_path / "train.csv"), "--output-dir", str(tmp_path / "out")])
     assert trained == ["ScratchDecoderForSequenceClassification"]
+
+
+@pytest.mark.parametrize("command", [["train", "--train-files"],
+                                     ["finetune", "--model", "{model}", "--task", "text-classification",
+                                      "--train-file"]])
+def test_a_refused_overwrite_leaves_the_earlier_run_as_it_was(hf_scratch, tmp_path, command):
+    """--overwrite-output-dir removed the earlier run's checkpoints as the output folder was claimed, before the data
+    was read: a mistyped data file then stopped the command, the checkpoints gone and nothing in their place. And a
+    --model inside the checkpoints it removes (or the model folder the run replaces) was removed before it was read:
+    a traceback."""
+    output = tmp_path / "out"
+    for folder in ("checkpoints/checkpoint-2", "model"):
+        config_only(output / folder)
+    before = sorted(path.relative_to(output) for path in output.rglob("*"))
+    arguments = [config_only(tmp_path / "base") if option == "{model}" else option for option in command]
+    stderr = hf_scratch(*arguments, tmp_path / "trian.txt", "--output-dir", output, "--overwrite-output-dir")
+    assert "trian.txt" in stderr
+    for held, model in ((output / "checkpoints", output / "checkpoints/checkpoint-2"), (output / "model",) * 2):
+        arguments = [option for option in command if option not in ("--model", "{model}")]
+        stderr = hf_scratch(*arguments, tmp_path / "corpus.txt", "--model", model, "--output-dir", output,
+                            "--overwrite-output-dir")
+        assert f"--model {model} lies in {held}, which replacing the earlier run in {output} removes" in stderr
+    assert sorted(path.relative_to(output) for path in output.rglob("*") if path.name != ".hf-scratch.lock") == before

@@ -55,6 +55,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_float,
     positive_int,
     refuse_lone_processes,
+    remove_earlier_checkpoints,
     repo_id,
     say,
     sequence_length,
@@ -121,7 +122,7 @@ stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from ever
 check_model_folder(parser, args.model, converts=NATIVE_LMS)
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
-claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero())
+claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero(), model=args.model)
 resumed = None  # the checkpoint this run continues: chosen before any work
 if args.resume:
     try:
@@ -405,6 +406,7 @@ trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClas
     callbacks=[training.StopAfterStep(preemption=preemption)],
 )
 refuse_lone_processes(parser, trainer)
+remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, is_rank_zero())
 try:
     with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
         trainer.train(resume_from_checkpoint=resumed)

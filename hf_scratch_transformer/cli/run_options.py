@@ -666,9 +666,10 @@ def remove_unused_output_dirs() -> None:
 
 
 def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
-                     is_main_process: bool = True, resume_from: Path | None = None, accelerator=None) -> None:
+                     is_main_process: bool = True, resume_from: Path | None = None, accelerator=None,
+                     model: Path | None = None) -> None:
     """Refuse to start a new run over an earlier one unless asked: `--resume` continues it, `--overwrite-output-dir`
-    replaces it (its checkpoints are removed first, atomically, so that no later `--resume` mixes the two runs).
+    replaces it (`remove_earlier_checkpoints`), but not where it holds the run's own --model (`model`).
     `resume_from` (`--resume-from`) outside this folder's checkpoints starts a branch of another run: for this folder
     that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other. The main process then
     locks the folder (`lock_output_dir`); with `accelerator`, every process stops when it cannot."""
@@ -710,6 +711,13 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     if replacing and not overwrite:
         parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, or "
                      "--overwrite-output-dir to replace it, or choose another --output-dir.")
+    # A checkpoint of the earlier run as --model was removed before it was read (a traceback), its model folder was
+    # replaced by the new run's: the model the run starts from is no earlier run to replace.
+    removed = [output_dir / name for name in ("checkpoints", "model")]
+    if replacing and model is not None and (held := next((folder for folder in removed
+                                                          if model.resolve().is_relative_to(folder.resolve())), None)):
+        parser.error(f"--model {model} lies in {held}, which replacing the earlier run in {output_dir} removes: copy "
+                     f"it out of {output_dir} first, or choose another --output-dir.")
     problem = lock_output_dir(output_dir) if is_main_process else None
     if accelerator is not None:
         fail_together(parser, accelerator, problem)
@@ -718,6 +726,13 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     if is_main_process:  # what a removal (of the model folder, or of the checkpoints when overwriting) interrupted left
         for name in ("checkpoints", "model"):
             shutil.rmtree(output_dir / (name + checkpointing.DELETED_SUFFIX), ignore_errors=True)
-    if is_main_process and replacing and (output_dir / "checkpoints").exists():
-        print(f"--overwrite-output-dir: removing the earlier run's checkpoints in {output_dir / 'checkpoints'}")
-        checkpointing.remove_checkpoint(output_dir / "checkpoints")
+
+
+def remove_earlier_checkpoints(output_dir: Path, overwrite: bool, is_main_process: bool = True) -> None:
+    """--overwrite-output-dir: remove the earlier run's checkpoints, atomically, so that no later `--resume` mixes the
+    two runs. Called as training starts, once every check has passed: removed as the output folder was claimed, they
+    went with a run then refused for a mistyped data file, and nothing came in their place."""
+    checkpoints = output_dir / "checkpoints"
+    if is_main_process and overwrite and checkpoints.is_dir() and next(checkpoints.iterdir(), None) is not None:
+        print(f"--overwrite-output-dir: removing the earlier run's checkpoints in {checkpoints}")
+        checkpointing.remove_checkpoint(checkpoints)

@@ -68,6 +68,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_family,
     refuse_another_tokenizer,
     refuse_lone_processes,
+    remove_earlier_checkpoints,
     repo_id,
     run_data_files,
     run_data_name,
@@ -169,7 +170,7 @@ output_dir = args.output_dir or Path("outputs") / task
 is_main_process = is_rank_zero()
 check_model_folder(parser, args.model)
 overrides = config_overrides(parser, args)
-claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process)
+claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process, model=args.model)
 resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)
 if args.resume:
     try:
@@ -303,6 +304,7 @@ else:
 if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16, "--bf16"):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
+remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, is_main_process)
 try:
     with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
         trainer.train(resume_from_checkpoint=resumed)

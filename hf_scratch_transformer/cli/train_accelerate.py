@@ -78,6 +78,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    remove_earlier_checkpoints,
     repo_id,
     run_data_files,
     run_data_name,
@@ -156,7 +157,8 @@ if refusal := training.slow_bf16_refusal(accelerator.mixed_precision, accelerato
 check_model_folder(parser, args.model)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
-                 accelerator.is_main_process, resume_from=args.resume_from, accelerator=accelerator)
+                 accelerator.is_main_process, resume_from=args.resume_from, accelerator=accelerator,
+                 model=args.model)
 try:  # fail before any work if the checkpoint is missing, incomplete or corrupt
     if args.resume_from:
         resume, manifest = args.resume_from, checkpointing.verify_checkpoint(args.resume_from)
@@ -373,6 +375,7 @@ def summed_loss(batch: dict, epsilon: float) -> torch.Tensor:
 stop = min(args.max_steps, args.stop_at_step or args.max_steps)
 save_steps = args.save_steps or max(1, args.max_steps // 4)
 log_file = output_dir / "loss_curve.jsonl"
+remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, accelerator.is_main_process)
 if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
     output_dir.mkdir(parents=True, exist_ok=True)
     log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
