@@ -748,6 +748,7 @@ class CrashSafeCheckpoints:
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         # Trainer loads weights non-strictly (a tied head is not saved): a checkpoint of another model would fail
         # with a traceback about sizes, or, of the same sizes with other tensors, leave them at their initialisation.
+        _check_same_class(resume_from_checkpoint, self.model if model is None else model)
         _check_same_tensors(resume_from_checkpoint, self.model if model is None else model)
         _check_same_config(resume_from_checkpoint, self.model if model is None else model)
         _check_same_labels(resume_from_checkpoint, self.model if model is None else model)
@@ -863,6 +864,20 @@ def _check_same_config(checkpoint: str, model) -> None:
             f"Checkpoint {checkpoint} was trained with another model config than this run builds "
             f"({'; '.join(differing)}). Resume with the run's own preset and --set values, or start a new run in "
             "another output folder."
+        )
+
+
+def _check_same_class(checkpoint: str, model) -> None:
+    """A Trainer checkpoint must hold a model of `model`'s class, which `save_pretrained` records in its config's
+    `architectures`; else `CheckpointError` naming both. A text classifier's checkpoint resumed by a token
+    classification run (`finetune --task`) of as many labels has the same tensors, and its head, trained on one
+    vector per text, went on as the head of every word without a word."""
+    saved_config = _saved_config(checkpoint, model)
+    saved = (saved_config.architectures or [None])[0] if saved_config is not None else None
+    if saved is not None and saved not in {cls.__name__ for cls in type(model).__mro__}:  # FSDP2: a subclass of it
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} holds a {saved}; this run trains a {type(model).__name__.removeprefix('FSDP')}. "
+            "Resume with the run's own task, or start a new run in another output folder."
         )
 
 

@@ -842,3 +842,57 @@ def test_saved_folders_keep_the_models_own_use_cache(tmp_path, use_cache):
     assert model.config.use_cache is False
     for folder in (tmp_path / "model", tmp_path / "checkpoint-2"):
         assert json.loads((folder / "config.json").read_text())["use_cache"] is use_cache
+
+
+def test_a_checkpoint_of_another_head_is_refused_by_name(tmp_path):
+    """A text classifier's checkpoint resumed by a token classification run (`finetune --task`) of as many labels
+    has the same tensors: the run went on from it, its head of one vector per text taken as the head of every word."""
+    from tiny_models import tiny_config
+
+    from hf_scratch_transformer import ScratchEncoderForSequenceClassification, ScratchEncoderForTokenClassification
+
+    torch.manual_seed(0)
+    ids = torch.randint(3, 99, (8, 12))
+
+    def trainer(head, max_steps, labels):
+        arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=4,
+                                      save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
+        data = [{"input_ids": row, "labels": label} for row, label in zip(ids, labels, strict=True)]
+        return checkpointing.CrashSafeTrainer(model=head(tiny_config("encoder", num_labels=2)).train(), args=arguments,
+                                              train_dataset=data)
+
+    trainer(ScratchEncoderForSequenceClassification, 2, [i % 2 for i in range(8)]).train()
+    resumed = trainer(ScratchEncoderForTokenClassification, 4, (ids % 2).tolist())
+    with pytest.raises(checkpointing.CheckpointError, match="checkpoint-2 holds a ScratchEncoderForSequenceClassifi"
+                                                            "cation; this run trains a ScratchEncoderForTokenClassi"):
+        resumed.train(resume_from_checkpoint=True)
+    trainer(ScratchEncoderForSequenceClassification, 4, [i % 2 for i in range(8)]).train(resume_from_checkpoint=True)
+
+
+class ReachedTraining(Exception):
+    pass
+
+
+def test_finetune_records_its_epochs_among_the_settings_that_shape_the_steps(monkeypatch, tmp_path):
+    """Without --max-steps, --epochs sets the steps and the learning-rate schedule; changed on --resume, it went
+    unsaid (the checkpoint recorded max_steps -1 either way), where another --max-steps is named."""
+    from hf_scratch_transformer.cli import main
+
+    tokenizer = wordpiece()
+    tiny_lm("encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp_path / "mlm")
+    tokenizer.save_pretrained(tmp_path / "mlm")
+    (tmp_path / "train.csv").write_text("\n".join(["text,label"] + [f"a dog runs {i},{i % 2}" for i in range(10)]))
+    settings = []
+
+    def train(self, *args, **kwargs):
+        settings.append(self._step_settings())
+        raise ReachedTraining
+
+    monkeypatch.setattr(checkpointing.CrashSafeTrainer, "train", train)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    for run, budget in enumerate((["--epochs", "2"], ["--epochs", "2", "--max-steps", "3"])):
+        with pytest.raises(ReachedTraining):
+            main(["finetune", "--model", str(tmp_path / "mlm"), "--task", "text-classification", "--train-file",
+                  str(tmp_path / "train.csv"), *budget, "--output-dir", str(tmp_path / f"out{run}")])
+    assert settings[0]["epochs"] == 2.0 and settings[0]["max_steps"] == -1
+    assert "epochs" not in settings[1] and settings[1]["max_steps"] == 3, "--max-steps sets the steps alone"

@@ -400,7 +400,10 @@ trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClas
         ddp_find_unused_parameters=False,  # every parameter of the classifiers takes part in each step (test_presets)
     ),
     train_dataset=datasets["train"], eval_dataset=datasets["validation"], data_collator=collator,
-    processing_class=tokenizer, step_settings={"max_length": args.max_length, "data": data_settings(args)},
+    processing_class=tokenizer, step_settings={
+        "max_length": args.max_length, "data": data_settings(args),
+        # Without --max-steps, --epochs sets the steps and the schedule: changed on --resume, it went unsaid
+        **({"epochs": args.epochs} if args.max_steps == -1 else {})},
     compute_metrics=(training.classification_metrics if args.task == "text-classification"
                      else training.token_classification_metrics(names)),
     callbacks=[training.StopAfterStep(preemption=preemption)],
