@@ -1083,6 +1083,15 @@ def test_finetune_converts_every_native_model_that_from_hf_converts(monkeypatch,
     assert trained == ["ScratchDecoderForSequenceClassification"]
 
 
+def test_tokenizer_refuses_dataset_options_with_files(hf_scratch, corpus, tmp_path):
+    # --split, --text-column and --dataset-config were left out without a word: the tokenizer learnt every line.
+    stderr = hf_scratch("tokenizer", "--kind", "bpe", "--family", "decoder", "--files", corpus, "--split",
+                        "validation", "--text-column", "sentence", "--output-dir", tmp_path / "out")
+    assert ("--split, --text-column: options of --dataset, which --files does not use (plain text files have no "
+            "configuration, splits or columns)") in stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", [["train", "--train-files"],
                                      ["finetune", "--model", "{model}", "--task", "text-classification",
                                       "--train-file"]])

@@ -34,8 +34,8 @@ source.add_argument("--files", nargs="+", action="extend", type=Path,  # repeate
                     help="plain text files, one example per line")
 source.add_argument("--dataset", help="a `datasets` name on the Hub, or a local data file or folder (txt/csv/json)")
 parser.add_argument("--dataset-config", default=None, help="dataset configuration name (default: none)")
-parser.add_argument("--split", default="train", help="dataset split to train on (default: train)")
-parser.add_argument("--text-column", default="text", help="dataset column holding the text (default: text)")
+parser.add_argument("--split", help="dataset split to train on (default: train)")
+parser.add_argument("--text-column", help="dataset column holding the text (default: text)")
 parser.add_argument("--vocab-size", type=positive_int, default=8000,
                     help="tokens, special ones included (default: 8000)")
 parser.add_argument("--min-frequency", type=non_negative_int, default=2,
@@ -46,6 +46,12 @@ parser.add_argument("--output-dir", type=Path, required=True, help="folder to wr
 parser.add_argument("--overwrite-output-dir", action="store_true",
                     help="replace the tokenizer that --output-dir holds (that of a trained model, say)")
 args = parser.parse_args()
+# Options of --dataset were left out without a word with --files (plain text files have no configuration, splits or
+# columns): the tokenizer learnt from every line of the files.
+if args.files and (given := [f"--{name.replace('_', '-')}" for name in ("dataset_config", "split", "text_column")
+                             if getattr(args, name) is not None]):
+    parser.error(f"{', '.join(given)}: options of --dataset, which --files does not use (plain text files have no "
+                 "configuration, splits or columns)")
 # A model folder's tokenizer replaced without a word would put other ids under its weights (a slow one too: vocab.txt).
 held = [name for name in TOKENIZER_FILES if (args.output_dir / name).exists()]
 if held and not args.overwrite_output_dir:
@@ -64,7 +70,7 @@ if blocking is not None and not blocking.is_dir():
 dataset = None
 if args.dataset is not None:
     try:
-        dataset = load_data(args.dataset, args.dataset_config, split=args.split)
+        dataset = load_data(args.dataset, args.dataset_config, split=args.split or "train")
     except ValueError as error:  # not a dataset's file, not text, unparsable, no rows, or no such split
         parser.error(f"--dataset {error}")
 
@@ -74,7 +80,7 @@ if args.dataset is not None:
 t0 = time.time()
 try:
     tokenizer = train_tokenizer(
-        args.kind, args.family, files=args.files, dataset=dataset, text_column=args.text_column,
+        args.kind, args.family, files=args.files, dataset=dataset, text_column=args.text_column or "text",
         vocab_size=args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
     )
 except (ValueError, FileNotFoundError) as error:  # a missing or unreadable file, or a missing column: named
