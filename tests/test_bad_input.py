@@ -1113,3 +1113,26 @@ def test_a_refused_overwrite_leaves_the_earlier_run_as_it_was(hf_scratch, tmp_pa
                             "--overwrite-output-dir")
         assert f"--model {model} lies in {held}, which replacing the earlier run in {output} removes" in stderr
     assert sorted(path.relative_to(output) for path in output.rglob("*") if path.name != ".hf-scratch.lock") == before
+
+
+@pytest.mark.parametrize("command", [["train"], ["train-accelerate", "--cpu"]])
+def test_a_run_refused_after_training_its_tokenizer_leaves_the_output_folder_as_it_was(monkeypatch, capsys, corpus,
+                                                                                        tmp_path, command):
+    """train-accelerate saved the tokenizer it trained into OUTPUT_DIR/tokenizer at once: a run then refused by the
+    model's checks had replaced the earlier run's tokenizer under --overwrite-output-dir, and in a new folder left one
+    over which the corrected command was refused ("holds an earlier run (tokenizer)")."""
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    earlier = tmp_path / "earlier"
+    (earlier / "tokenizer").mkdir(parents=True)
+    (earlier / "tokenizer/tokenizer.json").write_text("the earlier run's")
+    for output, overwrite in ((earlier, ["--overwrite-output-dir"]), (tmp_path / "new", [])):
+        with pytest.raises(SystemExit) as stopped:
+            main([*command, "--train-files", str(corpus), "--vocab-size", "300", "--max-length", "32", "--set",
+                  "max_position_embeddings=16", "--output-dir", str(output), *overwrite])
+        assert stopped.value.code == 2
+        assert "--max-length 32 is longer than the model's 16 learned positions" in capsys.readouterr().err
+    assert [path.name for path in earlier.iterdir() if path.name != ".hf-scratch.lock"] == ["tokenizer"]
+    assert (earlier / "tokenizer/tokenizer.json").read_text() == "the earlier run's"
+    assert not (tmp_path / "new").exists()

@@ -33,7 +33,13 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedType,
+    GradientAccumulationPlugin,
+    broadcast_object_list,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
@@ -178,9 +184,10 @@ with main_process_first(accelerator):  # the main process fills the `datasets` c
     raw, tokenizer_texts = load_run_data(parser, args)
 
 # ----------------------------------------------------------------------------------------------- tokenizer
-# A new run trains one once, by the main process, into OUTPUT_DIR/tokenizer; the other processes load it there. Every
-# checkpoint carries the run's tokenizer (TOKENIZER/), and a resumed run takes it from there, never trains one again:
-# WordPiece and Unigram training is not deterministic, so the vocabulary could change under the weights.
+# A new run trains one once, by the main process; the other processes load its files, and it is written to
+# OUTPUT_DIR/tokenizer once every check has passed (below). Every checkpoint carries the run's tokenizer (TOKENIZER/),
+# and a resumed run takes it from there, never trains one again: WordPiece and Unigram training is not deterministic,
+# so the vocabulary could change under the weights.
 TOKENIZER = "tokenizer"
 tokenizer_dir = output_dir / TOKENIZER
 given = model_tokenizer(args.model) or args.tokenizer  # a folder that holds the tokenizer, among others
@@ -215,26 +222,38 @@ def tokenizer_files(folder: Path | None) -> dict[str, bytes]:
                 if file.is_file()}
 
 
+def tokenizer_of(files: dict[str, bytes]):
+    """The tokenizer of `tokenizer_files`' files."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name, content in files.items():
+            (Path(folder) / Path(name).name).write_bytes(content)
+        return AutoTokenizer.from_pretrained(folder)
+
+
 if resume:
     tokenizer_source = resumed_tokenizer_folder(Path(resume))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source or given)
     if tokenizer_source:  # else the tokenizer is the given one
         refuse_another_tokenizer(parser, given, tokenizer, resume, tokenizer_source)
 else:
-    tokenizer_source, problem = None if given else tokenizer_dir, None
-    if not given and accelerator.is_main_process:  # the main process trains it; the others load what it saved
+    tokenizer_source, problem = None, None
+    if not given and accelerator.is_main_process:  # the main process trains it; the others load its files
         try:
             tokenizer = train_tokenizer(args.tokenizer_kind or default_kind, tokenizer_family,
                                         dataset=tokenizer_texts, vocab_size=args.vocab_size or TOKENIZER_VOCAB_SIZE,
                                         model_max_length=args.max_length)
-            tokenizer.save_pretrained(tokenizer_dir)
         except ValueError as error:  # a --vocab-size below the alphabet of the text
             problem = str(error)
     fail_together(parser, accelerator, problem)  # the others stopped with a gloo traceback as the main one left
-    if given or not accelerator.is_main_process:
-        tokenizer = AutoTokenizer.from_pretrained(given or tokenizer_dir)
-refuse_another_family(parser, tokenizer, task, tokenizer_source or given)
+    if given:
+        tokenizer = AutoTokenizer.from_pretrained(given)
 checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
+trained = not resume and not given
+if trained:  # its files reach the other processes from the main one's memory, not from OUTPUT_DIR/tokenizer (below)
+    checkpoint_files = broadcast_object_list([checkpoint_files])[0]
+    if not accelerator.is_main_process:
+        tokenizer = tokenizer_of(checkpoint_files)
+refuse_another_family(parser, tokenizer, task, tokenizer_source or given)
 accelerator.print(f"data: {len(raw['train'])} training examples; tokenizer: {len(tokenizer)} tokens")
 
 # ----------------------------------------------------------------------------------------------- model
@@ -306,13 +325,6 @@ if resume:
     except checkpointing.CheckpointError as error:
         problem = str(error)
     fail_together(parser, accelerator, problem)
-    if not continues_run(resume, output_dir) and accelerator.is_main_process:
-        # A branch of another run: this folder's tokenizer is that run's, as a run that trained one would leave it.
-        # Written once the checkpoint has loaded: a branch stopped before would leave a folder that looks like an
-        # earlier run, and the corrected command would be refused over it.
-        tokenizer_dir.mkdir(parents=True, exist_ok=True)
-        for name, content in checkpoint_files.items():
-            (output_dir / name).write_bytes(content)
     start_step = manifest["step"]
     history = [json.loads(line) for line in (Path(resume) / "loss_curve.jsonl").read_text().splitlines()]
     then = manifest["metadata"]  # an older checkpoint's records fewer settings: those are not compared
@@ -378,6 +390,14 @@ log_file = output_dir / "loss_curve.jsonl"
 remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, accelerator.is_main_process)
 if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
     output_dir.mkdir(parents=True, exist_ok=True)
+    # The tokenizer trained here, or a branch's (the other run's, as a run that trained one would leave it): written
+    # once every check has passed, as the earlier run's checkpoints are removed. Written as it was trained, a run then
+    # refused (the model's checks, too little data) had replaced the earlier run's tokenizer, or left a folder that
+    # looked like an earlier run, and the corrected command was refused over it.
+    if trained or resume and not continues_run(resume, output_dir):
+        tokenizer_dir.mkdir(exist_ok=True)
+        for name, content in checkpoint_files.items():
+            (output_dir / name).write_bytes(content)
     log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
 stream = micro_batches(start_step * accumulation)
 # Each checkpoint carries the model's config, which a resumed run's must equal (shapes alone let a changed activation
