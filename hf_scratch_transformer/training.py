@@ -136,6 +136,9 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
             raise ValueError(f"Dataset {dataset!r} has no column {column!r}: {raw['train'].column_names}")
         if getattr(features[column], "dtype", None) not in ("string", "large_string"):
             raise ValueError(f"Dataset {dataset!r}: column {column!r} holds {features[column]}, not text.")
+    # The other columns left out first: one of our names (a "text" beside --text-column body) failed the renaming with
+    # a KeyError traceback, 'Field "text" exists 2 times in schema'.
+    raw = raw.select_columns(list(columns))
     raw = raw.rename_columns({name: ours for name, ours in columns.items() if name != ours})
     raw = _without_blank_texts(raw, list(columns.values()))
     # A split left without rows failed with a traceback as training began, or (a causal LM's validation) after it

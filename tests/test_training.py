@@ -644,3 +644,17 @@ def test_a_half_precision_folder_is_loaded_for_training_in_float32(dtype, tmp_pa
     model.train()(**lm_inputs("decoder")).loss.backward()
     optimizer.step()
     assert all(not torch.equal(old, new) for old, new in zip(before, model.parameters(), strict=True))
+
+
+def test_a_column_named_as_ours_beside_the_columns_read_is_left_out(tmp_path):
+    # --text-column summary of a dataset that also has a "text" column (or --source-column en beside a "source"
+    # column) failed the renaming to "text" with a KeyError traceback: 'Field "text" exists 2 times in schema'.
+    rows = [{"text": f"text {i}", "summary": f"summary {i}", "source": f"source {i}", "en": f"en {i}", "de": f"de {i}"}
+            for i in range(10)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    texts = training.load_texts(dataset=str(tmp_path / "data.jsonl"), text_column="summary")
+    assert texts["train"].column_names == ["text"]
+    assert sorted([*texts["train"]["text"], *texts["validation"]["text"]]) == [f"summary {i}" for i in range(10)]
+    pairs = training.load_parallel(dataset=str(tmp_path / "data.jsonl"), source_column="en", target_column="de")
+    assert pairs["train"].column_names == ["source", "target"]
+    assert all(pair["source"] == "en" + pair["target"].removeprefix("de") for pair in pairs["train"])
