@@ -1136,3 +1136,18 @@ def test_a_run_refused_after_training_its_tokenizer_leaves_the_output_folder_as_
     assert [path.name for path in earlier.iterdir() if path.name != ".hf-scratch.lock"] == ["tokenizer"]
     assert (earlier / "tokenizer/tokenizer.json").read_text() == "the earlier run's"
     assert not (tmp_path / "new").exists()
+
+
+def test_a_dataset_configuration_of_a_single_data_file_is_refused(hf_scratch, tmp_path):
+    # A single local file is read by its builder alone: --dataset-config was left out without a word.
+    data = tmp_path / "pairs.csv"
+    data.write_text("text,source,target\n" + "".join(f"line {i},en {i},de {i}\n" for i in range(4)))
+    message = f"{data}: a single data file has no configurations, and 'de-en' would be left out"
+    assert message in hf_scratch("train", "--dataset", data, "--dataset-config", "de-en", "--output-dir",
+                                 tmp_path / "out")
+    assert message in hf_scratch("tokenizer", "--kind", "bpe", "--family", "decoder", "--dataset", data,
+                                 "--dataset-config", "de-en", "--output-dir", tmp_path / "out")
+    assert message in hf_scratch("finetune", "--model", config_only(tmp_path / "model"), "--task",
+                                 "text-classification", "--dataset", data, "--dataset-config", "de-en",
+                                 "--output-dir", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

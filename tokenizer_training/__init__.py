@@ -128,9 +128,9 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
     """`datasets.load_dataset(name, config, split=split)` for a Hub name or local folder, and for a single local file
     too (read by the builder of its suffix, `FILE_BUILDERS`, where `load_dataset` would look for its name on the Hub);
     problems with the data are a ValueError beginning with `name`: a local file or folder that does not exist, a file
-    type without a builder, a text file that is binary or empty (`check_text_file`), a file the builder cannot parse
-    (the parser's own words), a folder without data files (a traceback in `hf-scratch tokenizer` and `finetune`), no
-    rows."""
+    type without a builder, a `config` for a single file, a text file that is binary or empty (`check_text_file`), a
+    file the builder cannot parse (the parser's own words), a folder without data files (a traceback in `hf-scratch
+    tokenizer` and `finetune`), no rows."""
     import datasets  # slow to import, and only callers with a dataset need it
 
     path = Path(name)
@@ -142,6 +142,9 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
     if path.is_file() and builder is None:
         raise ValueError(f"{name}: unknown file type {path.suffix or '(no suffix)'!r}; use one of "
                          f"{', '.join(FILE_BUILDERS)}")
+    if path.is_file() and config is not None:  # else left out without a word: a file is read by its builder alone
+        raise ValueError(f"{name}: a single data file has no configurations, and {config!r} would be left out: leave "
+                         "out the dataset configuration (--dataset-config)")
     if path.is_file() and builder != "parquet":
         check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
     try:
