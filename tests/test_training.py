@@ -658,3 +658,20 @@ def test_a_column_named_as_ours_beside_the_columns_read_is_left_out(tmp_path):
     pairs = training.load_parallel(dataset=str(tmp_path / "data.jsonl"), source_column="en", target_column="de")
     assert pairs["train"].column_names == ["source", "target"]
     assert all(pair["source"] == "en" + pair["target"].removeprefix("de") for pair in pairs["train"])
+
+
+def test_an_accelerate_evaluation_that_masked_nothing_says_so(monkeypatch, capsys, tmp_path):
+    # Two validation words, neither masked at 15%: train-accelerate printed "evaluation: " and nothing after it, where
+    # `train` says why there is no figure.
+    from tiny_tokenizers import write_run_corpus
+
+    from hf_scratch_transformer.cli import main
+
+    write_run_corpus(tmp_path, families=("encoder",))
+    (tmp_path / "validation.txt").write_text("the dog")  # masked at 15% or not, the same every time (seeded): here not
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    main(["train-accelerate", "--cpu", "--task", "masked-lm", "--train-files", str(tmp_path / "corpus.txt"),
+          "--validation-files", str(tmp_path / "validation.txt"), "--tokenizer", str(tmp_path / "encoder"),
+          "--max-steps", "2", "--max-length", "32", "--batch-size", "4", "--output-dir", str(tmp_path / "out"),
+          "--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"])
+    assert "evaluation: no token of the 1 validation sequences was masked; no loss to report" in capsys.readouterr().out

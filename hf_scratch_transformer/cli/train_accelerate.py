@@ -471,7 +471,11 @@ total = accelerator.reduce(total, "sum")
 results = {"eval_loss": (total[0] / total[1]).item()} if total[1] else {}  # none without validation data
 if results and task == "causal-lm":
     results["perplexity"] = training.perplexity(results["eval_loss"])
-accelerator.print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
+if results:
+    accelerator.print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
+else:  # a masked LM's validation text too short for a mask to fall in it: this said "evaluation: ", and nothing more
+    accelerator.print(f"evaluation: no token of the {len(datasets['validation'])} validation sequences was masked; "
+                      "no loss to report (give more validation text)")
 
 # ----------------------------------------------------------------------------------------------- final model
 # Written aside and put in place complete: a kill leaves the earlier model folder, the new one, or none.
