@@ -1151,3 +1151,21 @@ def test_a_dataset_configuration_of_a_single_data_file_is_refused(hf_scratch, tm
                                  "text-classification", "--dataset", data, "--dataset-config", "de-en",
                                  "--output-dir", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_validation_file_that_is_also_a_training_file_is_named(hf_scratch, capsys, corpus, tmp_path):
+    # The validation loss of the training text passed for one of unseen text, without a word.
+    other, source, target = (tmp_path / name for name in ("other.txt", "source.txt", "target.txt"))
+    for path in (other, source, target):
+        path.write_text(f"{path.stem} text\n\nmore {path.stem} text\n")
+    for output, files, note in (
+        ("texts", ["--train-files", corpus, "--validation-files", other, corpus], f"--validation-files {corpus}"),
+        ("pairs", ["--task", "seq2seq", "--source-files", source, "--target-files", target, "--validation-source",
+                   other, "--validation-target", tmp_path / ".." / tmp_path.name / "target.txt"],
+         "--validation-target"),
+        ("other", ["--train-files", corpus, "--validation-files", other], None),
+    ):
+        with pytest.raises(ReachedModelWork):
+            hf_scratch("train", *files, "--output-dir", tmp_path / output)  # one each: the run holds its lock
+        stderr = capsys.readouterr().err
+        assert f"note: {note} " in stderr and "is also a training file" in stderr if note else "note:" not in stderr

@@ -518,9 +518,19 @@ def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, D
     seq2seq both sides, since the vocabulary is shared). Data the loaders refuse (a missing, empty or binary file,
     a missing column, parallel files of different lengths) stops the command with their message, no traceback."""
     try:
-        return _load_run_data(args)
+        data = _load_run_data(args)
     except (ValueError, FileNotFoundError) as error:
         fail(parser, str(error))
+    # Said, not refused (a model's fit to its own training text is worth a look too): else the validation loss, and
+    # the card's figures taken from it, passed for a measure on unseen text.
+    for trained, validated in (("train_files", "validation_files"), ("source_files", "validation_source"),
+                               ("target_files", "validation_target")):
+        training_files = {Path(file).resolve() for file in getattr(args, trained) or []}
+        if same := [file for file in getattr(args, validated) or [] if Path(file).resolve() in training_files]:
+            say(f"note: --{validated.replace('_', '-')} {same[0]} is also a training file: the validation loss "
+                "measures the text the model trained on, not unseen text", file=sys.stderr)
+            break
+    return data
 
 
 def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
