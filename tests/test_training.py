@@ -675,3 +675,14 @@ def test_an_accelerate_evaluation_that_masked_nothing_says_so(monkeypatch, capsy
           "--max-steps", "2", "--max-length", "32", "--batch-size", "4", "--output-dir", str(tmp_path / "out"),
           "--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"])
     assert "evaluation: no token of the 1 validation sequences was masked; no loss to report" in capsys.readouterr().out
+
+
+def test_a_local_dataset_named_from_another_folder_is_the_same_data(monkeypatch, tmp_path):
+    # Resumed with its absolute path, a run started with `--dataset data.csv` said the data had changed.
+    from hf_scratch_transformer.cli.run_options import data_settings
+
+    (tmp_path / "data.csv").write_text("text\none\n")
+    monkeypatch.chdir(tmp_path)
+    settings = [data_settings(SimpleNamespace(task="causal-lm", train_files=None, dataset=dataset))
+                for dataset in ("data.csv", str(tmp_path / "data.csv"), "user/corpus")]
+    assert settings == [{"dataset": str(tmp_path / "data.csv")}] * 2 + [{"dataset": "user/corpus"}]

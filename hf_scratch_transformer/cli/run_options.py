@@ -594,7 +594,8 @@ DATA_OPTIONS = (*DATA_FILE_OPTIONS, "dataset", "dataset_config", "text_column", 
 def data_settings(args) -> dict:
     """The data a run reads, as its checkpoints record it among the settings that shape the steps (which a resumed
     run names when they changed): the data options given, each file resolved (the same file named from another
-    working folder is the same data), and the embedded corpus where a language model is given no data."""
+    working folder is the same data; a local --dataset too), and the embedded corpus where a language model is given
+    no data."""
     given = {name: value for name in DATA_OPTIONS if (value := getattr(args, name, None))}
     if getattr(args, "task", None) in ("causal-lm", "masked-lm") and not (args.train_files or args.dataset):
         given["train_files"] = [DEFAULT_CORPUS]
@@ -602,7 +603,8 @@ def data_settings(args) -> dict:
     def resolved(files):
         return [str(Path(file).resolve()) for file in files] if isinstance(files, list) else str(Path(files).resolve())
 
-    return {name: resolved(value) if name in DATA_FILE_OPTIONS else value for name, value in given.items()}
+    local = (*DATA_FILE_OPTIONS, *(["dataset"] if "dataset" in given and Path(given["dataset"]).exists() else []))
+    return {name: resolved(value) if name in local else value for name, value in given.items()}
 
 
 def run_data_files(args) -> list[Path]:
