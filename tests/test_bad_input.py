@@ -1169,3 +1169,13 @@ def test_a_validation_file_that_is_also_a_training_file_is_named(hf_scratch, cap
             hf_scratch("train", *files, "--output-dir", tmp_path / output)  # one each: the run holds its lock
         stderr = capsys.readouterr().err
         assert f"note: {note} " in stderr and "is also a training file" in stderr if note else "note:" not in stderr
+
+
+def test_a_data_file_that_cannot_be_opened_is_named(hf_scratch, corpus, tmp_path):
+    # A path through a file (or one the user may not read) stopped the training commands with a NotADirectoryError
+    # (PermissionError) traceback; only a missing file was said in one line.
+    through = corpus / "part.txt"
+    for files in (["--train-files", through],
+                  ["--task", "seq2seq", "--source-files", through, "--target-files", corpus]):
+        assert f"Not a directory: '{through}'" in hf_scratch("train", *files, "--output-dir", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

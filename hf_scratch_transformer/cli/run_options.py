@@ -516,10 +516,11 @@ def follow_the_tokenizer(config, overrides: dict) -> None:
 def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, Dataset]:
     """The task's train/validation data from the parsed options, and the texts a new tokenizer learns from (for
     seq2seq both sides, since the vocabulary is shared). Data the loaders refuse (a missing, empty or binary file,
-    a missing column, parallel files of different lengths) stops the command with their message, no traceback."""
+    a missing column, parallel files of different lengths) stops the command with their message, no traceback; so
+    does a file that cannot be opened (a path through a file: "Not a directory", no permission to read it)."""
     try:
         data = _load_run_data(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         fail(parser, str(error))
     # Said, not refused (a model's fit to its own training text is worth a look too): else the validation loss, and
     # the card's figures taken from it, passed for a measure on unseen text.
