@@ -99,6 +99,7 @@ def test_card_without_loss_curve_or_results(tmp_path):
         dataset="tiny_shakespeare", hyperparameters={}, eval_results={}, intended_use="Unit tests only.",
     )
     assert "loss_curve.png" not in card.text and "model-index" not in card.content
+    assert "| Metric |" not in card.text and "## Evaluation results\n\nNone recorded" in card.text  # no empty table
     assert "`custom`" in card.text and "Unit tests only." in card.text
 
 
