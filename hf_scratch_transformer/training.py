@@ -70,8 +70,10 @@ def load_texts(files: list[str] | None = None, dataset: str | None = None, datas
 def load_parallel(source_files: list[str] | None = None, target_files: list[str] | None = None,
                   validation_source: list[str] | None = None, validation_target: list[str] | None = None,
                   dataset: str | None = None, dataset_config: str | None = None, source_column: str = "source",
-                  target_column: str = "target", validation_split: float = 0.05, seed: int = 0) -> DatasetDict:
-    """A DatasetDict of aligned pairs in columns "source" and "target", from parallel files or a dataset."""
+                  target_column: str = "target", validation_split: float = 0.05, seed: int = 0,
+                  report: Callable[[str], None] | None = None) -> DatasetDict:
+    """A DatasetDict of aligned pairs in columns "source" and "target", from parallel files or a dataset. `report` is
+    told how many pairs of each split were left out for a blank side (`_without_blank_texts`)."""
     # Files that would be left out without a word: beside a dataset, or one validation side without the other.
     if dataset is not None and (source_files or target_files or validation_source or validation_target):
         raise ValueError("Give either parallel files or a dataset name, not both.")
@@ -81,14 +83,16 @@ def load_parallel(source_files: list[str] | None = None, target_files: list[str]
         if source_column == target_column:  # renamed once, it would leave no "source" column to tokenize
             raise ValueError(f"{source_column!r} is both the source and the target column: name the pairs' two "
                              "columns.")
-        raw = _load_text_columns(dataset, dataset_config, {source_column: "source", target_column: "target"})
+        raw = _load_text_columns(dataset, dataset_config, {source_column: "source", target_column: "target"}, report)
         return _with_validation(raw, validation_split, seed, f"dataset {dataset!r}", "pair")
     if not source_files or not target_files:
         raise ValueError("Give source and target training files (or a dataset name).")
     splits = {"train": _read_pairs(source_files, target_files)}
     if validation_source:
         splits["validation"] = _read_pairs(validation_source, validation_target)
-    return _with_validation(DatasetDict(splits), validation_split, seed, ", ".join(map(str, source_files)), "line")
+    # Aligned first, then the pairs with a blank side left out, as from a dataset's columns
+    splits = _without_blank_texts(DatasetDict(splits), ["source", "target"], report)
+    return _with_validation(splits, validation_split, seed, ", ".join(map(str, source_files)), "line")
 
 
 def _paragraphs(batch: dict) -> dict:
@@ -122,11 +126,13 @@ def _lines(files: list[str]) -> list[str]:
     return lines
 
 
-def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[str, str]) -> DatasetDict:
+def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[str, str],
+                       report: Callable[[str], None] | None = None) -> DatasetDict:
     """`load_data(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
     ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
     with a bare TypeError, midway through tokenizing. Blank texts are no examples either: a folder of text files is
-    read line by line, and each blank line would be a document `<s> </s>`, or an MLM sequence with nothing to mask."""
+    read line by line, and each blank line would be a document `<s> </s>`, or an MLM sequence with nothing to mask.
+    `report`: as `_without_blank_texts`'."""
     raw = load_data(dataset, dataset_config)
     if "train" not in raw:  # e.g. a folder holding test.csv only: a bare KeyError below
         raise ValueError(f"Dataset {dataset!r} has no 'train' split (it has {', '.join(raw)}); training needs one.")
@@ -140,7 +146,7 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
     # a KeyError traceback, 'Field "text" exists 2 times in schema'.
     raw = raw.select_columns(list(columns))
     raw = raw.rename_columns({name: ours for name, ours in columns.items() if name != ours})
-    raw = _without_blank_texts(raw, list(columns.values()))
+    raw = _without_blank_texts(raw, list(columns.values()), report)
     # A split left without rows failed with a traceback as training began, or (a causal LM's validation) after it
     if empty := [split for split in ("train", "validation") if split in raw and raw[split].num_rows == 0]:
         raise ValueError(f"Dataset {dataset!r}: its {empty[0]!r} split holds no example: every row's "
@@ -148,11 +154,19 @@ def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[s
     return raw
 
 
-def _without_blank_texts(data: Dataset | DatasetDict, columns: list[str]) -> Dataset | DatasetDict:
+def _without_blank_texts(data: DatasetDict, columns: list[str],
+                         report: Callable[[str], None] | None = None) -> DatasetDict:
     """`data` without the rows whose text in one of `columns` is missing or blank: no example, whichever route the data
-    came by (a pair with a blank side teaches the model to translate nothing into a sentence, or the reverse)."""
-    return data.filter(lambda *texts: all(text and not text.isspace() for text in texts), input_columns=columns,
+    came by (a pair with a blank side teaches the model to translate nothing into a sentence, or the reverse).
+    `report` is told how many rows of the training and validation splits went, and why: a pair's other side is text
+    the run does not see (2 of 3 validation pairs went without a word)."""
+    kept = data.filter(lambda *texts: all(text and not text.isspace() for text in texts), input_columns=columns,
                        desc="missing or blank texts")
+    for split, name in (("train", "training"), ("validation", "validation")):
+        if report and split in data and (left_out := data[split].num_rows - kept[split].num_rows):
+            report(f"{left_out} of the {data[split].num_rows} {name} examples left out: their "
+                   f"{' or '.join(columns)} is blank or missing")
+    return kept
 
 
 def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
@@ -169,8 +183,7 @@ def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
     sources, targets = list(itertools.chain(*sources)), list(itertools.chain(*targets))
     if len(sources) != len(targets):
         raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")
-    # Aligned first, then the pairs with a blank side left out, as from a dataset's columns
-    return _without_blank_texts(Dataset.from_dict({"source": sources, "target": targets}), ["source", "target"])
+    return Dataset.from_dict({"source": sources, "target": targets})
 
 
 def _with_validation(raw: DatasetDict, validation_split: float, seed: int, source: str, unit: str) -> DatasetDict:

@@ -1179,3 +1179,23 @@ def test_a_data_file_that_cannot_be_opened_is_named(hf_scratch, corpus, tmp_path
                   ["--task", "seq2seq", "--source-files", through, "--target-files", corpus]):
         assert f"Not a directory: '{through}'" in hf_scratch("train", *files, "--output-dir", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", [["train"], ["train-accelerate", "--cpu"]])
+def test_pairs_left_out_for_a_blank_side_are_counted(monkeypatch, capsys, tmp_path, command):
+    # By design, a pair with a blank source or target is no example; 2 of 3 validation pairs went without a word.
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    files = {"train.en": "one\n\nthree\nfour\n", "train.de": "eins\nzwei\ndrei\nvier\n",
+             "valid.en": "a\n\nc\n", "valid.de": " \nB\nC\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(SystemExit) as stopped:  # stopped as the tokenizer is trained, after the data
+        main([*command, "--task", "seq2seq", "--source-files", str(tmp_path / "train.en"), "--target-files",
+              str(tmp_path / "train.de"), "--validation-source", str(tmp_path / "valid.en"), "--validation-target",
+              str(tmp_path / "valid.de"), "--vocab-size", "100", "--output-dir", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    stderr = capsys.readouterr().err
+    for note in ("1 of the 4 training examples", "2 of the 3 validation examples"):
+        assert f"note: {note} left out: their source or target is blank or missing" in stderr, stderr

@@ -686,3 +686,13 @@ def test_a_local_dataset_named_from_another_folder_is_the_same_data(monkeypatch,
     settings = [data_settings(SimpleNamespace(task="causal-lm", train_files=None, dataset=dataset))
                 for dataset in ("data.csv", str(tmp_path / "data.csv"), "user/corpus")]
     assert settings == [{"dataset": str(tmp_path / "data.csv")}] * 2 + [{"dataset": "user/corpus"}]
+
+
+def test_pairs_left_out_of_a_dataset_for_a_blank_side_are_reported(tmp_path):
+    (tmp_path / "pairs.csv").write_text("en,de\none,eins\n,zwei\nthree, \nfour,vier\n")
+    reports = []
+    pairs = training.load_parallel(dataset=str(tmp_path / "pairs.csv"), source_column="en", target_column="de",
+                                   report=reports.append)
+    assert len(pairs["train"]) + len(pairs["validation"]) == 2
+    assert reports == ["2 of the 4 training examples left out: their source or target is blank or missing"]
+

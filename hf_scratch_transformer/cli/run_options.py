@@ -558,6 +558,7 @@ def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
             args.source_files, args.target_files, args.validation_source, args.validation_target,
             dataset=args.dataset, dataset_config=args.dataset_config, source_column=args.source_column or "source",
             target_column=args.target_column or "target", seed=args.seed,
+            report=lambda line: say(f"note: {line}", file=sys.stderr),
         )
         texts = raw["train"].map(lambda pair: {"text": pair["source"] + "\n" + pair["target"]},
                                  remove_columns=["source", "target"])
