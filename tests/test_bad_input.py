@@ -1199,3 +1199,28 @@ def test_pairs_left_out_for_a_blank_side_are_counted(monkeypatch, capsys, tmp_pa
     stderr = capsys.readouterr().err
     for note in ("1 of the 4 training examples", "2 of the 3 validation examples"):
         assert f"note: {note} left out: their source or target is blank or missing" in stderr, stderr
+
+
+def test_a_file_given_twice_is_refused(hf_scratch, corpus, tmp_path):
+    # `--train-files a.txt --train-files a.txt` (or a.txt and ./a.txt) trained on the file twice without a word.
+    spelt_again = tmp_path / ".." / tmp_path.name / "corpus.txt"
+    source, target, other = (tmp_path / name for name in ("train.en", "train.de", "other.de"))
+    for path in (source, target, other):
+        path.write_text(f"{path.name} line\n")
+    for files, refused in (
+        (["--train-files", corpus, "--train-files", corpus], f"--train-files {corpus}: given twice: "),
+        (["--train-files", corpus, "--validation-files", spelt_again, spelt_again],
+         f"--validation-files {spelt_again}: given twice: "),
+        (["--train-files", corpus, spelt_again], f"--train-files {spelt_again}: given twice (first as --train-files "
+                                                 f"{corpus}): "),
+        (["--task", "seq2seq", "--source-files", source, source, "--target-files", target, target],
+         f"--source-files {source} --target-files {target}: given twice: "),
+    ):
+        assert refused in hf_scratch("train", *files, "--output-dir", tmp_path / "out")
+    assert "given twice" in hf_scratch("tokenizer", "--kind", "bpe", "--family", "decoder", "--files", corpus,
+                                       spelt_again, "--output-dir", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # One source file beside two target files is two references, and a validation file may be a training file
+    with pytest.raises(ReachedModelWork):
+        hf_scratch("train", "--task", "seq2seq", "--source-files", source, source, "--target-files", target, other,
+                   "--validation-source", source, "--validation-target", target, "--output-dir", tmp_path / "pairs")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from hf_scratch_transformer.checkpointing import CheckpointError
-from hf_scratch_transformer.cli.run_options import fail, non_negative_int, positive_int
+from hf_scratch_transformer.cli.run_options import fail, files_given_twice, non_negative_int, positive_int
 from tokenizer_training import TOKENIZER_FILES, load_data, padded_vocab_size, train_tokenizer
 from tokenizer_training.saving import save_in_place
 from tokenizer_training.trainers import FAMILIES, KINDS
@@ -52,6 +52,9 @@ if args.files and (given := [f"--{name.replace('_', '-')}" for name in ("dataset
                              if getattr(args, name) is not None]):
     parser.error(f"{', '.join(given)}: options of --dataset, which --files does not use (plain text files have no "
                  "configuration, splits or columns)")
+# Read twice, a file's words counted double, which --min-frequency then judged by (as the training commands refuse it).
+if args.files and (problem := files_given_twice({"files": args.files})):
+    parser.error(problem)
 # A model folder's tokenizer replaced without a word would put other ids under its weights (a slow one too: vocab.txt).
 held = [name for name in TOKENIZER_FILES if (args.output_dir / name).exists()]
 if held and not args.overwrite_output_dir:

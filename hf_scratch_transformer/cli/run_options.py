@@ -553,6 +553,14 @@ def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
                                        if getattr(args, name)]):
         raise ValueError(f"{', '.join(given)}: options of --dataset, which this run does not use (files have no "
                          "columns)")
+    # A file named twice, under one spelling or two (a.txt, ./a.txt), was read twice without a word: its examples
+    # counted twice as often as the others'. Refused, a mistake far more often than not, where a validation file that
+    # is also a training file is said (`load_run_data`), since that can be meant. Parallel files count by pair: one
+    # source file beside two target files is two references.
+    pairs = [["source_files", "target_files"], ["validation_source", "validation_target"]]
+    for options in pairs if args.task == "seq2seq" else [["train_files"], ["validation_files"]]:
+        if problem := files_given_twice({name: getattr(args, name) or [] for name in options}):
+            raise ValueError(problem)
     if args.task == "seq2seq":
         raw = training.load_parallel(
             args.source_files, args.target_files, args.validation_source, args.validation_target,
@@ -567,6 +575,25 @@ def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
     raw = training.load_texts(files, args.dataset, args.dataset_config, args.text_column or "text",
                               args.validation_files, seed=args.seed)
     return raw, raw["train"]
+
+
+def files_given_twice(options: dict[str, list]) -> str | None:
+    """The problem when a file is given twice among the files of `options` (option name -> files), whatever the
+    spelling of its path; several options' files (parallel files) count by position, as pairs, where they come in
+    pairs (else each side is read as one stream, not file by file). None when none is."""
+    sides = list(options.values())
+    if len({len(side) for side in sides}) > 1:
+        return None
+    seen = {}
+    for paths in zip(*sides, strict=True):
+        first = seen.setdefault(tuple(Path(path).resolve() for path in paths), paths)
+        if first is not paths:
+            named = [" ".join(f"--{name.replace('_', '-')} {path}" for name, path in zip(options, given, strict=True))
+                     for given in (paths, first)]
+            return (f"{named[0]}: given twice{f' (first as {named[1]})' if named[0] != named[1] else ''}: its "
+                    "examples would count twice as often as the others'. Name each file once (to weigh a text more, "
+                    "copy it into a file of its own).")
+    return None
 
 
 def add_run_safety_arguments(parser: argparse.ArgumentParser) -> None:
