@@ -696,3 +696,35 @@ def test_pairs_left_out_of_a_dataset_for_a_blank_side_are_reported(tmp_path):
     assert len(pairs["train"]) + len(pairs["validation"]) == 2
     assert reports == ["2 of the 4 training examples left out: their source or target is blank or missing"]
 
+
+
+@pytest.mark.parametrize("command", [["train"], ["train-accelerate", "--cpu"]])
+def test_overwriting_a_run_leaves_no_tokenizer_or_log_of_the_earlier_one(monkeypatch, tmp_path, command):
+    """Under --overwrite-output-dir, a run given --tokenizer (or --model), or any `train` run, left the earlier
+    train-accelerate run's tokenizer/ (another vocabulary, which `--resume` takes for a checkpoint carrying none) and
+    `train` its loss_curve.jsonl beside the new run's model and checkpoints. A --tokenizer that is that folder stays."""
+    import shutil
+
+    from tiny_tokenizers import write_run_corpus
+
+    from hf_scratch_transformer.cli import main
+
+    write_run_corpus(tmp_path)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    earlier, reused = tmp_path / "earlier", tmp_path / "reused"
+    for output in (earlier, reused):
+        (output / "checkpoints/step-9").mkdir(parents=True)
+        (output / "loss_curve.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    (earlier / "tokenizer").mkdir()
+    (earlier / "tokenizer/tokenizer.json").write_text("the earlier run's")
+    (earlier / "tokenizer.deleted").mkdir()  # what a removal of it that was killed leaves: cleared by the next run
+    shutil.copytree(tmp_path / "decoder", reused / "tokenizer")
+    for output, tokenizer in ((earlier, tmp_path / "decoder"), (reused, reused / "tokenizer")):
+        main([*command, "--train-files", str(tmp_path / "corpus.txt"), "--tokenizer", str(tokenizer), "--max-steps",
+              "2", "--max-length", "32", "--batch-size", "4", "--output-dir", str(output), "--overwrite-output-dir",
+              "--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"])
+        log = output / "loss_curve.jsonl"  # `train` writes none; train-accelerate its own
+        assert not (output / "checkpoints/step-9").exists()
+        assert not log.exists() if command == ["train"] else '"loss": 9.0' not in log.read_text()
+    assert not (earlier / "tokenizer").exists() and not (earlier / "tokenizer.deleted").exists()
+    assert (reused / "tokenizer/tokenizer.json").read_bytes() == (tmp_path / "decoder/tokenizer.json").read_bytes()

@@ -598,7 +598,8 @@ def files_given_twice(options: dict[str, list]) -> str | None:
 
 def add_run_safety_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite-output-dir", action="store_true",
-                        help="start again in an output folder that holds an earlier run, removing its checkpoints")
+                        help="start again in an output folder that holds an earlier run, removing its checkpoints, "
+                        "tokenizer and loss log")
 
 
 def dataset_name(dataset: str) -> str:
@@ -764,16 +765,30 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
         fail_together(parser, accelerator, problem)
     elif problem:
         fail(parser, problem)
-    if is_main_process:  # what a removal (of the model folder, or of the checkpoints when overwriting) interrupted left
-        for name in ("checkpoints", "model"):
+    if is_main_process:  # what a removal (of the model folder, or of the earlier run when overwriting) interrupted left
+        for name in RUN_FOLDERS:
             shutil.rmtree(output_dir / (name + checkpointing.DELETED_SUFFIX), ignore_errors=True)
 
 
-def remove_earlier_checkpoints(output_dir: Path, overwrite: bool, is_main_process: bool = True) -> None:
+def remove_earlier_checkpoints(output_dir: Path, overwrite: bool, is_main_process: bool = True,
+                               tokenizer: Path | None = None) -> None:
     """--overwrite-output-dir: remove the earlier run's checkpoints, atomically, so that no later `--resume` mixes the
-    two runs. Called as training starts, once every check has passed: removed as the output folder was claimed, they
-    went with a run then refused for a mistyped data file, and nothing came in their place."""
-    checkpoints = output_dir / "checkpoints"
-    if is_main_process and overwrite and checkpoints.is_dir() and next(checkpoints.iterdir(), None) is not None:
-        print(f"--overwrite-output-dir: removing the earlier run's checkpoints in {checkpoints}")
-        checkpointing.remove_checkpoint(checkpoints)
+    two runs, and its tokenizer folder and loss log (train-accelerate's), which a run given --tokenizer or --model, or
+    a `train` or `finetune` run, writes none of: left beside the new run's model and checkpoints, they passed for its
+    own (another vocabulary, which `--resume` took for a checkpoint that carries no tokenizer). A --tokenizer
+    (`tokenizer`) that is the earlier run's tokenizer folder stays: it is this run's. Called as training starts, once
+    every check has passed: removed as the output folder was claimed, they went with a run then refused for a
+    mistyped data file, and nothing came in their place."""
+    if not (is_main_process and overwrite):
+        return
+    given = tokenizer and Path(tokenizer).resolve()
+    earlier = [path for name in ("checkpoints", "tokenizer", "loss_curve.jsonl") if (path := output_dir / name).exists()
+               and not (path.is_dir() and next(path.iterdir(), None) is None) and path.resolve() != given]
+    if earlier:
+        print(f"--overwrite-output-dir: removing the earlier run's {', '.join(path.name for path in earlier)} in "
+              f"{output_dir}")
+    for path in earlier:
+        if path.is_dir() and not path.is_symlink():
+            checkpointing.remove_checkpoint(path)
+        else:  # the loss log, or a link (to a tokenizer folder elsewhere, left as it is)
+            path.unlink()

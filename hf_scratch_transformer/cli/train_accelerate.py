@@ -387,13 +387,14 @@ def summed_loss(batch: dict, epsilon: float) -> torch.Tensor:
 stop = min(args.max_steps, args.stop_at_step or args.max_steps)
 save_steps = args.save_steps or max(1, args.max_steps // 4)
 log_file = output_dir / "loss_curve.jsonl"
-remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, accelerator.is_main_process)
+remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, accelerator.is_main_process, tokenizer=given)
 if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
     output_dir.mkdir(parents=True, exist_ok=True)
     # The tokenizer trained here, or a branch's (the other run's, as a run that trained one would leave it): written
-    # once every check has passed, as the earlier run's checkpoints are removed. Written as it was trained, a run then
-    # refused (the model's checks, too little data) had replaced the earlier run's tokenizer, or left a folder that
-    # looked like an earlier run, and the corrected command was refused over it.
+    # once every check has passed, as the earlier run's checkpoints and tokenizer are removed (none of its files left
+    # among this one's). Written as it was trained, a run then refused (the model's checks, too little data) had
+    # replaced the earlier run's tokenizer, or left a folder that looked like an earlier run, and the corrected
+    # command was refused over it.
     if trained or resume and not continues_run(resume, output_dir):
         tokenizer_dir.mkdir(exist_ok=True)
         for name, content in checkpoint_files.items():
