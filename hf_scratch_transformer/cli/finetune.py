@@ -55,7 +55,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_float,
     positive_int,
     refuse_lone_processes,
-    remove_earlier_checkpoints,
+    remove_the_earlier_run,
     repo_id,
     say,
     sequence_length,
@@ -409,7 +409,7 @@ trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClas
     callbacks=[training.StopAfterStep(preemption=preemption)],
 )
 refuse_lone_processes(parser, trainer)
-remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, is_rank_zero())
+remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_rank_zero())
 try:
     with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
         trainer.train(resume_from_checkpoint=resumed)

@@ -711,7 +711,7 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
                      is_main_process: bool = True, resume_from: Path | None = None, accelerator=None,
                      model: Path | None = None) -> None:
     """Refuse to start a new run over an earlier one unless asked: `--resume` continues it, `--overwrite-output-dir`
-    replaces it (`remove_earlier_checkpoints`), but not where it holds the run's own --model (`model`).
+    replaces it (`remove_the_earlier_run`), but not where it holds the run's own --model (`model`).
     `resume_from` (`--resume-from`) outside this folder's checkpoints starts a branch of another run: for this folder
     that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other. The main process then
     locks the folder (`lock_output_dir`); with `accelerator`, every process stops when it cannot."""
@@ -770,15 +770,15 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
             shutil.rmtree(output_dir / (name + checkpointing.DELETED_SUFFIX), ignore_errors=True)
 
 
-def remove_earlier_checkpoints(output_dir: Path, overwrite: bool, is_main_process: bool = True,
-                               tokenizer: Path | None = None) -> None:
-    """--overwrite-output-dir: remove the earlier run's checkpoints, atomically, so that no later `--resume` mixes the
-    two runs, and its tokenizer folder and loss log (train-accelerate's), which a run given --tokenizer or --model, or
-    a `train` or `finetune` run, writes none of: left beside the new run's model and checkpoints, they passed for its
-    own (another vocabulary, which `--resume` took for a checkpoint that carries no tokenizer). A --tokenizer
-    (`tokenizer`) that is the earlier run's tokenizer folder stays: it is this run's. Called as training starts, once
-    every check has passed: removed as the output folder was claimed, they went with a run then refused for a
-    mistyped data file, and nothing came in their place."""
+def remove_the_earlier_run(output_dir: Path, overwrite: bool, is_main_process: bool = True,
+                           tokenizer: Path | None = None) -> None:
+    """--overwrite-output-dir: remove what the earlier run left, its checkpoints atomically, so that no later `--resume`
+    mixes the two runs, and its tokenizer folder and loss log (train-accelerate's), which a run given --tokenizer or
+    --model, or a `train` or `finetune` run, writes none of: left beside the new run's model and checkpoints, they
+    passed for its own (another vocabulary, which `--resume` took for a checkpoint that carries no tokenizer). A
+    --tokenizer (`tokenizer`) that is the earlier run's tokenizer folder stays: it is this run's. Called as training
+    starts, once every check has passed: removed as the output folder was claimed, they went with a run then refused
+    for a mistyped data file, and nothing came in their place."""
     if not (is_main_process and overwrite):
         return
     given = tokenizer and Path(tokenizer).resolve()

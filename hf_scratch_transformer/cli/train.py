@@ -68,7 +68,7 @@ from hf_scratch_transformer.cli.run_options import (
     refuse_another_family,
     refuse_another_tokenizer,
     refuse_lone_processes,
-    remove_earlier_checkpoints,
+    remove_the_earlier_run,
     repo_id,
     run_data_files,
     run_data_name,
@@ -304,7 +304,7 @@ else:
 if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16, "--bf16"):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
-remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, is_main_process, tokenizer=given)
+remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_main_process, tokenizer=given)
 try:
     with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
         trainer.train(resume_from_checkpoint=resumed)

@@ -84,7 +84,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
-    remove_earlier_checkpoints,
+    remove_the_earlier_run,
     repo_id,
     run_data_files,
     run_data_name,
@@ -387,7 +387,7 @@ def summed_loss(batch: dict, epsilon: float) -> torch.Tensor:
 stop = min(args.max_steps, args.stop_at_step or args.max_steps)
 save_steps = args.save_steps or max(1, args.max_steps // 4)
 log_file = output_dir / "loss_curve.jsonl"
-remove_earlier_checkpoints(output_dir, args.overwrite_output_dir, accelerator.is_main_process, tokenizer=given)
+remove_the_earlier_run(output_dir, args.overwrite_output_dir, accelerator.is_main_process, tokenizer=given)
 if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
     output_dir.mkdir(parents=True, exist_ok=True)
     # The tokenizer trained here, or a branch's (the other run's, as a run that trained one would leave it): written
