@@ -38,7 +38,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hf_scratch_transformer import checkpointing, hub, training
+from hf_scratch_transformer import checkpointing, hub, mixed_precision, training
 
 
 def die() -> None:
@@ -131,7 +131,7 @@ def main() -> None:
             training.time = SimpleNamespace(monotonic=lambda: count * time.monotonic())
     elif point == "bf16":
         bf16 = count if int(os.environ.get("RANK", "0")) == 0 else 70
-        training.matmul_gflops = lambda dtype, *args, **kwargs: bf16 if dtype == torch.bfloat16 else 370
+        mixed_precision.matmul_gflops = lambda dtype, *args, **kwargs: bf16 if dtype == torch.bfloat16 else 370
     elif point == "full":
         if int(os.environ.get("RANK", "0")) != 0:
             fail_random_state_save(count)

@@ -24,7 +24,9 @@ from pathlib import Path
 
 # What every command imports first; the command modules themselves run as they are imported, so they are not here.
 PRELOAD = ["hf_scratch_transformer", "hf_scratch_transformer.checkpointing", "hf_scratch_transformer.cli.run_options",
-           "hf_scratch_transformer.training", "transformers.trainer", "accelerate", "datasets"]
+           "hf_scratch_transformer.training", "hf_scratch_transformer.training_data",
+           "hf_scratch_transformer.evaluation", "hf_scratch_transformer.mixed_precision", "transformers.trainer",
+           "accelerate", "datasets"]
 # Read by the commands as they run, not as they are imported: the variables the tests set.
 RUNTIME_VARIABLES = ("HF_SCRATCH_", "ACCELERATE_", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "CRASH_SIGNAL",
                      "COLUMNS")

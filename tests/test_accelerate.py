@@ -30,7 +30,7 @@ from tiny_tokenizers import wordpiece, write_run_corpus
 from torch.distributed.fsdp import StateDictType
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-from hf_scratch_transformer import ScratchEncoderForMaskedLM, checkpointing, training
+from hf_scratch_transformer import ScratchEncoderForMaskedLM, checkpointing, training_data
 from hf_scratch_transformer.checkpointing import CheckpointError
 from hf_scratch_transformer.presets import get_preset
 
@@ -134,8 +134,8 @@ def uninterrupted(workspace):
 
 def test_resumed_run_repeats_the_uninterrupted_loss_curve_step_for_step(workspace, uninterrupted):
     # The resume point lies inside the second epoch, and the run crosses an epoch end inside a step.
-    texts = training.load_texts([str(workspace / "corpus.txt")], seed=1337)["train"]
-    blocks = training.pack_for_causal_lm(texts, AutoTokenizer.from_pretrained(workspace / "decoder"), 32)
+    texts = training_data.load_texts([str(workspace / "corpus.txt")], seed=1337)["train"]
+    blocks = training_data.pack_for_causal_lm(texts, AutoTokenizer.from_pretrained(workspace / "decoder"), 32)
     batches_per_epoch = len(blocks) // 4
     assert batches_per_epoch < STOP * 2 < 2 * batches_per_epoch and (STOP * 2) % batches_per_epoch != 0
     assert batches_per_epoch % 2 == 1

@@ -27,7 +27,7 @@ from hf_scratch_transformer import (
     ScratchSeq2SeqConfig,
     hub,
     scratch_layers,
-    training,
+    training_data,
 )
 from tokenizer_training import train_tokenizer
 
@@ -276,21 +276,21 @@ def test_training_data_loaders_name_a_bad_text_file(bad_text, tmp_path, name):
     good = tmp_path / "good.txt"
     good.write_text("one\n\ntwo\n\nthree\n")
     with pytest.raises(ValueError, match=rf"{name} .*{message}"):
-        training.load_texts([path])
+        training_data.load_texts([path])
     with pytest.raises(ValueError, match=rf"{name} .*{message}"):
-        training.load_texts([str(good)], validation_files=[path])
+        training_data.load_texts([str(good)], validation_files=[path])
     with pytest.raises(ValueError, match=rf"{name} .*{message}"):
-        training.load_parallel([str(good)], [path])
+        training_data.load_parallel([str(good)], [path])
 
 
 def test_training_data_too_small_to_split_off_validation_is_named(tmp_path):
     one = tmp_path / "one.txt"
     one.write_text("a single line\n")
     with pytest.raises(ValueError, match=r"one.txt holds 1 training example\(s\), one per paragraph.*validation"):
-        training.load_texts([str(one)])
+        training_data.load_texts([str(one)])
     with pytest.raises(ValueError, match=r"one.txt holds 1 training example\(s\), one per line.*validation"):
-        training.load_parallel([str(one)], [str(one)])
-    assert training.load_texts([str(one)], validation_files=[str(one)])["validation"].num_rows == 1
+        training_data.load_parallel([str(one)], [str(one)])
+    assert training_data.load_texts([str(one)], validation_files=[str(one)])["validation"].num_rows == 1
 
 
 @pytest.mark.parametrize("split", ["train", "validation"])
@@ -305,9 +305,9 @@ def test_a_dataset_split_without_text_is_named(tmp_path, split):
         (tmp_path / f"pairs/{name}.csv").write_text("source,target\na man,\" \"\n" if blank else
                                                     "source,target\na dog,ein Hund\na cat,eine Katze\n")
     with pytest.raises(ValueError, match=rf"its '{split}' split holds no example: every row's 'text' is missing"):
-        training.load_texts(dataset=str(tmp_path / "texts"))
+        training_data.load_texts(dataset=str(tmp_path / "texts"))
     with pytest.raises(ValueError, match=rf"'{split}' split holds no example: every row's 'source' or 'target' is"):
-        training.load_parallel(dataset=str(tmp_path / "pairs"))
+        training_data.load_parallel(dataset=str(tmp_path / "pairs"))
 
 
 # ---------------------------------------------------------------------------------------------- weights files
@@ -519,12 +519,12 @@ class ReadData(Exception):
 def test_repeated_file_and_set_options_add_up(hf_scratch, monkeypatch, corpus, tmp_path):
     # argparse keeps the last of a repeated option: `--train-files a --train-files b` trained on b alone, and
     # `--set hidden_size=33 --set num_hidden_layers=1` built the model without the first override, silently.
-    from hf_scratch_transformer import training
+    from hf_scratch_transformer import training_data
 
     def read(files, dataset, dataset_config, text_column, validation_files, **kwargs):
         raise ReadData(files, validation_files)
 
-    monkeypatch.setattr(training, "load_texts", read)
+    monkeypatch.setattr(training_data, "load_texts", read)
     other = tmp_path / "other.txt"
     other.write_text("more text\n")
     with pytest.raises(ReadData) as read_data:
@@ -874,7 +874,7 @@ def test_finetune_fits_its_texts_in_the_models_positions(monkeypatch, capsys, sh
     def tripwire(*args, **kwargs):
         raise ReachedModelWork("the data was tokenized for a --max-length the model cannot read")
 
-    monkeypatch.setattr(training, "truncated_map", tripwire)
+    monkeypatch.setattr(training_data, "truncated_map", tripwire)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         main([str(argument) for argument in [*command, "--max-length", "32", "--output-dir", folder / "refused"]])
@@ -1004,7 +1004,7 @@ def test_config_file_fields_the_run_replaces_are_named(monkeypatch, capsys, corp
     def built(tokenizer, config):
         raise BuiltModel(config)
 
-    monkeypatch.setattr(training, "keep_the_inputs_the_model_reads", built)
+    monkeypatch.setattr(training_data, "keep_the_inputs_the_model_reads", built)
     monkeypatch.setattr("sys.argv", ["hf-scratch"])
     tiny_config("decoder", pad_token_id=7, max_position_embeddings=512).save_pretrained(tmp_path / "config")
     run = [*command, "--config", str(tmp_path / "config"), "--train-files", str(corpus), "--max-length", "32",

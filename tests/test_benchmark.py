@@ -403,15 +403,15 @@ def test_bf16_is_native_by_the_test_bf16_training_makes_on_one_core(benchmark_mo
     """Beside another process's products, a parallel fp32 product ran 85x slower (2.1 GFLOP/s) where an emulated,
     serial bf16 one did not (3.0): timed with all threads, bf16 looked native on an AVX2 CPU and the quick run beside
     another (tests above) grew bf16 rows. The verdict is the one `--bf16` makes, on one core, where fp32 runs at 181."""
-    from hf_scratch_transformer import training
+    from hf_scratch_transformer import mixed_precision
 
     def rate(dtype, *args, **kwargs):
         if dtype == torch.bfloat16:
             return 3.0
         return 181.0 if torch.get_num_threads() == 1 else 2.1
 
-    monkeypatch.setattr(training, "matmul_gflops", rate)
+    monkeypatch.setattr(mixed_precision, "matmul_gflops", rate)
     busy_peaks = {"bf16": 3.0e9, "fp32": 2.1e9}  # what the benchmark's all-thread products measured
     machine = benchmark_module.machine(busy_peaks)
     assert not machine["bf16_native"] and machine["bf16_speed"] == pytest.approx(3.0 / 181.0)
-    assert "Train in fp32" in training.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16")
+    assert "Train in fp32" in mixed_precision.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16")

@@ -16,7 +16,13 @@ from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq
 from transformers.testing_utils import CaptureLogger
 from transformers.tokenization_utils_base import logger as tokenization_logger
 
-from hf_scratch_transformer import ScratchEncoderForTokenClassification, training
+from hf_scratch_transformer import (
+    ScratchEncoderForTokenClassification,
+    evaluation,
+    mixed_precision,
+    training,
+    training_data,
+)
 from tokenizer_training import train_tokenizer
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -102,7 +108,7 @@ def test_evaluation_loss_is_the_mean_over_every_labelled_token_at_any_batch_size
         every_token = model(**inputs).loss.item()
     rows = [{key: value[i] for key, value in inputs.items()} for i in range(5)]
 
-    class Evaluating(training.TokenWeightedEvaluationLoss, Seq2SeqTrainer):
+    class Evaluating(evaluation.TokenWeightedEvaluationLoss, Seq2SeqTrainer):
         pass
 
     for batch in (1, 2, 5):
@@ -143,7 +149,7 @@ def bpe():
 
 def test_packing_makes_full_blocks_of_documents_ending_in_eos(bpe):
     texts = Dataset.from_dict({"text": ["To be, or not to be.", "That is the question.", "Whether 'tis nobler"] * 5})
-    packed = training.pack_for_causal_lm(texts, bpe, block_size=8)
+    packed = training_data.pack_for_causal_lm(texts, bpe, block_size=8)
     assert all(len(ids) == 8 for ids in packed["input_ids"])
     assert packed["input_ids"][:-1] == packed["labels"][:-1]  # the last block may be padded (see below)
     stream = [token for ids in packed["input_ids"] for token in ids]
@@ -166,7 +172,7 @@ def packed_stream(packed) -> list[int]:
 def test_packing_keeps_every_token_once_in_order(bpe, documents, block_size):
     """Blocks hold the documents' `<s> ... </s>` streams end to end: no token lost (the last, short block is padded
     with labels -100, so data shorter than a block still gives one), none repeated."""
-    packed = training.pack_for_causal_lm(Dataset.from_dict({"text": documents}), bpe, block_size)
+    packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), bpe, block_size)
     assert all(len(ids) == block_size for ids in packed["input_ids"])
     expected = [token for text in documents for token in [*bpe(text).input_ids, bpe.eos_token_id]]
     assert packed_stream(packed) == expected
@@ -175,7 +181,7 @@ def test_packing_keeps_every_token_once_in_order(bpe, documents, block_size):
 def test_packing_runs_on_across_batches_of_documents(bpe):
     """More documents than one `map` batch (1000): blocks still continue the stream where the batch ends."""
     documents = [f"line {i}" for i in range(2100)]
-    packed = training.pack_for_causal_lm(Dataset.from_dict({"text": documents}), bpe, block_size=16)
+    packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), bpe, block_size=16)
     assert packed_stream(packed) == [token for text in documents for token in [*bpe(text).input_ids, bpe.eos_token_id]]
 
 
@@ -188,7 +194,7 @@ def test_packing_documents_longer_than_the_tokenizers_maximum_does_not_warn(bpe)
                           model_max_length=8)
     text = "To be, or not to be, that is the question."
     with CaptureLogger(tokenization_logger) as captured:
-        packed = training.pack_for_causal_lm(Dataset.from_dict({"text": [text] * 3}), tokenizer, block_size=8)
+        packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": [text] * 3}), tokenizer, block_size=8)
     assert len(packed) > 3 and "Token indices sequence length" not in captured.out
     with CaptureLogger(tokenization_logger) as captured:
         tokenizer(text)
@@ -199,13 +205,13 @@ def test_packing_needs_an_eos_token(bpe):
     # A tokenizer without one (made elsewhere) put None into the blocks, where the first batch failed to collate.
     without_eos = type(bpe)(tokenizer_object=bpe.backend_tokenizer, bos_token="<s>")
     with pytest.raises(ValueError, match="no eos_token, which causal-lm data needs"):
-        training.pack_for_causal_lm(Dataset.from_dict({"text": ["To be."]}), without_eos, block_size=8)
+        training_data.pack_for_causal_lm(Dataset.from_dict({"text": ["To be."]}), without_eos, block_size=8)
 
 
 def test_mlm_collator_masks_fifteen_percent_with_80_10_10():
     tokenizer = wordpiece()
     texts = Dataset.from_dict({"text": ["To be, or not to be: that is the question of the day"] * 400})
-    encoded = training.tokenize_for_mlm(texts, tokenizer, max_length=32)
+    encoded = training_data.tokenize_for_mlm(texts, tokenizer, max_length=32)
     batch = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)(list(encoded))
     original = torch.tensor(encoded["input_ids"])
     chosen = batch["labels"] != -100
@@ -226,7 +232,7 @@ def test_mlm_sequences_hold_every_token_of_long_documents(documents, max_length)
     """Each sequence is `[CLS] ... [SEP]` of at most `max_length` tokens, and a longer document continues in the
     next ones: truncated, the tail of every long document never trained."""
     tokenizer = wordpiece()
-    encoded = training.tokenize_for_mlm(Dataset.from_dict({"text": documents}), tokenizer, max_length)
+    encoded = training_data.tokenize_for_mlm(Dataset.from_dict({"text": documents}), tokenizer, max_length)
     inner = []
     for ids, special in zip(encoded["input_ids"], encoded["special_tokens_mask"], strict=True):
         assert len(ids) <= max_length and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
@@ -252,7 +258,7 @@ def mask_as_accelerate_loop(tokenizer, features: list[dict], masker) -> dict:
 def test_mlm_masking_never_touches_special_tokens_or_padding(collate, words, seed):
     tokenizer = wordpiece()
     texts = Dataset.from_dict({"text": [" ".join(["question"] * n) for n in words]})
-    features = list(training.tokenize_for_mlm(texts, tokenizer, max_length=16))
+    features = list(training_data.tokenize_for_mlm(texts, tokenizer, max_length=16))
     torch.manual_seed(seed)
     batch = collate(tokenizer, features, DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.9))
     original = torch.tensor([ids + [tokenizer.pad_token_id] * (batch["input_ids"].shape[1] - len(ids))
@@ -266,7 +272,7 @@ def test_mlm_masking_never_touches_special_tokens_or_padding(collate, words, see
 def test_seq2seq_tokenization_gives_sources_and_labels_ending_in_eos():
     tokenizer = byte_level_bpe(family="seq2seq")
     pairs = Dataset.from_dict({"source": ["a man rides a horse"], "target": ["ein Mann reitet ein Pferd"]})
-    encoded = training.tokenize_for_seq2seq(pairs, tokenizer, max_length=32)[0]
+    encoded = training_data.tokenize_for_seq2seq(pairs, tokenizer, max_length=32)[0]
     assert encoded["input_ids"][-1] == encoded["labels"][-1] == tokenizer.eos_token_id
     assert tokenizer.decode(encoded["labels"], skip_special_tokens=True) == "ein Mann reitet ein Pferd"
 
@@ -278,7 +284,7 @@ def test_seq2seq_batches_pad_labels_with_minus_100_and_shift_them_into_decoder_i
     tokenizer = byte_level_bpe(family="seq2seq")
     model = tiny_lm("seq2seq", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
     data = Dataset.from_dict({"source": [source for source, _ in pairs], "target": [target for _, target in pairs]})
-    features = list(training.tokenize_for_seq2seq(data, tokenizer, max_length))
+    features = list(training_data.tokenize_for_seq2seq(data, tokenizer, max_length))
     batch = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)(features)
     sources, targets = batch["input_ids"].shape[1], batch["labels"].shape[1]
     for row, feature in enumerate(features):
@@ -297,10 +303,10 @@ def test_tokenizing_with_truncation_leaves_no_truncation_in_the_saved_tokenizer(
     # The tokenizer.json of every seq2seq model trained here cut texts to --max-length for `tokenizers` users.
     if task == "seq2seq":
         tokenizer = train_tokenizer("bpe", "seq2seq", files=[CORPUS], vocab_size=300)
-        training.tokenize_for_seq2seq(Dataset.from_dict({"source": ["a b c"], "target": ["d e"]}), tokenizer, 8)
+        training_data.tokenize_for_seq2seq(Dataset.from_dict({"source": ["a b c"], "target": ["d e"]}), tokenizer, 8)
     else:
         tokenizer = train_tokenizer("wordpiece", "encoder", files=[CORPUS], vocab_size=300)
-        training.tokenize_for_mlm(Dataset.from_dict({"text": ["a b c"]}), tokenizer, 8)
+        training_data.tokenize_for_mlm(Dataset.from_dict({"text": ["a b c"]}), tokenizer, 8)
     tokenizer.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "tokenizer.json").read_text())["truncation"] is None
     assert len(Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode("to be or not " * 10).ids) > 8
@@ -309,7 +315,7 @@ def test_tokenizing_with_truncation_leaves_no_truncation_in_the_saved_tokenizer(
 def test_text_files_are_read_by_paragraph_and_split(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"Speaker {i}:\nline one\nline two" for i in range(40)))
-    data = training.load_texts([str(corpus)], validation_split=0.1)
+    data = training_data.load_texts([str(corpus)], validation_split=0.1)
     assert len(data["train"]) == 36 and len(data["validation"]) == 4
     assert "\nline one\n" in data["train"][0]["text"]
 
@@ -320,7 +326,7 @@ def test_paragraphs_are_split_at_any_blank_line_and_hold_no_blank_lines(tmp_path
     # sequence with nothing to mask); the file's last paragraph kept its line break.
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("one\n\n\n\ntwo a\n  two b\n \t\nthree\n\n \n\n\n")
-    data = training.load_texts([str(corpus)], validation_files=[str(corpus)])
+    data = training_data.load_texts([str(corpus)], validation_files=[str(corpus)])
     assert list(data["train"]["text"]) == list(data["validation"]["text"]) == ["one", "two a\n  two b", "three"]
 
 
@@ -328,7 +334,7 @@ def test_a_data_file_of_a_datasets_format_is_not_read_as_text_files(tmp_path):
     # `--train-files data.csv` trained on the CSV lines, header and commas included, as paragraphs of text.
     (tmp_path / "data.csv").write_text("text,label\n" + "".join(f"line {i},1\n\n" for i in range(20)))
     with pytest.raises(ValueError, match=r"data.csv is a CSV file, not plain text: .*as a dataset"):
-        training.load_texts([str(tmp_path / "data.csv")])
+        training_data.load_texts([str(tmp_path / "data.csv")])
 
 
 @settings(max_examples=50, deadline=None)
@@ -340,7 +346,7 @@ def test_paragraphs_are_the_runs_of_non_blank_lines(paragraphs, blanks):
     separators = ["\n" + "".join(blank + "\n" for blank in run) for run in blanks]
     leading = "".join(blank + "\n" for blank in blanks[-1])  # blank lines before the first paragraph too
     text = leading + "".join("\n".join(lines) + separators[i] for i, lines in enumerate(paragraphs))
-    assert training._paragraphs({"text": [text]})["text"] == ["\n".join(lines) for lines in paragraphs]
+    assert training_data._paragraphs({"text": [text]})["text"] == ["\n".join(lines) for lines in paragraphs]
 
 
 def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
@@ -348,14 +354,14 @@ def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
     for name, text in [("doc.txt", "one\n\ntwo\n"), ("a.en", "one\ntwo\n"), ("a.de", "eins\nzwei\n")]:
         (tmp_path / name).write_text(text, encoding="utf-8-sig")
     doc, en, de = ([str(tmp_path / name)] for name in ("doc.txt", "a.en", "a.de"))
-    assert sorted(training.load_texts(doc, validation_files=doc)["validation"]["text"]) == ["one", "two"]
-    pairs = training.load_parallel(en, de, en, de)["validation"]
+    assert sorted(training_data.load_texts(doc, validation_files=doc)["validation"]["text"]) == ["one", "two"]
+    pairs = training_data.load_parallel(en, de, en, de)["validation"]
     assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("two", "zwei")]
     # as are the text files of a --dataset folder (`datasets`' text builder reads them as UTF-8, BOM and all)
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder/train.txt").write_text("one\ntwo\n", encoding="utf-8-sig")
     (tmp_path / "folder/validation.txt").write_text("three\n", encoding="utf-8-sig")
-    data = training.load_texts(dataset=str(tmp_path / "folder"))
+    data = training_data.load_texts(dataset=str(tmp_path / "folder"))
     assert sorted(data["train"]["text"]) == ["one", "two"] and list(data["validation"]["text"]) == ["three"]
 
 
@@ -363,13 +369,13 @@ def test_a_datasets_text_columns_must_hold_text_and_rows_missing_one_are_left_ou
     # An empty CSV cell is None: tokenizing it failed with a bare TypeError, after the tokenizer's training.
     rows = ["hello world,1,hallo Welt", ",0,leer", "no target,1,"] + [f"line {i},1,Zeile {i}" for i in range(10)]
     (tmp_path / "data.csv").write_text("\n".join(["text,label,de", *rows]) + "\n")
-    texts = training.load_texts(dataset=str(tmp_path))
+    texts = training_data.load_texts(dataset=str(tmp_path))
     kept = [*texts["train"]["text"], *texts["validation"]["text"]]
     assert sorted(kept) == sorted(["hello world", "no target", *(f"line {i}" for i in range(10))])
-    pairs = training.load_parallel(dataset=str(tmp_path), source_column="text", target_column="de")
+    pairs = training_data.load_parallel(dataset=str(tmp_path), source_column="text", target_column="de")
     assert pairs["train"].num_rows + pairs["validation"].num_rows == 11
     with pytest.raises(ValueError, match=r"column 'label' holds Value\('int64'\), not text"):
-        training.load_texts(dataset=str(tmp_path), text_column="label")
+        training_data.load_texts(dataset=str(tmp_path), text_column="label")
 
 
 def test_a_datasets_blank_texts_are_no_examples(tmp_path):
@@ -377,12 +383,12 @@ def test_a_datasets_blank_texts_are_no_examples(tmp_path):
     # nothing to mask), as an empty JSON string was; an empty CSV cell (None) was already left out.
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts/a.txt").write_text("one\n\ntwo\n   \nthree\n")
-    texts = training.load_texts(dataset=str(tmp_path / "texts"))
+    texts = training_data.load_texts(dataset=str(tmp_path / "texts"))
     assert sorted([*texts["train"]["text"], *texts["validation"]["text"]]) == ["one", "three", "two"]
     rows = [{"text": "eins", "de": "one"}, {"text": "", "de": "none"}, {"text": "zwei", "de": " "},
             {"text": "drei", "de": "three"}]
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    pairs = training.load_parallel(dataset=str(tmp_path / "pairs.jsonl"), source_column="text", target_column="de")
+    pairs = training_data.load_parallel(dataset=str(tmp_path / "pairs.jsonl"), source_column="text", target_column="de")
     assert sorted([*pairs["train"]["source"], *pairs["validation"]["source"]]) == ["drei", "eins"]
 
 
@@ -390,39 +396,39 @@ def test_one_column_for_both_sides_of_the_pairs_is_named(tmp_path):
     # --source-column text --target-column text renamed the column once: no "source", a KeyError when tokenizing.
     (tmp_path / "data.csv").write_text("text\n" + "".join(f"line {i}\n" for i in range(4)))
     with pytest.raises(ValueError, match="'text' is both the source and the target column: name"):
-        training.load_parallel(dataset=str(tmp_path / "data.csv"), source_column="text", target_column="text")
+        training_data.load_parallel(dataset=str(tmp_path / "data.csv"), source_column="text", target_column="text")
 
 
 def test_a_dataset_without_a_train_split_is_named(tmp_path):
     # A folder holding test.csv only: the loaders failed with a bare KeyError: 'train'.
     (tmp_path / "test.csv").write_text("text,de\n" + "".join(f"line {i},Zeile {i}\n" for i in range(4)))
     with pytest.raises(ValueError, match=r"has no 'train' split \(it has test\)"):
-        training.load_texts(dataset=str(tmp_path))
+        training_data.load_texts(dataset=str(tmp_path))
     with pytest.raises(ValueError, match=r"has no 'train' split \(it has test\)"):
-        training.load_parallel(dataset=str(tmp_path), source_column="text", target_column="de")
+        training_data.load_parallel(dataset=str(tmp_path), source_column="text", target_column="de")
 
 
 def test_a_dataset_can_be_a_single_local_file(tmp_path):
     # As docs/training.md says; `load_dataset` looked for the file's name on the Hub.
     (tmp_path / "data.csv").write_text("text\n" + "".join(f"line {i}\n" for i in range(20)))
-    assert training.load_texts(dataset=str(tmp_path / "data.csv"))["train"].num_rows == 19
+    assert training_data.load_texts(dataset=str(tmp_path / "data.csv"))["train"].num_rows == 19
     (tmp_path / "data.xml").write_text("<rows/>")
     with pytest.raises(ValueError, match=r"data.xml: unknown file type '.xml'; use one of .txt, .csv"):
-        training.load_texts(dataset=str(tmp_path / "data.xml"))
+        training_data.load_texts(dataset=str(tmp_path / "data.xml"))
 
 
 def test_a_dataset_name_the_hub_cannot_answer_is_an_error_naming_it():
     # Offline (as the tests run), a name that is no local path (a Hub id, or a mistyped local folder) stopped with
     # `datasets`' ConnectionError traceback.
     with pytest.raises(ValueError, match=r"someuser/nothere: no such local file or folder, and the Hub cannot be"):
-        training.load_texts(dataset="someuser/nothere")
+        training_data.load_texts(dataset="someuser/nothere")
 
 
 def test_parallel_files_must_align(tmp_path):
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "a.de").write_text("eins\n")
     with pytest.raises(ValueError, match="differ in length"):
-        training.load_parallel([str(tmp_path / "a.en")], [str(tmp_path / "a.de")])
+        training_data.load_parallel([str(tmp_path / "a.en")], [str(tmp_path / "a.de")])
 
 
 def test_parallel_files_must_align_file_by_file(tmp_path):
@@ -432,7 +438,7 @@ def test_parallel_files_must_align_file_by_file(tmp_path):
                        ("b.de", "vier\nfuenf\nsechs\n")):
         (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=r"a.en has 3 lines, .*a.de 2"):
-        training.load_parallel([str(tmp_path / "a.en"), str(tmp_path / "b.en")],
+        training_data.load_parallel([str(tmp_path / "a.en"), str(tmp_path / "b.en")],
                                [str(tmp_path / "a.de"), str(tmp_path / "b.de")])
 
 
@@ -441,7 +447,7 @@ def test_blank_lines_ending_a_parallel_file_are_no_sentences(tmp_path):
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "a.de").write_text("eins\nzwei\n\n \n")
     files = [str(tmp_path / "a.en")], [str(tmp_path / "a.de")]
-    pairs = training.load_parallel(*files, *files)["validation"]
+    pairs = training_data.load_parallel(*files, *files)["validation"]
     assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("two", "zwei")]
 
 
@@ -451,7 +457,7 @@ def test_a_pair_with_a_blank_side_is_no_example_from_files_as_from_a_dataset(tmp
     (tmp_path / "a.en").write_text("one\ntwo\n\nfour\n")
     (tmp_path / "a.de").write_text("eins\n \ndrei\nvier\n")
     files = [str(tmp_path / "a.en")], [str(tmp_path / "a.de")]
-    pairs = training.load_parallel(*files, *files)["validation"]
+    pairs = training_data.load_parallel(*files, *files)["validation"]
     assert list(zip(pairs["source"], pairs["target"], strict=True)) == [("one", "eins"), ("four", "vier")]
 
 
@@ -462,14 +468,14 @@ def test_parallel_files_split_at_line_breaks_only(tmp_path):
     (tmp_path / "a.en").write_text("one\ntwo\u2028half\nthree\r\nfour\n", encoding="utf-8")
     (tmp_path / "a.de").write_text("eins\nzwei\ndrei\r\nvier\x0cfünf\rsechs\n", encoding="utf-8")
     files = [str(tmp_path / "a.en")], [str(tmp_path / "a.de")]
-    pairs = training.load_parallel(*files, *files)["validation"]
+    pairs = training_data.load_parallel(*files, *files)["validation"]
     assert list(zip(pairs["source"], pairs["target"], strict=True)) == [
         ("one", "eins"), ("two\u2028half", "zwei"), ("three", "drei"), ("four", "vier\x0cfünf\rsechs")]
 
 
 def test_files_or_dataset_not_both():
     with pytest.raises(ValueError, match="either"):
-        training.load_texts(["x.txt"], dataset="name")
+        training_data.load_texts(["x.txt"], dataset="name")
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -477,9 +483,9 @@ def test_files_or_dataset_not_both():
 
 def test_mlm_accuracy_counts_masked_positions_only():
     prediction = SimpleNamespace(predictions=np.array([[1, 2, 3]]), label_ids=np.array([[1, -100, 4]]))
-    assert training.mlm_accuracy(prediction) == {"mlm_accuracy": 0.5, "masked_tokens": 2}
+    assert evaluation.mlm_accuracy(prediction) == {"mlm_accuracy": 0.5, "masked_tokens": 2}
     nothing_masked = SimpleNamespace(predictions=np.array([[1, 2]]), label_ids=np.array([[-100, -100]]))
-    assert training.mlm_accuracy(nothing_masked) == {"masked_tokens": 0}  # no share of no token
+    assert evaluation.mlm_accuracy(nothing_masked) == {"masked_tokens": 0}  # no share of no token
 
 
 def test_sparse_mlm_predictions_are_put_back_in_place_of_their_labels():
@@ -487,18 +493,18 @@ def test_sparse_mlm_predictions_are_put_back_in_place_of_their_labels():
     Trainer can trim by examples (a last, short batch) without misaligning them."""
     labels = torch.tensor([[5, -100, 7], [-100, -100, 2]])
     logits = torch.nn.functional.one_hot(torch.tensor([5, 1, 2]), 9).float()  # argmax 5, 1, 2
-    placed = training.argmax_logits(logits, labels)
+    placed = evaluation.argmax_logits(logits, labels)
     assert placed.tolist() == [[5, -100, 1], [-100, -100, 2]]
     trimmed = SimpleNamespace(predictions=placed[:1].numpy(), label_ids=labels[:1].numpy())
-    assert training.mlm_accuracy(trimmed) == {"mlm_accuracy": 0.5, "masked_tokens": 2}
+    assert evaluation.mlm_accuracy(trimmed) == {"mlm_accuracy": 0.5, "masked_tokens": 2}
     dense = torch.nn.functional.one_hot(torch.tensor([[5, 0, 1], [3, 3, 2]]), 9).float()
-    assert training.argmax_logits(dense, labels).tolist() == [[5, 0, 1], [3, 3, 2]]
+    assert evaluation.argmax_logits(dense, labels).tolist() == [[5, 0, 1], [3, 3, 2]]
 
 
 def test_classification_metrics():
     prediction = SimpleNamespace(predictions=np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]),
                                  label_ids=np.array([0, 1, 1]))
-    metrics = training.classification_metrics(prediction)
+    metrics = evaluation.classification_metrics(prediction)
     assert metrics["accuracy"] == pytest.approx(2 / 3)
     assert metrics["f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
 
@@ -508,16 +514,16 @@ def test_macro_f1_counts_classes_that_are_only_predicted():
     Here class 2 is predicted once, wrongly, so its F1 is 0: (1 + 2/3 + 0) / 3; counting only the labels' classes
     gave (1 + 2/3) / 2, a better score for a worse model."""
     tokens = SimpleNamespace(predictions=np.array([[0, 0, 1, 2, 0]]), label_ids=np.array([[0, 0, 1, 1, -100]]))
-    metrics = training.classification_metrics(tokens)
+    metrics = evaluation.classification_metrics(tokens)
     assert metrics["accuracy"] == pytest.approx(3 / 4)
     assert metrics["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
 
 
 def test_entity_tags_are_told_from_other_token_labels():
-    assert training.names_entities(["O", "B-PER", "I-PER", "B-LOC", "I-LOC"])  # IOB2
-    assert training.names_entities(["O", "S-PER", "B-PER", "I-PER", "E-PER"])  # IOBES
-    assert not training.names_entities(["O", "ANIMAL"])  # no scheme: word classes
-    assert not training.names_entities(["O"]) and not training.names_entities(["O", "B-"])
+    assert evaluation.names_entities(["O", "B-PER", "I-PER", "B-LOC", "I-LOC"])  # IOB2
+    assert evaluation.names_entities(["O", "S-PER", "B-PER", "I-PER", "E-PER"])  # IOBES
+    assert not evaluation.names_entities(["O", "ANIMAL"])  # no scheme: word classes
+    assert not evaluation.names_entities(["O"]) and not evaluation.names_entities(["O", "B-"])
 
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -531,15 +537,15 @@ def test_token_metrics_score_entities_as_conlleval_over_the_labelled_words():
     the right tag (that I- counts as a wrong word)."""
     label_ids = np.array([[1, 2, -100, 0, 3], [3, 0, -100, -100, -100]])
     predicted = np.array([[1, 0, 4, 0, 3], [4, 0, 0, 0, 0]])
-    metrics = training.token_classification_metrics(TAGS)(SimpleNamespace(predictions=predicted, label_ids=label_ids))
+    metrics = evaluation.token_classification_metrics(TAGS)(SimpleNamespace(predictions=predicted, label_ids=label_ids))
     assert metrics["accuracy"] == pytest.approx(4 / 6)
     assert metrics["entity_precision"] == pytest.approx(2 / 3)
     assert metrics["entity_recall"] == pytest.approx(2 / 3)
     assert metrics["entity_f1"] == pytest.approx(2 / 3)
     logits = np.eye(len(TAGS))[predicted]  # (texts, tokens, labels) as the model returns them
-    assert training.token_classification_metrics(TAGS)(SimpleNamespace(predictions=logits, label_ids=label_ids)) \
+    assert evaluation.token_classification_metrics(TAGS)(SimpleNamespace(predictions=logits, label_ids=label_ids)) \
         == metrics
-    words = training.token_classification_metrics(["O", "ANIMAL"])(SimpleNamespace(
+    words = evaluation.token_classification_metrics(["O", "ANIMAL"])(SimpleNamespace(
         predictions=np.array([[0, 1]]), label_ids=np.array([[0, 1]])))
     assert set(words) == {"accuracy", "f1"}  # word classes: no entities to score
 
@@ -548,10 +554,10 @@ def test_translation_metrics_score_a_perfect_and_a_wrong_output():
     tokenizer = byte_level_bpe(family="seq2seq")
     labels = np.array(tokenizer(["a man rides a horse", "two dogs play"], padding=True).input_ids)
     labels = np.where(labels == tokenizer.pad_token_id, -100, labels)
-    perfect = training.translation_metrics(tokenizer)(SimpleNamespace(predictions=labels, label_ids=labels))
+    perfect = evaluation.translation_metrics(tokenizer)(SimpleNamespace(predictions=labels, label_ids=labels))
     assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
     wrong = np.array(tokenizer(["the sky", "water"], padding=True).input_ids)
-    scores = training.translation_metrics(tokenizer)(SimpleNamespace(predictions=wrong, label_ids=labels))
+    scores = evaluation.translation_metrics(tokenizer)(SimpleNamespace(predictions=wrong, label_ids=labels))
     assert scores["bleu"] < 10
 
 
@@ -574,7 +580,7 @@ def matmul_rates(monkeypatch):
             measured.append(dtype)
             return {torch.bfloat16: bf16, torch.float32: fp32}[dtype]
 
-        monkeypatch.setattr(training, "matmul_gflops", rate)
+        monkeypatch.setattr(mixed_precision, "matmul_gflops", rate)
         return measured
 
     return set_rates
@@ -582,7 +588,7 @@ def matmul_rates(monkeypatch):
 
 def test_bf16_on_a_cpu_without_native_bf16_is_refused_with_the_measured_rates(matmul_rates):
     matmul_rates(bf16=1.3, fp32=177.0)  # the AVX2 EPYC of issue 13
-    refusal = training.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16")
+    refusal = mixed_precision.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16")
     assert "1.3 GFLOP/s" in refusal and "177.0" in refusal and "136.2x" in refusal
     assert "Train in fp32 (without --bf16)" in refusal and "--force-bf16" in refusal
 
@@ -593,35 +599,35 @@ def test_bf16_slower_than_fp32_but_native_trains_with_a_warning_naming_the_rates
     as fast in bf16): not refused (bf16 still takes less memory), but not silent either."""
     matmul_rates(bf16=bf16, fp32=309.0)
     with pytest.warns(UserWarning, match=rf"slower than fp32 .*{bf16} GFLOP/s.*309.0 \(.*x faster\).*without --bf16"):
-        assert training.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16") is None
+        assert mixed_precision.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16") is None
 
 
 def test_emulated_bf16_on_avx512_without_bf16_is_refused(matmul_rates):
     matmul_rates(bf16=31.0, fp32=174.0)  # an AMX Xeon with oneDNN limited to AVX512_CORE: no bf16 instructions
-    assert "Train in fp32" in training.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16")
+    assert "Train in fp32" in mixed_precision.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16")
 
 
 def test_bf16_as_fast_as_fp32_passes_without_a_warning(matmul_rates, recwarn):
     matmul_rates(bf16=300.0, fp32=300.0)
-    assert training.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16") is None
+    assert mixed_precision.slow_bf16_refusal("bf16", "cpu", force=False, option="--bf16") is None
     assert not [warning for warning in recwarn if "bf16" in str(warning.message)]
 
 
 def test_forced_bf16_on_a_slow_cpu_warns_and_goes_on(matmul_rates):
     matmul_rates(bf16=70.0, fp32=370.0)
     with pytest.warns(UserWarning, match="70.0 GFLOP/s.*training in bf16 anyway"):
-        assert training.slow_bf16_refusal("bf16", "cpu", force=True, option="--mixed-precision bf16") is None
+        assert mixed_precision.slow_bf16_refusal("bf16", "cpu", force=True, option="--mixed-precision bf16") is None
 
 
-@pytest.mark.parametrize("mixed_precision, device", [("bf16", "cpu"), ("no", "cpu"), ("bf16", "cuda")])
-def test_fast_bf16_fp32_and_gpus_pass(matmul_rates, mixed_precision, device):
+@pytest.mark.parametrize("precision, device", [("bf16", "cpu"), ("no", "cpu"), ("bf16", "cuda")])
+def test_fast_bf16_fp32_and_gpus_pass(matmul_rates, precision, device):
     measured = matmul_rates(bf16=900.0, fp32=450.0)
-    assert training.slow_bf16_refusal(mixed_precision, device, force=False, option="--bf16") is None
-    assert len(measured) == (2 if (mixed_precision, device) == ("bf16", "cpu") else 0)  # measured only on CPU bf16
+    assert mixed_precision.slow_bf16_refusal(precision, device, force=False, option="--bf16") is None
+    assert len(measured) == (2 if (precision, device) == ("bf16", "cpu") else 0)  # measured only on CPU bf16
 
 
 def test_matmul_gflops_measures_a_positive_rate():
-    assert training.matmul_gflops(torch.float32, size=32) > 0
+    assert mixed_precision.matmul_gflops(torch.float32, size=32) > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -652,10 +658,10 @@ def test_a_column_named_as_ours_beside_the_columns_read_is_left_out(tmp_path):
     rows = [{"text": f"text {i}", "summary": f"summary {i}", "source": f"source {i}", "en": f"en {i}", "de": f"de {i}"}
             for i in range(10)]
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    texts = training.load_texts(dataset=str(tmp_path / "data.jsonl"), text_column="summary")
+    texts = training_data.load_texts(dataset=str(tmp_path / "data.jsonl"), text_column="summary")
     assert texts["train"].column_names == ["text"]
     assert sorted([*texts["train"]["text"], *texts["validation"]["text"]]) == [f"summary {i}" for i in range(10)]
-    pairs = training.load_parallel(dataset=str(tmp_path / "data.jsonl"), source_column="en", target_column="de")
+    pairs = training_data.load_parallel(dataset=str(tmp_path / "data.jsonl"), source_column="en", target_column="de")
     assert pairs["train"].column_names == ["source", "target"]
     assert all(pair["source"] == "en" + pair["target"].removeprefix("de") for pair in pairs["train"])
 
@@ -691,7 +697,7 @@ def test_a_local_dataset_named_from_another_folder_is_the_same_data(monkeypatch,
 def test_pairs_left_out_of_a_dataset_for_a_blank_side_are_reported(tmp_path):
     (tmp_path / "pairs.csv").write_text("en,de\none,eins\n,zwei\nthree, \nfour,vier\n")
     reports = []
-    pairs = training.load_parallel(dataset=str(tmp_path / "pairs.csv"), source_column="en", target_column="de",
+    pairs = training_data.load_parallel(dataset=str(tmp_path / "pairs.csv"), source_column="en", target_column="de",
                                    report=reports.append)
     assert len(pairs["train"]) + len(pairs["validation"]) == 2
     assert reports == ["2 of the 4 training examples left out: their source or target is blank or missing"]

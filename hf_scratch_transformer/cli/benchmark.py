@@ -104,7 +104,7 @@ from transformers import (
 )
 
 from hf_scratch_command import command_help
-from hf_scratch_transformer import training
+from hf_scratch_transformer import mixed_precision
 from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
 from hf_scratch_transformer.cli.run_options import at_least
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
@@ -417,7 +417,7 @@ def matmul_flops(product, dtype: torch.dtype) -> float:
     """FLOP/s of `product` on two square matrices; 0 where the kernel does not exist for `dtype` on this CPU (oneDNN
     has no bf16 inner product without AVX-512 bf16 or AMX)."""
     try:
-        return 1e9 * training.matmul_gflops(dtype, args.mm_size, product, runs=8, device=DEVICE)  # the best of 8
+        return 1e9 * mixed_precision.matmul_gflops(dtype, args.mm_size, product, runs=8, device=DEVICE)  # the best of 8
     except RuntimeError:
         return 0.0
 
@@ -559,8 +559,8 @@ def machine(peaks: dict) -> dict:
     if DEVICE.type == "cuda":
         bf16_native, bf16_speed = torch.cuda.is_bf16_supported(), peaks["bf16"] / peaks["fp32"]
     else:
-        bf16, fp32 = training.one_core_product_rates()
-        bf16_native, bf16_speed = training.bf16_is_native(bf16, fp32), bf16 / fp32
+        bf16, fp32 = mixed_precision.one_core_product_rates()
+        bf16_native, bf16_speed = mixed_precision.bf16_is_native(bf16, fp32), bf16 / fp32
     return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(), bf16_native=bf16_native,
                 bf16_speed=bf16_speed,
                 cores=os.cpu_count(), cache_mib=last_level_cache_bytes() >> 20,

@@ -35,7 +35,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help
-from hf_scratch_transformer import hub, training
+from hf_scratch_transformer import evaluation, hub, training, training_data
 from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, CrashSafeTrainer, checkpoint_to_resume
 from hf_scratch_transformer.cli.run_options import (
     RunParser,
@@ -89,7 +89,7 @@ def step_budget(text: str) -> int:
     return value
 
 
-class TokenClassificationTrainer(training.TokenWeightedEvaluationLoss, CrashSafeTrainer):
+class TokenClassificationTrainer(evaluation.TokenWeightedEvaluationLoss, CrashSafeTrainer):
     """Its evaluation loss counts each labelled word alike: sentences carry different numbers of words."""
 
 
@@ -349,7 +349,7 @@ if not same_head and any("Classification" in name for name in config.architectur
                 parameter._is_hf_initialized = False  # loaded: transformers' init functions would leave it as it is
             module.apply(model._init_weights)
     say(f"note: {args.model} classifies {sorted(config.label2id)}; {args.task} on {names} trains a new head")
-training.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
+training_data.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
 if args.max_length is None:  # as run_glue takes the model's maximum where it is below the default
     args.max_length = min(128, absolute_positions(model.config) or 128)
 check_model_fits(parser, model, tokenizer, args.max_length)  # else a traceback at the first step, past 64 positions
@@ -382,7 +382,8 @@ def encode(batch):
 # The two columns read, under names that no output takes: `datasets.map` gives an output named as an input column
 # (a CSV's "labels") that column's type, and class ids became the strings '0', '1'
 used = {input_column: "inputs", args.label_column: "targets"}
-datasets = {split: training.truncated_map(raw[split].select_columns(list(used)).rename_columns(used), encode, tokenizer)
+datasets = {split: training_data.truncated_map(raw[split].select_columns(list(used)).rename_columns(used), encode,
+                                               tokenizer)
             for split in raw}
 collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classification"
             else DataCollatorForTokenClassification(tokenizer))
@@ -404,8 +405,8 @@ trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClas
         "max_length": args.max_length, "data": data_settings(args),
         # Without --max-steps, --epochs sets the steps and the schedule: changed on --resume, it went unsaid
         **({"epochs": args.epochs} if args.max_steps == -1 else {})},
-    compute_metrics=(training.classification_metrics if args.task == "text-classification"
-                     else training.token_classification_metrics(names)),
+    compute_metrics=(evaluation.classification_metrics if args.task == "text-classification"
+                     else evaluation.token_classification_metrics(names)),
     callbacks=[training.StopAfterStep(preemption=preemption)],
 )
 refuse_lone_processes(parser, trainer)

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from hf_scratch_command import is_rank_zero
-from hf_scratch_transformer import checkpointing, training
+from hf_scratch_transformer import checkpointing, training_data
 from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields, get_preset
 from tokenizer_training import TOKENIZER_FILES
 
@@ -455,14 +455,14 @@ def refuse_another_family(parser: argparse.ArgumentParser, tokenizer, task: str,
     """A tokenizer trained for another model family (by `train_tokenizer`, which records it) brings that family's
     special tokens and templates: a decoder's `<s> text`, without `</s>`, would teach a seq2seq model never to stop.
     A tokenizer from `source` without a recorded family is judged by the special token the task's data needs
-    (`training.check_task_token`) alone."""
+    (`training_data.check_task_token`) alone."""
     family, needed = tokenizer.init_kwargs.get("family"), DEFAULTS[task][2]
     if family is not None and family != needed:
         parser.error(f"the tokenizer of {source} was trained for the {family} family, but --task {task} needs one for "
                      f"the {needed} family (its special tokens and templates): train one with `hf-scratch tokenizer "
                      f"--family {needed}`, or leave out --tokenizer to have the run train one.")
     try:
-        training.check_task_token(tokenizer, task)
+        training_data.check_task_token(tokenizer, task)
     except ValueError as error:
         parser.error(f"{source}: {error}")
 
@@ -562,7 +562,7 @@ def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
         if problem := files_given_twice({name: getattr(args, name) or [] for name in options}):
             raise ValueError(problem)
     if args.task == "seq2seq":
-        raw = training.load_parallel(
+        raw = training_data.load_parallel(
             args.source_files, args.target_files, args.validation_source, args.validation_target,
             dataset=args.dataset, dataset_config=args.dataset_config, source_column=args.source_column or "source",
             target_column=args.target_column or "target", seed=args.seed,
@@ -572,7 +572,7 @@ def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
                                  remove_columns=["source", "target"])
         return raw, texts
     files = args.train_files or (None if args.dataset else [str(DEFAULT_CORPUS)])
-    raw = training.load_texts(files, args.dataset, args.dataset_config, args.text_column or "text",
+    raw = training_data.load_texts(files, args.dataset, args.dataset_config, args.text_column or "text",
                               args.validation_files, seed=args.seed)
     return raw, raw["train"]
 

@@ -33,7 +33,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help
-from hf_scratch_transformer import hub, training
+from hf_scratch_transformer import evaluation, hub, mixed_precision, training, training_data
 from hf_scratch_transformer.checkpointing import (
     TRAINER_PREFIX,
     CheckpointError,
@@ -93,11 +93,11 @@ class ShardedCrashSafeTrainer(ShardedTrainer, CrashSafeTrainer):
     over every token, without the mixin's second pass over the logits (5-6% of the evaluation's time)."""
 
 
-class MaskedLMTrainer(training.MasksOfEachStep, training.TokenWeightedEvaluationLoss, ShardedCrashSafeTrainer):
+class MaskedLMTrainer(training.MasksOfEachStep, evaluation.TokenWeightedEvaluationLoss, ShardedCrashSafeTrainer):
     pass
 
 
-class ShardedSeq2SeqTrainer(training.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeSeq2SeqTrainer):
+class ShardedSeq2SeqTrainer(evaluation.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeSeq2SeqTrainer):
     def prediction_step(self, *args, **kwargs):
         """Seq2SeqTrainer's, leaving the model's generation config as it was: transformers' writes every legacy
         default into it in place (max_length 20, greedy search, top_k 50, ...), and the saved folder shipped them to
@@ -227,19 +227,22 @@ else:
         say(replaced)
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
-training.keep_the_inputs_the_model_reads(tokenizer, model.config)
+training_data.keep_the_inputs_the_model_reads(tokenizer, model.config)
 say(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters")
 
 if task == "causal-lm":
-    datasets = {split: training.pack_for_causal_lm(texts, tokenizer, args.max_length) for split, texts in raw.items()}
+    datasets = {split: training_data.pack_for_causal_lm(texts, tokenizer, args.max_length)
+                for split, texts in raw.items()}
     # Packed blocks have equal length and carry their labels: stacking is all. (Left as None, Trainer would pad them
     # with the tokenizer, twice the time per batch.)
     collator = default_data_collator
 elif task == "masked-lm":
-    datasets = {split: training.tokenize_for_mlm(texts, tokenizer, args.max_length) for split, texts in raw.items()}
+    datasets = {split: training_data.tokenize_for_mlm(texts, tokenizer, args.max_length)
+                for split, texts in raw.items()}
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)  # 80% [MASK], 10% random, 10% kept
 else:
-    datasets = {split: training.tokenize_for_seq2seq(pairs, tokenizer, args.max_length) for split, pairs in raw.items()}
+    datasets = {split: training_data.tokenize_for_seq2seq(pairs, tokenizer, args.max_length)
+                for split, pairs in raw.items()}
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
 
 if args.max_eval_samples:
@@ -294,14 +297,15 @@ if task == "seq2seq":
     arguments |= dict(predict_with_generate=True, generation_num_beams=args.num_beams,
                       generation_max_length=args.max_length)
     trainer = ShardedSeq2SeqTrainer(args=Seq2SeqTrainingArguments(**arguments),
-                                    compute_metrics=training.translation_metrics(tokenizer), **trainer_kwargs)
+                                    compute_metrics=evaluation.translation_metrics(tokenizer), **trainer_kwargs)
 else:
     if task == "masked-lm":
-        trainer_kwargs |= dict(compute_metrics=training.mlm_accuracy,
-                               preprocess_logits_for_metrics=training.argmax_logits)
+        trainer_kwargs |= dict(compute_metrics=evaluation.mlm_accuracy,
+                               preprocess_logits_for_metrics=evaluation.argmax_logits)
     trainer_class = MaskedLMTrainer if task == "masked-lm" else ShardedCrashSafeTrainer
     trainer = trainer_class(args=TrainingArguments(**arguments), **trainer_kwargs)
-if refusal := training.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16, "--bf16"):
+if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16,
+                                                "--bf16"):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_main_process, tokenizer=given)
@@ -322,7 +326,7 @@ metrics = trainer.evaluate()
 results = {key.removeprefix("eval_"): value for key, value in metrics.items()
            if key.removeprefix("eval_") in ("loss", "mlm_accuracy", "bleu", "chrf")}
 if task == "causal-lm":
-    results["perplexity"] = training.perplexity(results["loss"])
+    results["perplexity"] = evaluation.perplexity(results["loss"])
 if metrics.get("eval_masked_tokens") == 0:  # its loss is 0 / 0: NaN, which no JSON reader takes
     say(f"evaluation: no token of the {len(datasets['validation'])} validation sequences was masked; no loss or "
         "accuracy to report (give more validation text)")

@@ -54,7 +54,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help
-from hf_scratch_transformer import checkpointing, hub, sharding, training
+from hf_scratch_transformer import checkpointing, evaluation, hub, mixed_precision, sharding, training, training_data
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULTS,
@@ -157,7 +157,7 @@ if accelerator.num_processes != int(os.environ.get("WORLD_SIZE", 1)):  # else ea
                  "on CPU pass --cpu (or set ACCELERATE_USE_CPU=1).")
 if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
     parser.error("fp16 mixed precision needs a GPU (Accelerate pairs it with a GradScaler there); use bf16 on CPU.")
-if refusal := training.slow_bf16_refusal(accelerator.mixed_precision, accelerator.device, args.force_bf16,
+if refusal := mixed_precision.slow_bf16_refusal(accelerator.mixed_precision, accelerator.device, args.force_bf16,
                                          "--mixed-precision bf16"):
     parser.error(refusal)
 check_model_folder(parser, args.model)
@@ -271,17 +271,17 @@ else:
         accelerator.print(replaced)
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
-training.keep_the_inputs_the_model_reads(tokenizer, model.config)
+training_data.keep_the_inputs_the_model_reads(tokenizer, model.config)
 accelerator.print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters; "
                   f"{accelerator.num_processes} x {accelerator.distributed_type.value}, {accelerator.mixed_precision}")
 
 with accelerator.main_process_first():
     if task == "causal-lm":
-        prepare, collate = training.pack_for_causal_lm, default_data_collator  # equal blocks carrying their labels
+        prepare, collate = training_data.pack_for_causal_lm, default_data_collator  # equal blocks carrying their labels
     elif task == "masked-lm":  # padded here, masked in the loop (see `to_device`)
-        prepare, collate = training.tokenize_for_mlm, DataCollatorWithPadding(tokenizer)
+        prepare, collate = training_data.tokenize_for_mlm, DataCollatorWithPadding(tokenizer)
     else:
-        prepare = training.tokenize_for_seq2seq
+        prepare = training_data.tokenize_for_seq2seq
         collate = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     datasets = {split: prepare(texts, tokenizer, args.max_length) for split, texts in raw.items()}
 kept = min(args.max_eval_samples or len(datasets["validation"]), len(datasets["validation"]))
@@ -471,7 +471,7 @@ with torch.no_grad():
 total = accelerator.reduce(total, "sum")
 results = {"eval_loss": (total[0] / total[1]).item()} if total[1] else {}  # none without validation data
 if results and task == "causal-lm":
-    results["perplexity"] = training.perplexity(results["eval_loss"])
+    results["perplexity"] = evaluation.perplexity(results["eval_loss"])
 if results:
     accelerator.print("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
 else:  # a masked LM's validation text too short for a mask to fall in it: this said "evaluation: ", and nothing more

@@ -1,0 +1,259 @@
+"""Training data for the three tasks, through `datasets`: local text files (one document per paragraph), parallel
+files (one sentence per line, aligned), or any dataset name `datasets.load_dataset` accepts; then tokenized for a
+task (packed blocks for the causal LM, sequences for the masked LM, pairs for seq2seq). No model file imports this
+module (it never travels to the Hub).
+"""
+
+import itertools
+from collections.abc import Callable
+
+from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset
+
+from tokenizer_training import TEXT_ENCODING, check_text_file, load_data
+
+
+def load_texts(files: list[str] | None = None, dataset: str | None = None, dataset_config: str | None = None,
+               text_column: str = "text", validation_files: list[str] | None = None,
+               validation_split: float = 0.05, seed: int = 0) -> DatasetDict:
+    """A DatasetDict with "train" and "validation" splits of documents in column "text".
+
+    Local files are read by paragraph (blank-line separated), so line breaks inside a document survive."""
+    if (files is None) == (dataset is None):
+        raise ValueError("Give either training files or a dataset name, not both or neither.")
+    if dataset is not None and validation_files:  # else they would be left out without a word
+        raise ValueError("Validation files go with training files: a dataset brings its own validation split, or "
+                         "one is split off its training data.")
+    if files is not None:
+        for path in [*files, *(validation_files or [])]:
+            check_text_file(path, plain=True)  # `datasets` reports an empty or binary file without naming it
+        data_files = {"train": list(files)} | ({"validation": list(validation_files)} if validation_files else {})
+        raw = load_dataset("text", data_files=data_files, sample_by="paragraph", encoding=TEXT_ENCODING).map(
+            _paragraphs, batched=True, desc="paragraphs")
+    else:
+        raw = _load_text_columns(dataset, dataset_config, {text_column: "text"})
+    source = ", ".join(map(str, files)) if files is not None else f"dataset {dataset!r}"
+    return _with_validation(raw, validation_split, seed, source, "paragraph (blank-line separated)")
+
+
+def load_parallel(source_files: list[str] | None = None, target_files: list[str] | None = None,
+                  validation_source: list[str] | None = None, validation_target: list[str] | None = None,
+                  dataset: str | None = None, dataset_config: str | None = None, source_column: str = "source",
+                  target_column: str = "target", validation_split: float = 0.05, seed: int = 0,
+                  report: Callable[[str], None] | None = None) -> DatasetDict:
+    """A DatasetDict of aligned pairs in columns "source" and "target", from parallel files or a dataset. `report` is
+    told how many pairs of each split were left out for a blank side (`_without_blank_texts`)."""
+    # Files that would be left out without a word: beside a dataset, or one validation side without the other.
+    if dataset is not None and (source_files or target_files or validation_source or validation_target):
+        raise ValueError("Give either parallel files or a dataset name, not both.")
+    if bool(validation_source) != bool(validation_target):
+        raise ValueError("Give validation files for both sides, source and target, or for neither.")
+    if dataset is not None:
+        if source_column == target_column:  # renamed once, it would leave no "source" column to tokenize
+            raise ValueError(f"{source_column!r} is both the source and the target column: name the pairs' two "
+                             "columns.")
+        raw = _load_text_columns(dataset, dataset_config, {source_column: "source", target_column: "target"}, report)
+        return _with_validation(raw, validation_split, seed, f"dataset {dataset!r}", "pair")
+    if not source_files or not target_files:
+        raise ValueError("Give source and target training files (or a dataset name).")
+    splits = {"train": _read_pairs(source_files, target_files)}
+    if validation_source:
+        splits["validation"] = _read_pairs(validation_source, validation_target)
+    # Aligned first, then the pairs with a blank side left out, as from a dataset's columns
+    splits = _without_blank_texts(DatasetDict(splits), ["source", "target"], report)
+    return _with_validation(splits, validation_split, seed, ", ".join(map(str, source_files)), "line")
+
+
+def _paragraphs(batch: dict) -> dict:
+    """The texts `datasets` read by paragraph, split at every blank line, also one holding spaces or tabs, with no
+    blank line left at either end: `datasets` splits at "\n\n" only, so a line of spaces joined two paragraphs, a
+    third line break began a document with "\n", and blank lines alone became a document (`<s> \n </s>`)."""
+    paragraphs = []
+    for text in batch["text"]:
+        paragraph = []
+        for line in [*text.split("\n"), ""]:  # the blank line at the end closes the last paragraph
+            if line and not line.isspace():
+                paragraph.append(line)
+            elif paragraph:
+                paragraphs.append("\n".join(paragraph))
+                paragraph = []
+    return {"text": paragraphs}
+
+
+def _lines(files: list[str]) -> list[str]:
+    """The files' lines, split at line breaks only ("\\n", "\\r\\n"): `str.splitlines` also splits at form feeds,
+    \\x85, \\u2028 and more, and universal newlines at a lone "\\r", which a sentence can hold, and every later pair
+    would be out of alignment. Blank lines ending a file are no sentences (an editor's extra line break at the end of
+    one side made the files "differ in length")."""
+    lines = []
+    for path in files:
+        with open(path, encoding=TEXT_ENCODING, newline="\n") as handle:  # no universal newlines
+            file_lines = [line.removesuffix("\n").removesuffix("\r") for line in handle]
+        while file_lines and (not file_lines[-1] or file_lines[-1].isspace()):
+            file_lines.pop()
+        lines += file_lines
+    return lines
+
+
+def _load_text_columns(dataset: str, dataset_config: str | None, columns: dict[str, str],
+                       report: Callable[[str], None] | None = None) -> DatasetDict:
+    """`load_data(dataset, dataset_config)` with its text `columns` checked to hold text and renamed (its name ->
+    ours), and rows missing one of them left out (an empty CSV cell is no example): the tokenizer fails on either
+    with a bare TypeError, midway through tokenizing. Blank texts are no examples either: a folder of text files is
+    read line by line, and each blank line would be a document `<s> </s>`, or an MLM sequence with nothing to mask.
+    `report`: as `_without_blank_texts`'."""
+    raw = load_data(dataset, dataset_config)
+    if "train" not in raw:  # e.g. a folder holding test.csv only: a bare KeyError below
+        raise ValueError(f"Dataset {dataset!r} has no 'train' split (it has {', '.join(raw)}); training needs one.")
+    features = raw["train"].features
+    for column in columns:
+        if column not in features:
+            raise ValueError(f"Dataset {dataset!r} has no column {column!r}: {raw['train'].column_names}")
+        if getattr(features[column], "dtype", None) not in ("string", "large_string"):
+            raise ValueError(f"Dataset {dataset!r}: column {column!r} holds {features[column]}, not text.")
+    # The other columns left out first: one of our names (a "text" beside --text-column body) failed the renaming with
+    # a KeyError traceback, 'Field "text" exists 2 times in schema'.
+    raw = raw.select_columns(list(columns))
+    raw = raw.rename_columns({name: ours for name, ours in columns.items() if name != ours})
+    raw = _without_blank_texts(raw, list(columns.values()), report)
+    # A split left without rows failed with a traceback as training began, or (a causal LM's validation) after it
+    if empty := [split for split in ("train", "validation") if split in raw and raw[split].num_rows == 0]:
+        raise ValueError(f"Dataset {dataset!r}: its {empty[0]!r} split holds no example: every row's "
+                         f"{' or '.join(map(repr, columns))} is missing or blank.")
+    return raw
+
+
+def _without_blank_texts(data: DatasetDict, columns: list[str],
+                         report: Callable[[str], None] | None = None) -> DatasetDict:
+    """`data` without the rows whose text in one of `columns` is missing or blank: no example, whichever route the data
+    came by (a pair with a blank side teaches the model to translate nothing into a sentence, or the reverse).
+    `report` is told how many rows of the training and validation splits went, and why: a pair's other side is text
+    the run does not see (2 of 3 validation pairs went without a word)."""
+    kept = data.filter(lambda *texts: all(text and not text.isspace() for text in texts), input_columns=columns,
+                       desc="missing or blank texts")
+    for split, name in (("train", "training"), ("validation", "validation")):
+        if report and split in data and (left_out := data[split].num_rows - kept[split].num_rows):
+            report(f"{left_out} of the {data[split].num_rows} {name} examples left out: their "
+                   f"{' or '.join(columns)} is blank or missing")
+    return kept
+
+
+def _read_pairs(source_files: list[str], target_files: list[str]) -> Dataset:
+    for path in [*source_files, *target_files]:
+        check_text_file(path, plain=True)
+    sources, targets = [_lines([path]) for path in source_files], [_lines([path]) for path in target_files]
+    # File by file where they come in pairs: a line lost in one file of several misaligned every later pair, though
+    # the totals agreed.
+    pairs = zip(source_files, target_files, sources, targets, strict=True) if len(sources) == len(targets) else []
+    for source, target, source_lines, target_lines in pairs:
+        if len(source_lines) != len(target_lines):
+            raise ValueError(f"Parallel files differ in length: {source} has {len(source_lines)} lines, {target} "
+                             f"{len(target_lines)}; the n-th line of each must translate the other's.")
+    sources, targets = list(itertools.chain(*sources)), list(itertools.chain(*targets))
+    if len(sources) != len(targets):
+        raise ValueError(f"Parallel files differ in length: {len(sources)} source vs {len(targets)} target lines.")
+    return Dataset.from_dict({"source": sources, "target": targets})
+
+
+def _with_validation(raw: DatasetDict, validation_split: float, seed: int, source: str, unit: str) -> DatasetDict:
+    """`raw`'s own validation split, or one split off its training data; `source` and `unit` (what one example
+    is) name the data in errors."""
+    if "validation" in raw:
+        return DatasetDict(train=raw["train"], validation=raw["validation"])
+    if raw["train"].num_rows < 2:  # `train_test_split` needs an example on each side, and names no file
+        raise ValueError(
+            f"{source} holds {raw['train'].num_rows} training example(s), one per {unit}: too few to split off a "
+            "validation set. Give more data, or validation data of its own."
+        )
+    split = raw["train"].train_test_split(test_size=validation_split, seed=seed)
+    return DatasetDict(train=split["train"], validation=split["test"])
+
+
+def keep_the_inputs_the_model_reads(tokenizer, config) -> None:
+    """A model without a token-type table (`type_vocab_size` 0, e.g. the bert-prenorm preset) refuses segment ids other
+    than 0, which an encoder's tokenizer gives the second text of a pair (pipelines' `text_pair`, zero-shot
+    classification, cross-encoders): its tokenizer then gives none, as ModernBERT's does. Saved with it
+    (`model_input_names` in tokenizer_config.json)."""
+    if getattr(config, "type_vocab_size", None) == 0 and "token_type_ids" in tokenizer.model_input_names:
+        tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
+
+
+# The special token each task's data needs: packing ends every document with eos, the MLM collator puts [MASK] in,
+# the seq2seq collator pads sources with pad. A tokenizer made elsewhere may lack it.
+TASK_TOKENS = {"causal-lm": "eos_token", "masked-lm": "mask_token", "seq2seq": "pad_token"}
+
+
+def check_task_token(tokenizer, task: str) -> None:
+    """Raise ValueError unless `tokenizer` has the special token (`TASK_TOKENS`) that `task`'s data needs."""
+    role = TASK_TOKENS[task]
+    if getattr(tokenizer, role, None) is None:
+        raise ValueError(f"The tokenizer has no {role}, which {task} data needs: set one "
+                         f"(tokenizer.{role} = ..., then save_pretrained), or train one with `hf-scratch tokenizer`.")
+
+
+def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
+    """Documents -> `<s> document </s>` token streams, concatenated and cut into blocks of `block_size` (sequence
+    packing: every token trains). The tokenizer adds `<s>`; `</s>` ends each document here. The stream is cut as one,
+    so blocks run on across documents and batches; only the last block may be short: it is padded on the right,
+    with labels -100 there (no attention mask needed: a causal model never attends to later positions), so that even
+    data shorter than one block gives a block rather than an empty split."""
+    check_task_token(tokenizer, "causal-lm")  # else None would end each document
+
+    def tokenize(batch):
+        # verbose=False: the blocks below cut the documents, so the tokenizer's warning of one longer than its
+        # model_max_length ("... will result in indexing errors") does not apply here; run_clm.py prints it, then
+        # "Please ignore the warning above". The tokenizer still warns of any other call's.
+        ids = tokenizer(batch["text"], verbose=False).input_ids
+        return {"input_ids": [document + [tokenizer.eos_token_id] for document in ids]}
+
+    pad = tokenizer.pad_token_id or 0  # any id: labels -100 there, and no real token attends to it
+
+    def blocks():
+        stream = []
+        for batch in tokenized.iter(batch_size=1000):
+            stream += [token for ids in batch["input_ids"] for token in ids]
+            usable = len(stream) // block_size * block_size
+            for start in range(0, usable, block_size):
+                yield {"input_ids": stream[start : start + block_size], "labels": stream[start : start + block_size]}
+            del stream[:usable]  # the rest opens the next block
+        if stream:
+            padding = block_size - len(stream)
+            yield {"input_ids": stream + [pad] * padding, "labels": stream + [-100] * padding}
+
+    tokenized = texts.map(tokenize, batched=True, remove_columns=texts.column_names, desc="tokenizing")
+    columns = Features({"input_ids": List(Value("int64")), "labels": List(Value("int64"))})
+    if tokenized.num_rows == 0:  # `from_generator` refuses to make a dataset of no rows
+        return Dataset.from_dict({"input_ids": [], "labels": []}, features=columns)
+    return Dataset.from_generator(blocks, features=columns)  # cached, under a hash of `blocks` and what it reads
+
+
+def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
+    """Documents -> `[CLS] ... [SEP]` sequences of at most `max_length` tokens; the collator masks them. A longer
+    document continues in further sequences (truncated, its tail would never train: 13% of Tiny Shakespeare's tokens
+    at 128)."""
+
+    def tokenize(batch):
+        encoded = tokenizer(batch["text"], truncation=True, max_length=max_length, return_overflowing_tokens=True,
+                            return_special_tokens_mask=True)
+        del encoded["overflow_to_sample_mapping"]  # which document each sequence came from
+        return encoded
+
+    return truncated_map(texts, tokenize, tokenizer)
+
+
+def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int) -> Dataset:
+    """Pairs -> `input_ids` (source + `</s>`) and `labels` (target + `</s>`); one shared vocabulary."""
+
+    def tokenize(batch):
+        return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
+
+    return truncated_map(pairs, tokenize, tokenizer)
+
+
+def truncated_map(data: Dataset, tokenize: Callable, tokenizer) -> Dataset:
+    """`data.map(tokenize)` where `tokenize` calls `tokenizer` with `truncation=True`. That leaves truncation on in a
+    fast tokenizer's backend, which `save_pretrained` then writes into tokenizer.json: the saved (and published)
+    tokenizer would cut every text to the training length for anyone who loads that file with `tokenizers`."""
+    encoded = data.map(tokenize, batched=True, remove_columns=data.column_names, desc="tokenizing")
+    if (backend := getattr(tokenizer, "backend_tokenizer", None)) is not None:
+        backend.no_truncation()
+    return encoded
