@@ -426,6 +426,20 @@ def test_finetune_refuses_a_model_without_the_tasks_head(model_class, task, tmp_
     assert f"a {family} model has no {task} head; {task} fine-tunes " in output and "Traceback" not in output
 
 
+def test_finetune_refuses_a_native_model_without_the_tasks_head_before_any_work(tmp_path):
+    """A native Marian converts to our seq2seq family, which has no classifier: its data was read and the model
+    converted (seconds to minutes of a real one) before the refusal. Now the folder is judged first: the missing
+    training file is never reached."""
+    import tiny_native
+
+    tiny_native.marian().save_pretrained(tmp_path / "marian")
+    byte_level_bpe(family="seq2seq").save_pretrained(tmp_path / "marian")
+    output = run_script("finetune.py", "--model", tmp_path / "marian", "--task", "text-classification",
+                        "--train-file", tmp_path / "not-there.csv", "--output-dir", tmp_path / "out", cwd=tmp_path,
+                        returncode=2)
+    assert "a marian model has no text-classification head" in output and "not-there.csv" not in output, output
+
+
 class BuiltModel(Exception):
     pass
 

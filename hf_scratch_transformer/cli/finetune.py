@@ -120,6 +120,14 @@ add_run_safety_arguments(parser)
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from every process (scripts/finetune.py)
 check_model_folder(parser, args.model, converts=NATIVE_LMS)
+config = AutoConfig.from_pretrained(args.model)
+# A family without the task's head: the Auto class failed with a traceback after the data work. A native model is
+# judged by the family it converts to (a native Marian was converted first, then refused).
+family = (CONVERTERS[NATIVE_LMS[config.model_type].__name__].ours.config_class if config.model_type in NATIVE_LMS
+          else type(config))
+if family not in HEADS[args.task]._model_mapping:
+    parser.error(f"--model {args.model}: a {config.model_type} model has no {args.task} head; {args.task} fine-tunes "
+                 f"{MODELS_WITH_HEAD[args.task]}")
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero(), model=args.model)
@@ -297,7 +305,6 @@ if "validation" not in raw:
     raw["train"], raw["validation"] = split["train"], split["test"]
 
 # ----------------------------------------------------------------------------------------------- model
-config = AutoConfig.from_pretrained(args.model)
 # A classifier of this task fine-tuned further on the classes it knows keeps its head and their order: each row of
 # its head stays the class it was trained for (in the data's order, the names of its rows would be swapped). Any
 # other classifier's head is drawn anew (below): with as many classes, its rows for "a" and "b" served "c" and "d".
@@ -324,10 +331,6 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
         say(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
             f"classifier is left out and {args.task} trains a new head")
-# A family without the task's head: the Auto class would fail with a traceback (for a native model, the converted one)
-if type(AutoConfig.from_pretrained(source)) not in HEADS[args.task]._model_mapping:
-    parser.error(f"--model {args.model}: a {config.model_type} model has no {args.task} head; {args.task} fine-tunes "
-                 f"{MODELS_WITH_HEAD[args.task]}")
 tokenizer = AutoTokenizer.from_pretrained(model_tokenizer(args.model))
 if tokenizer.pad_token is None:
     tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no padding token
