@@ -47,7 +47,6 @@ from hf_scratch_transformer.cli.run_options import (
     data_settings,
     dataset_name,
     fail,
-    fail_with,
     is_rank_zero,
     local_path,
     model_tokenizer,
@@ -59,8 +58,8 @@ from hf_scratch_transformer.cli.run_options import (
     repo_id,
     say,
     sequence_length,
-    stop_after_sigterm,
     stop_cleanly_on_ctrl_c,
+    train_until_stopped,
     trainer_model_folder,
 )
 from hf_scratch_transformer.conversion import CONVERTERS, from_hf
@@ -414,14 +413,7 @@ trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClas
 )
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_rank_zero())
-try:
-    with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
-        trainer.train(resume_from_checkpoint=resumed)
-except CheckpointError as error:  # found before any training step, or a checkpoint not written: one line, no traceback
-    fail_with(parser, error)
-if (step := preemption.stopped_at) is not None:
-    stop_after_sigterm(trainer.accelerator, step, trainer.state.max_steps,
-                       output_dir / "checkpoints" / f"{TRAINER_PREFIX}-{step}")
+train_until_stopped(parser, trainer, resumed, preemption)
 reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
            if key.removeprefix("eval_") in reported}

@@ -121,6 +121,20 @@ def stop_after_sigterm(accelerator, step: int, max_steps: int, checkpoint: Path)
     raise SystemExit(128 + signal.SIGTERM)
 
 
+def train_until_stopped(parser: argparse.ArgumentParser, trainer, resumed: str | None, preemption) -> None:
+    """`trainer.train(resume_from_checkpoint=resumed)`, where a SIGTERM stops training after the step under way with
+    a checkpoint of it (`preemption`, a `training.Preemption`), then ends the command (`stop_after_sigterm`), and a
+    checkpoint found wrong before any step, or not written, ends it in one line, not a traceback."""
+    try:
+        with preemption:
+            trainer.train(resume_from_checkpoint=resumed)
+    except checkpointing.CheckpointError as error:
+        fail_with(parser, error)
+    if (step := preemption.stopped_at) is not None:
+        stop_after_sigterm(trainer.accelerator, step, trainer.state.max_steps,
+                           Path(trainer.args.output_dir) / f"{checkpointing.TRAINER_PREFIX}-{step}")
+
+
 @contextmanager
 def model_folder_written(parser: argparse.ArgumentParser, folder: Path):
     """Around the writing of a run's model folder `folder`: a write error (a full disk, a quota) stops the command

@@ -55,7 +55,6 @@ from hf_scratch_transformer.cli.run_options import (
     config_overrides,
     data_settings,
     fail,
-    fail_with,
     follow_the_tokenizer,
     fraction,
     is_rank_zero,
@@ -74,8 +73,8 @@ from hf_scratch_transformer.cli.run_options import (
     run_data_name,
     run_data_on_hub,
     say,
-    stop_after_sigterm,
     stop_cleanly_on_ctrl_c,
+    train_until_stopped,
     trainer_model_folder,
 )
 from hf_scratch_transformer.configuration_scratch import own_fields
@@ -309,14 +308,7 @@ if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, tr
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_main_process, tokenizer=given)
-try:
-    with preemption:  # a SIGTERM stops training after the step under way, with a checkpoint
-        trainer.train(resume_from_checkpoint=resumed)
-except CheckpointError as error:  # found before any training step, or a checkpoint not written: one line, no traceback
-    fail_with(parser, error)
-if (step := preemption.stopped_at) is not None:
-    stop_after_sigterm(trainer.accelerator, step, args.max_steps,
-                       output_dir / "checkpoints" / f"{TRAINER_PREFIX}-{step}")
+train_until_stopped(parser, trainer, resumed, preemption)
 if stopper.stopped_at:
     say(f"--max-minutes {args.max_minutes:g}: stopped after step {stopper.stopped_at} of {args.max_steps} "
         "(checkpointed: --resume continues)")
