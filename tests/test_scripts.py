@@ -1,9 +1,11 @@
 """The command-line scripts end to end, at tiny sizes and step budgets: the main job (`scripts/train.py`) for
 the three tasks, resuming, and fine-tuning (`scripts/finetune.py`) of ours and of a converted BERT."""
 
+import ast
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -124,6 +126,19 @@ def test_training_continues_from_a_saved_model_folder(causal_lm_run, tmp_path):
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert after.config.vocab_size == before.config.vocab_size  # same tokenizer and architecture, trained further
     assert not torch.equal(after.lm_head.weight, before.lm_head.weight)
+
+
+def test_trains_help_example_of_continuing_a_saved_folder_runs_as_written(causal_lm_run, tmp_path):
+    """`hf-scratch train --help` showed `hf-scratch train --model outputs/causal-lm/model --max-steps 200`, into the
+    default --output-dir, outputs/causal-lm: the run that saved that folder, so the example always stopped with
+    "outputs/causal-lm holds an earlier run"."""
+    output, _ = causal_lm_run
+    shutil.copytree(output, tmp_path / "outputs/causal-lm")  # what the help's first example, `hf-scratch train`, left
+    docstring = ast.get_docstring(ast.parse((ROOT / "hf_scratch_transformer/cli/train.py").read_text()))
+    example = next(line for line in docstring.replace("\\\n", " ").splitlines() if " --model " in line)
+    arguments = shlex.split(example, comments=True)[2:]  # after `hf-scratch train`
+    run_script("train.py", *arguments, "--max-steps", 2, *GIVEN_TOKENIZER_RUN, cwd=tmp_path)  # the later value wins
+    assert (tmp_path / arguments[arguments.index("--output-dir") + 1] / "model/model.safetensors").is_file()
 
 
 def test_masked_lm_training(tmp_path):

@@ -6,7 +6,8 @@ and loss curve, then a reload through the Auto classes and a sample. The main jo
     hf-scratch train --task seq2seq --preset transformer-base --recipe vaswani \\
         --source-files ../shared/data/multi30k/train.en --target-files ../shared/data/multi30k/train.de \\
         --validation-source ../shared/data/multi30k/val.en --validation-target ../shared/data/multi30k/val.de
-    hf-scratch train --model outputs/causal-lm/model --max-steps 200   # continue from a saved folder
+    hf-scratch train --model outputs/causal-lm/model --output-dir outputs/causal-lm-more \\
+        --max-steps 200               # continue a saved folder, into a new --output-dir (not its run's own)
     hf-scratch train ... --resume                        # pick up the last checkpoint of an interrupted run
 
 Writes OUTPUT_DIR/model (weights, config, model code, tokenizer, README.md card, loss_curve.png,
