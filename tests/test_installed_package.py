@@ -88,8 +88,12 @@ def test_the_accelerate_configs_are_installed(installed, tmp_path):
 @pytest.mark.slow
 def test_the_wheel_declares_its_license_as_an_spdx_expression(installed, tmp_path):
     """`License-Expression` (PEP 639): the `project.license` table that setuptools deprecates, and stops building
-    on 2027-02-18, gave only the free-text `License` field."""
+    on 2027-02-18, gave only the free-text `License` field. The license's text travels with it (Apache-2.0 asks
+    every copy to carry it): the checkout had none, so neither had the wheel."""
     bin_dir, env = installed
-    license = run([bin_dir / "python", "-c", "from importlib.metadata import metadata; "
-                   "print(metadata('hf-scratch-transformer')['License-Expression'])"], tmp_path, env)
-    assert license.strip() == "Apache-2.0"
+    license = run([bin_dir / "python", "-c", "from importlib.metadata import files, metadata; "
+                   "print(metadata('hf-scratch-transformer')['License-Expression']); "
+                   "print(next(f for f in files('hf-scratch-transformer') if f.name == 'LICENSE').read_text())"],
+                  tmp_path, env)
+    expression, text = license.split("\n", 1)
+    assert expression == "Apache-2.0" and "Apache License" in text and "Version 2.0" in text
