@@ -86,6 +86,16 @@ def test_the_accelerate_configs_are_installed(installed, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_corpus_the_help_examples_name_is_installed(installed, tmp_path):
+    """The tokenizer's help example read data/tinyshakespeare/input.txt, a path only a checkout has: it names
+    `python -m hf_scratch_transformer.data`, which prints the installed corpus."""
+    bin_dir, env = installed
+    corpus = Path(run([bin_dir / "python", "-m", "hf_scratch_transformer.data"], tmp_path, env).strip())
+    assert str(ROOT) not in str(corpus)
+    assert corpus.read_text() == (ROOT / "data" / "tinyshakespeare" / "input.txt").read_text()
+
+
+@pytest.mark.slow
 def test_the_wheel_declares_its_license_as_an_spdx_expression(installed, tmp_path):
     """`License-Expression` (PEP 639): the `project.license` table that setuptools deprecates, and stops building
     on 2027-02-18, gave only the free-text `License` field. The license's text travels with it (Apache-2.0 asks

@@ -1,6 +1,6 @@
 """Train a tokenizer for a Scratch model family and save it as a Hugging Face tokenizer folder.
 
-    python -m tokenizer_training --kind bpe --family decoder --files data/tinyshakespeare/input.txt \\
+    python -m tokenizer_training --kind bpe --family decoder --files "$(python -m hf_scratch_transformer.data)" \\
         --vocab-size 8000 --output-dir outputs/tokenizer
     python -m tokenizer_training --kind wordpiece --family encoder --dataset path/to/folder_of_txt_csv_or_json \\
         --output-dir outputs/tokenizer-mlm

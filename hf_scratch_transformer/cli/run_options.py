@@ -10,7 +10,6 @@ import signal
 import sys
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager, suppress
-from importlib.resources import files
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,11 +27,10 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from hf_scratch_command import is_rank_zero
 from hf_scratch_transformer import checkpointing, training_data
+from hf_scratch_transformer.data import DEFAULT_CORPUS
 from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields, get_preset
 from tokenizer_training import TOKENIZER_FILES
 
-# Package data (the checkout's data/ folder, installed as hf_scratch_transformer.data): a run needs no checkout.
-DEFAULT_CORPUS = Path(str(files("hf_scratch_transformer.data") / "tinyshakespeare" / "input.txt"))
 AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
 RUN_FOLDERS = ("checkpoints", "tokenizer", "model")  # the folders a run writes into its output folder
 RUN_FILES = (*RUN_FOLDERS, "loss_curve.jsonl")  # all it writes there
