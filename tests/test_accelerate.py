@@ -324,14 +324,31 @@ def test_a_checkpoint_that_another_process_cannot_write_is_named_by_it(workspace
 
 
 def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
+    """Its validation loss is the mean over every labelled token, also for the causal LM, whose last packed block is
+    short (20 tokens of 32 here): Trainer's own loss, each process's divided by the labels of both, weighed it
+    against the labels of the blocks Accelerate repeats to fill the other process's batch (5.886 where the loss
+    over every token was 5.710; in one process it is the mean of the batches' means)."""
+    validation = workspace / "validation.txt"  # 5 blocks: the other process gets the last one and 3 repeats
+    validation.write_text("\n\n".join((workspace / "corpus.txt").read_text().split("\n\n")[:17]))
     launcher, env = two_cpu_processes("torchrun")
     stdout = run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,
-                 "--eval-steps", 2, "--output-dir", workspace / "trainer-ddp", launcher=launcher, env=env,
-                 cwd=workspace)
+                 "--eval-steps", 2, "--validation-files", validation, "--output-dir", workspace / "trainer-ddp",
+                 launcher=launcher, env=env, cwd=workspace)
     assert (workspace / "trainer-ddp/model/model.safetensors").is_file()
     for line in ("data: ", "model: ScratchDecoderForCausalLM", "evaluation: loss"):  # once, not once a process
         assert stdout.count(line) == 1, line
     assert UNUSED_SEARCH not in stdout
+
+    tokenizer = AutoTokenizer.from_pretrained(workspace / "decoder")
+    texts = training_data.load_texts([str(workspace / "corpus.txt")], validation_files=[str(validation)])["validation"]
+    blocks = training_data.pack_for_causal_lm(texts, tokenizer, 32).with_format("torch")[:]
+    labels = blocks["labels"]
+    assert len(labels) == 5 and (labels[:-1] != -100).all() and (labels[-1] == -100).any()  # the last one short
+    model = AutoModelForCausalLM.from_pretrained(workspace / "trainer-ddp/model").eval()
+    with torch.no_grad():
+        every_token = model(input_ids=blocks["input_ids"], labels=labels).loss.item()
+    results = json.loads((workspace / "trainer-ddp/model/eval_results.json").read_text())
+    assert results["loss"] == pytest.approx(every_token, abs=1e-5)
 
 
 def test_trainer_seq2seq_under_two_processes_equals_one_process_and_scores_each_pair_once(workspace):
