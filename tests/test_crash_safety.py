@@ -336,6 +336,26 @@ def test_finetune_reports_a_model_folder_that_cannot_be_written_and_keeps_the_ea
     assert not (tmp_path / "cls/model.tmp").exists(), "what the failed write left is cleared"
 
 
+def test_finetune_resumed_with_a_base_of_another_tokenizer_is_refused(tmp_path):
+    """`finetune` tokenized its data with --model's tokenizer: resumed with another base of the same shapes (trained
+    with another vocabulary), it went on under the checkpoint's weights with other ids, and saved that tokenizer
+    beside them in the model folder, without a word. The checkpoint holds the run's tokenizer: another is refused."""
+    for name, tokenizer in (("mlm", wordpiece()), ("other", wordpiece(200))):
+        tiny_lm("encoder", vocab_size=300, pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(
+        f"the {animal} runs {i},{animal}\n" for i in range(12) for animal in ("dog", "horse")))
+    finetune = [sys.executable, "-m", "hf_scratch_transformer.cli.finetune", "--task", "text-classification",
+                "--train-file", str(tmp_path / "train.csv"), "--max-steps", "2", "--output-dir", str(tmp_path / "cls")]
+    run([*finetune, "--model", str(tmp_path / "mlm"), "--max-steps", "1"], tmp_path)
+    before = {path: path.stat().st_mtime_ns for path in (tmp_path / "cls").rglob("*")}
+    stderr = run([*finetune, "--model", str(tmp_path / "other"), "--resume"], tmp_path, returncode=2)
+    assert (f"the tokenizer of {tmp_path / 'other'} differs from the one {tmp_path / 'cls/checkpoints/checkpoint-1'} "
+            "was trained with, which a resumed run keeps: resume with the run's own --model") in stderr, stderr[-3000:]
+    assert {path: path.stat().st_mtime_ns for path in (tmp_path / "cls").rglob("*")} == before, "nothing was touched"
+    assert "saved a Hub-ready folder" in run([*finetune, "--model", str(tmp_path / "mlm"), "--resume"], tmp_path)
+
+
 def test_resuming_with_another_model_is_an_error_naming_the_tensors(workspace, uninterrupted, tmp_path):
     entry, full = uninterrupted  # the Accelerate loop failed inside Accelerate's loader, with a traceback
     output = tmp_path / "other-model"

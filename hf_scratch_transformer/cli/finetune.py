@@ -53,6 +53,7 @@ from hf_scratch_transformer.cli.run_options import (
     on_the_hub,
     positive_float,
     positive_int,
+    refuse_another_tokenizer,
     refuse_lone_processes,
     remove_the_earlier_run,
     repo_id,
@@ -136,6 +137,12 @@ if args.resume:
         resumed = checkpoint_to_resume(output_dir / "checkpoints", TRAINER_PREFIX, print if is_rank_zero() else None)
     except CheckpointError as error:
         parser.error(str(error))
+# The checkpoint's weights were fine-tuned on the ids of its run's tokenizer, which Trainer saves in it: another
+# --model of the same shapes (a base trained with another vocabulary) went on under them, tokenizing the data with its
+# own ids, and its tokenizer was saved into the model folder, without a word.
+if resumed is not None and (resumed / "tokenizer_config.json").is_file():
+    refuse_another_tokenizer(parser, model_tokenizer(args.model), AutoTokenizer.from_pretrained(resumed), resumed,
+                             remedy="resume with the run's own --model")
 
 # ----------------------------------------------------------------------------------------------- data
 # Everything about the data is checked here, before the model is built: `datasets` and the label mapping would

@@ -453,14 +453,14 @@ def check_config_file_overrides(config: Path, overrides: dict) -> str | None:
 
 
 def refuse_another_tokenizer(parser: argparse.ArgumentParser, given: Path | None, tokenizer, checkpoint: Path,
-                             source: Path | None = None) -> None:
+                             source: Path | None = None,
+                             remedy: str = "leave out --tokenizer / --model, or pass the same one") -> None:
     """A resumed run keeps the tokenizer its checkpoint was trained with (`tokenizer`, from `source` when that is
     not the checkpoint itself): a --tokenizer / --model of another vocabulary would change the ids under the
     weights."""
     if given and AutoTokenizer.from_pretrained(given).get_vocab() != tokenizer.get_vocab():
         parser.error(f"the tokenizer of {given} differs from the one {checkpoint} was trained with"
-                     f"{f' ({source})' if source else ''}, which a resumed run keeps: leave out --tokenizer / "
-                     "--model, or pass the same one.")
+                     f"{f' ({source})' if source else ''}, which a resumed run keeps: {remedy}.")
 
 
 def refuse_another_family(parser: argparse.ArgumentParser, tokenizer, task: str, source: Path | None) -> None:
