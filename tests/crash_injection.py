@@ -20,6 +20,7 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
              file of a checkpoint), as where the processes write to disks of their own
     term     no kill: every process but the main one gets SIGTERM before its N-th optimizer step, the main one
              none, as where a launcher's SIGTERM reaches the processes at different steps
+    log      no kill: the N-th append to the loss log (loss_curve.jsonl) fails as on a full disk
 
 The real code runs unchanged; only the functions named above are wrapped. CRASH_SIGNAL=SIGINT in the environment
 sends Ctrl-C's signal instead of SIGKILL.
@@ -90,6 +91,20 @@ def fail_random_state_save(count: int) -> None:
     torch.save = save
 
 
+def fail_loss_log_append(count: int) -> None:
+    """The `count`-th opening of the loss log for an append fails as on a full disk."""
+    original, calls = Path.open, [0]
+
+    def open_(path, mode="r", *args, **kwargs):
+        if path.name == "loss_curve.jsonl" and "a" in mode:
+            calls[0] += 1
+            if calls[0] == count:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return original(path, mode, *args, **kwargs)
+
+    Path.open = open_
+
+
 def main() -> None:
     point, count, module, *arguments = sys.argv[1:]
     count = int(count)
@@ -139,6 +154,8 @@ def main() -> None:
         if int(os.environ.get("RANK", "0")) != 0:
             os.environ["CRASH_SIGNAL"] = "SIGTERM"
             kill_on_call(torch.optim.AdamW, "step", lambda *args: True, count)
+    elif point == "log":
+        fail_loss_log_append(count)
     else:
         raise SystemExit(f"unknown kill point {point!r}")
     sys.argv = [module, *arguments]

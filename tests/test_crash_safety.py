@@ -315,6 +315,20 @@ def test_a_model_folder_that_cannot_be_written_is_an_error_keeping_the_earlier_o
     assert {name: files(output / name) for name in ("model", "checkpoints")} == before
 
 
+def test_a_loss_log_that_cannot_be_written_is_an_error_and_the_run_resumes(workspace, uninterrupted, tmp_path):
+    """The Accelerate loop appends each step to OUTPUT_DIR/loss_curve.jsonl: a full disk there ended the run with an
+    OSError traceback at a training step. One line now, as for a checkpoint; --resume continues from the newest."""
+    entry, full = uninterrupted
+    if entry != "accelerate":
+        pytest.skip("Trainer keeps its log in its checkpoints")
+    output = tmp_path / "run"
+    stderr = run(command(entry, workspace, output, kill=("log", 5)), workspace, returncode=2)
+    assert "error: The loss log could not be written in" in stderr and "No space left on device" in stderr, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    run(command(entry, workspace, output, "--resume"), workspace)
+    assert loss_curve(entry, output) == loss_curve(entry, full)
+
+
 def test_finetune_reports_a_model_folder_that_cannot_be_written_and_keeps_the_earlier_one(tmp_path):
     """As the training commands do (above): a full disk while `hf-scratch finetune` writes its model folder was a
     safetensors traceback; now one error line, the earlier folder as it was, and --resume writes it."""

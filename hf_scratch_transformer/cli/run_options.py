@@ -146,6 +146,19 @@ def model_folder_written(parser: argparse.ArgumentParser, folder: Path):
 
 
 @contextmanager
+def run_file_written(parser: argparse.ArgumentParser, what: str, output_dir: Path):
+    """Around the main process's writing of `what`, a run's own file beside its checkpoints (the tokenizer, the loss
+    log): a write error (a full disk) stops the command with one line that names it, as for a checkpoint, not an
+    OSError traceback at a training step; each checkpoint carries both, and --resume continues from it."""
+    try:
+        with checkpointing.write_error_named(what, output_dir, "The complete checkpoints written before are kept: "
+                                             "free space (or remove the cause), then continue with --resume."):
+            yield
+    except checkpointing.CheckpointError as error:
+        fail_with(parser, error)
+
+
+@contextmanager
 def trainer_model_folder(parser: argparse.ArgumentParser, trainer, folder: Path) -> Iterator[Path]:
     """The writing of a `Trainer` run's model folder `folder`, in every process of the run. Yields the folder aside
     (`checkpointing.folder_aside`) with the model saved in it (`trainer.save_model`: every process takes part, as

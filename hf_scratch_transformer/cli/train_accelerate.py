@@ -89,6 +89,7 @@ from hf_scratch_transformer.cli.run_options import (
     run_data_files,
     run_data_name,
     run_data_on_hub,
+    run_file_written,
     stop_after_sigterm,
     stop_cleanly_on_ctrl_c,
 )
@@ -389,17 +390,18 @@ save_steps = args.save_steps or max(1, args.max_steps // 4)
 log_file = output_dir / "loss_curve.jsonl"
 remove_the_earlier_run(output_dir, args.overwrite_output_dir, accelerator.is_main_process, tokenizer=given)
 if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
-    output_dir.mkdir(parents=True, exist_ok=True)
-    # The tokenizer trained here, or a branch's (the other run's, as a run that trained one would leave it): written
-    # once every check has passed, as the earlier run's checkpoints and tokenizer are removed (none of its files left
-    # among this one's). Written as it was trained, a run then refused (the model's checks, too little data) had
-    # replaced the earlier run's tokenizer, or left a folder that looked like an earlier run, and the corrected
-    # command was refused over it.
-    if trained or resume and not continues_run(resume, output_dir):
-        tokenizer_dir.mkdir(exist_ok=True)
-        for name, content in checkpoint_files.items():
-            (output_dir / name).write_bytes(content)
-    log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
+    with run_file_written(parser, "The run's tokenizer and loss log", output_dir):
+        output_dir.mkdir(parents=True, exist_ok=True)
+        # The tokenizer trained here, or a branch's (the other run's, as a run that trained one would leave it):
+        # written once every check has passed, as the earlier run's checkpoints and tokenizer are removed (none of its
+        # files left among this one's). Written as it was trained, a run then refused (the model's checks, too little
+        # data) had replaced the earlier run's tokenizer, or left a folder that looked like an earlier run, and the
+        # corrected command was refused over it.
+        if trained or resume and not continues_run(resume, output_dir):
+            tokenizer_dir.mkdir(exist_ok=True)
+            for name, content in checkpoint_files.items():
+                (output_dir / name).write_bytes(content)
+        log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
 stream = micro_batches(start_step * accumulation)
 # Each checkpoint carries the model's config, which a resumed run's must equal (shapes alone let a changed activation
 # pass: `checkpointing._check_same_config`).
@@ -435,7 +437,7 @@ with training.Preemption() as preemption:  # a SIGTERM stops after the step unde
                   "grad_norm": None if grad_norm is None else float(grad_norm)}
         history.append(record)
         if accelerator.is_main_process:
-            with log_file.open("a") as log:
+            with run_file_written(parser, "The loss log", output_dir), log_file.open("a") as log:
                 log.write(json.dumps(record) + "\n")
         progress.update(1)
         progress.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
