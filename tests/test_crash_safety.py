@@ -3,6 +3,7 @@ train-accelerate`): a tiny run killed with SIGKILL again and again (inside a sav
 deletion, between steps), each time resumed, ends bit for bit as the uninterrupted run; leftovers never block a
 save; corrupt or unloadable state is an error naming the file; an earlier run is never replaced unless asked."""
 
+import errno
 import json
 import multiprocessing
 import os
@@ -708,6 +709,20 @@ def test_a_run_into_a_folder_that_another_run_is_writing_is_refused(workspace, u
             stdout = run_two_processes(command(entry, workspace, output, "--resume"), workspace)
             assert stdout.count("is being written by another run") == 1
         assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
+
+
+def test_an_output_folder_on_a_file_system_without_locks_is_written_unlocked(tmp_path, monkeypatch, capsys):
+    """flock fails with ENOSYS where the file system has no locks (Lustre mounted without `flock`, some FUSE mounts):
+    every training command into such a folder ended in that OSError's traceback. It runs unlocked, and says so."""
+    fcntl = pytest.importorskip("fcntl")
+
+    def flock(*args):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    (tmp_path / "out").mkdir()
+    assert run_options.lock_output_dir(tmp_path / "out") is None
+    assert f"note: {tmp_path / 'out'} cannot be locked (Function not implemented)" in capsys.readouterr().err
 
 
 def test_resume_with_no_checkpoint_of_its_own_leaves_the_earlier_run_alone(workspace, uninterrupted, tmp_path):

@@ -703,6 +703,11 @@ def lock_output_dir(output_dir: Path) -> str | None:
         lock.close()
         return (f"{output_dir} is being written by another run (it holds {LOCK_FILE}): wait for it to end, or choose "
                 "another --output-dir.")
+    except OSError as error:  # a file system without locks (Lustre mounted without flock, some FUSE mounts)
+        lock.close()  # was a traceback, and no run could write there
+        print(f"note: {output_dir} cannot be locked ({error.strerror}): a second run into it at the same time is not "
+              "refused, and would remove this one's checkpoints", file=sys.stderr)
+        return None
     _held_locks.append(lock)
     return None
 
