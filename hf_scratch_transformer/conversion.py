@@ -35,6 +35,7 @@ ACTIVATIONS = {
     "gelu_pytorch_tanh": "gelu_tanh",
     "silu": "silu",
     "swish": "silu",
+    "gelu_accurate": "gelu_tanh",  # the tanh formula again, written out
 }
 # our `hidden_act` -> the name `to_hf` writes: the first one listed above ("gelu_new" is GPT-2's own name for it)
 NATIVE_ACTIVATIONS = {ours: theirs for theirs, ours in reversed(ACTIVATIONS.items())}
@@ -326,8 +327,8 @@ class _Llama(_Family):
 
     def from_native(self, native) -> dict:
         c, problems = native.config, []
-        if c.hidden_act != "silu":
-            problems.append(f"hidden_act={c.hidden_act!r} (only 'silu', our `swiglu`, converts both ways)")
+        if ACTIVATIONS.get(c.hidden_act) != "silu":  # "swish" is SiLU too
+            problems.append(f"hidden_act={c.hidden_act!r} (only SiLU, our `swiglu`, converts both ways)")
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads  # Qwen2 has none
         if head_dim != c.hidden_size // c.num_attention_heads:
             problems.append(f"head_dim={head_dim} != hidden_size / num_attention_heads "

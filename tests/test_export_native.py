@@ -232,6 +232,9 @@ IMPORTS = {
     "bert-absolute-positions": (lambda: bert(position_embedding_type="absolute"), "encoder", BertForMaskedLM),
     "marian-unread-fields": (lambda: marian(normalize_before=True, layernorm_embedding=True), "seq2seq",
                              MarianMTModel),
+    # Other names of functions we have: they were refused
+    "llama-swish": (lambda: llama(hidden_act="swish"), "decoder", LlamaForCausalLM),
+    "gpt2-gelu-accurate": (lambda: gpt2(activation_function="gelu_accurate"), "decoder", GPT2LMHeadModel),
 }
 
 
