@@ -53,6 +53,7 @@ from hf_scratch_transformer.cli.run_options import (
     on_the_hub,
     positive_float,
     positive_int,
+    read_config_file,
     refuse_another_tokenizer,
     refuse_lone_processes,
     remove_the_earlier_run,
@@ -120,13 +121,15 @@ add_run_safety_arguments(parser)
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from every process (scripts/finetune.py)
 check_model_folder(parser, args.model, converts=NATIVE_LMS)
-config = AutoConfig.from_pretrained(args.model)
 # A family without the task's head: the Auto class failed with a traceback after the data work. A native model is
-# judged by the family it converts to (a native Marian was converted first, then refused).
-family = (CONVERTERS[NATIVE_LMS[config.model_type].__name__].ours.config_class if config.model_type in NATIVE_LMS
-          else type(config))
+# judged by the family it converts to (a native Marian was converted first, then refused). A local folder's type is
+# read from its config.json: no model work before the data checks.
+saved = read_config_file(args.model)
+model_type = saved["model_type"] if saved else AutoConfig.from_pretrained(args.model).model_type  # else a Hub id
+family = (CONVERTERS[NATIVE_LMS[model_type].__name__].ours.config_class if model_type in NATIVE_LMS
+          else transformers.CONFIG_MAPPING[model_type])
 if family not in HEADS[args.task]._model_mapping:
-    parser.error(f"--model {args.model}: a {config.model_type} model has no {args.task} head; {args.task} fine-tunes "
+    parser.error(f"--model {args.model}: a {model_type} model has no {args.task} head; {args.task} fine-tunes "
                  f"{MODELS_WITH_HEAD[args.task]}")
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
@@ -311,6 +314,7 @@ if "validation" not in raw:
     raw["train"], raw["validation"] = split["train"], split["test"]
 
 # ----------------------------------------------------------------------------------------------- model
+config = AutoConfig.from_pretrained(args.model)
 # A classifier of this task fine-tuned further on the classes it knows keeps its head and their order: each row of
 # its head stays the class it was trained for (in the data's order, the names of its rows would be swapped). Any
 # other classifier's head is drawn anew (below): with as many classes, its rows for "a" and "b" served "c" and "d".
