@@ -853,8 +853,8 @@ def test_finetune_fits_its_texts_in_the_models_positions(monkeypatch, capsys, sh
     """The default --max-length 128 on a model with fewer learned positions failed at the first training step with
     a traceback; it now takes the model's positions, and a longer --max-length given is refused before the data work
     (as `train --model` refuses it)."""
-    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
     from hf_scratch_transformer.cli import main
+    from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
 
     folder = short_positions_model
     lengths = []
@@ -1059,8 +1059,8 @@ def test_finetune_converts_every_native_model_that_from_hf_converts(monkeypatch,
     LlamaForSequenceClassification, with a card calling it a Transformer written from scratch."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
     from hf_scratch_transformer.cli import main
+    from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
 
     tokenizer = byte_level_bpe()
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -25,7 +25,7 @@ from transformers import TrainingArguments
 from transformers.testing_utils import CaptureLogger
 from transformers.trainer import logger as transformers_trainer_logger
 
-from hf_scratch_transformer import checkpointing, training
+from hf_scratch_transformer import checkpointing, trainer_checkpoints, training
 from hf_scratch_transformer.cli import run_options
 
 HERE = Path(__file__).resolve().parent
@@ -793,7 +793,7 @@ def test_the_best_checkpoint_survives_pruning_and_resumes_under_its_final_name(t
         output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2, eval_strategy="steps",
         eval_steps=1, save_steps=1, save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="score",
         greater_is_better=True, report_to=[], use_cpu=True, disable_tqdm=True)
-    trainer = checkpointing.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data,
+    trainer = trainer_checkpoints.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data,
                                              eval_dataset=data[:2], compute_metrics=lambda _: {"score": next(scores)})
     trainer.train()
     best = tmp_path / "checkpoint-1"
@@ -864,7 +864,8 @@ def test_resuming_a_tied_model_does_not_warn_of_missing_weights(tmp_path):
     def trainer(max_steps):
         arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=4,
                                       save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
-        return checkpointing.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data)
+        return trainer_checkpoints.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments,
+                                                    train_dataset=data)
 
     trainer(2).train()
     resumed = trainer(4)
@@ -885,7 +886,7 @@ def test_saved_folders_keep_the_models_own_use_cache(tmp_path, use_cache):
     arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=2,
                                   report_to=[], use_cpu=True, disable_tqdm=True)
     model = tiny_lm("decoder", use_cache=use_cache).train()
-    trainer = checkpointing.CrashSafeTrainer(model=model, args=arguments, train_dataset=data)
+    trainer = trainer_checkpoints.CrashSafeTrainer(model=model, args=arguments, train_dataset=data)
     trainer.train()
     trainer.save_model(str(tmp_path / "model"))
     assert model.config.use_cache is False
@@ -907,8 +908,8 @@ def test_a_checkpoint_of_another_head_is_refused_by_name(tmp_path):
         arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=4,
                                       save_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
         data = [{"input_ids": row, "labels": label} for row, label in zip(ids, labels, strict=True)]
-        return checkpointing.CrashSafeTrainer(model=head(tiny_config("encoder", num_labels=2)).train(), args=arguments,
-                                              train_dataset=data)
+        return trainer_checkpoints.CrashSafeTrainer(model=head(tiny_config("encoder", num_labels=2)).train(),
+                                                    args=arguments, train_dataset=data)
 
     trainer(ScratchEncoderForSequenceClassification, 2, [i % 2 for i in range(8)]).train()
     resumed = trainer(ScratchEncoderForTokenClassification, 4, (ids % 2).tolist())
@@ -937,7 +938,7 @@ def test_finetune_records_its_epochs_among_the_settings_that_shape_the_steps(mon
         settings.append(self._step_settings())
         raise ReachedTraining
 
-    monkeypatch.setattr(checkpointing.CrashSafeTrainer, "train", train)
+    monkeypatch.setattr(trainer_checkpoints.CrashSafeTrainer, "train", train)
     monkeypatch.setattr("sys.argv", ["hf-scratch"])
     for run, budget in enumerate((["--epochs", "2"], ["--epochs", "2", "--max-steps", "3"])):
         with pytest.raises(ReachedTraining):

@@ -597,8 +597,8 @@ class ReachedTraining(Exception):
 def finetune_until_training(monkeypatch, *arguments) -> dict:
     """Runs `hf-scratch finetune ARGUMENTS` in this process up to its first training step; returns the columns of
     the training data it would train on."""
-    from hf_scratch_transformer.checkpointing import CrashSafeTrainer
     from hf_scratch_transformer.cli import main
+    from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
 
     trained = {}
 

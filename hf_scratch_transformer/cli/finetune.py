@@ -36,7 +36,7 @@ from transformers import (
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help
 from hf_scratch_transformer import evaluation, hub, training, training_data
-from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, CrashSafeTrainer, checkpoint_to_resume
+from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, checkpoint_to_resume
 from hf_scratch_transformer.cli.run_options import (
     RunParser,
     absolute_positions,
@@ -65,6 +65,7 @@ from hf_scratch_transformer.cli.run_options import (
     trainer_model_folder,
 )
 from hf_scratch_transformer.conversion import CONVERTERS, from_hf
+from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
 from tokenizer_training import load_data
 
 # model_type -> the native class `from_hf` converts. Llama, Mistral and Qwen2 folders, left out, trained as the native

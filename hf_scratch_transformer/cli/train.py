@@ -35,13 +35,7 @@ from transformers import (
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help
 from hf_scratch_transformer import evaluation, hub, mixed_precision, training, training_data
-from hf_scratch_transformer.checkpointing import (
-    TRAINER_PREFIX,
-    CheckpointError,
-    CrashSafeSeq2SeqTrainer,
-    CrashSafeTrainer,
-    checkpoint_to_resume,
-)
+from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, checkpoint_to_resume
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULTS,
@@ -81,6 +75,7 @@ from hf_scratch_transformer.cli.run_options import (
 from hf_scratch_transformer.configuration_scratch import own_fields
 from hf_scratch_transformer.presets import get_preset
 from hf_scratch_transformer.sharding import ShardedTrainer
+from hf_scratch_transformer.trainer_checkpoints import CrashSafeSeq2SeqTrainer, CrashSafeTrainer
 from tokenizer_training import padded_vocab_size, special_token_ids, train_tokenizer
 
 # The seeds' recipe (Vaswani et al., 2017, section 5.3-5.4): Noam warmup, Adam (0.9, 0.98, 1e-9), smoothing 0.1.

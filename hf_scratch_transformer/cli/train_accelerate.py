@@ -404,7 +404,7 @@ if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
         log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
 stream = micro_batches(start_step * accumulation)
 # Each checkpoint carries the model's config, which a resumed run's must equal (shapes alone let a changed activation
-# pass: `checkpointing._check_same_config`).
+# pass: `checkpointing.check_same_config`).
 config_json = accelerator.unwrap_model(model).config.to_json_string()
 progress = tqdm(total=args.max_steps, initial=start_step, disable=not accelerator.is_main_process, desc="training")
 model.train()
