@@ -725,6 +725,23 @@ def test_an_output_folder_on_a_file_system_without_locks_is_written_unlocked(tmp
     assert f"note: {tmp_path / 'out'} cannot be locked (Function not implemented)" in capsys.readouterr().err
 
 
+def test_a_run_started_as_another_makes_the_same_output_folder_takes_its_turn(tmp_path, monkeypatch):
+    """Two commands started at the same instant both found the folder missing; the second to make it ended in a
+    FileExistsError traceback. It takes the folder as made (the lock then decides which run writes there)."""
+    output = tmp_path / "out"
+    exists = Path.exists
+
+    def made_meanwhile(path):  # missing when checked, made by the other run before this one makes it
+        if path == output and not exists(path):
+            path.mkdir()
+            return False
+        return exists(path)
+
+    monkeypatch.setattr(Path, "exists", made_meanwhile)
+    assert run_options.lock_output_dir(output) is None
+    assert (output / run_options.LOCK_FILE).is_file()
+
+
 def test_resume_with_no_checkpoint_of_its_own_leaves_the_earlier_run_alone(workspace, uninterrupted, tmp_path):
     """--resume that found no checkpoint of its own said "starting from step 0", rewrote the loss log at once and
     replaced the model at the end: over a run whose checkpoints the user removed, and over a run of the other command

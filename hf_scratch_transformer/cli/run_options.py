@@ -691,9 +691,11 @@ def continues_run(checkpoint: Path, output_dir: Path) -> bool:
 def lock_output_dir(output_dir: Path) -> str | None:
     """Hold a lock on `output_dir` until the process ends; the problem when another run holds it. Two runs writing
     one folder would remove each other's checkpoints being written and interleave their loss logs."""
-    if not output_dir.exists():  # made for the lock: a command that stops before writing leaves no folder behind
+    try:  # made for the lock: a command that stops before writing leaves no folder behind
         output_dir.mkdir(parents=True)
         _made_for_the_lock.append(output_dir)
+    except FileExistsError:  # there already, or made by another run starting at the same instant
+        pass
     if fcntl is None:
         return None
     lock = (output_dir / LOCK_FILE).open("a")
