@@ -122,15 +122,17 @@ def model_folder_reported_as_not_written(final: Path):
 
 
 @contextlib.contextmanager
-def write_error_named(what: str, where: Path, next_step: str):
-    """Any error inside as a `WriteError` naming `what` was being written in the folder `where`, the error, the
-    free space there and the `next_step` to take."""
+def write_error_named(what: str, where: Path, next_step: str, failed: str = "could not be written"):
+    """Any error inside as a `WriteError` naming `what` was being written (or what else `failed`) in the folder
+    `where`, the error, the free space there and the `next_step` to take."""
     try:
         yield
+    except CheckpointError:  # named already, by a `write_error_named` inside
+        raise
     except Exception as error:
         free = shutil.disk_usage(where).free // 2**20 if where.is_dir() else 0
         raise WriteError(
-            f"{what} could not be written in {where} ({type(error).__name__}: {error}; {free} MiB free on that file "
+            f"{what} {failed} in {where} ({type(error).__name__}: {error}; {free} MiB free on that file "
             f"system). {next_step}"
         ) from error
 
@@ -171,8 +173,11 @@ def commit_checkpoint(partial: Path, final: Path, step: int, metadata: dict | No
             remove_checkpoint(path)
     os.replace(partial, final)
     _fsync(final.parent)
-    if keep is not None:
-        prune_checkpoints(final.parent, keep, prefix, protect)
+    if keep is not None:  # `final` is complete now: an error here was reported as its own, "could not be written"
+        with write_error_named("The older checkpoints", final.parent, f"{final.name} is complete and kept: remove "
+                               "the cause (or the older checkpoints), then continue with --resume.",
+                               failed="could not be removed"):
+            prune_checkpoints(final.parent, keep, prefix, protect)
 
 
 def write_manifest(folder: str | Path, step: int, metadata: dict | None = None) -> dict:

@@ -787,6 +787,26 @@ def test_a_checkpoint_the_user_removes_while_the_run_prunes_does_not_stop_the_ru
     assert sorted(path.name for path in tmp_path.iterdir()) == ["step-6"]
 
 
+def test_a_prune_that_fails_after_the_commit_says_the_new_checkpoint_is_complete(tmp_path, monkeypatch):
+    """An older checkpoint that could not be removed (its files not the run's to delete) was reported as "Checkpoint
+    step-6 could not be written ... what was written of this one is ignored", though step-6 was complete."""
+    for step in (2, 4):
+        (tmp_path / f"step-{step}").mkdir()
+        checkpointing.write_manifest(tmp_path / f"step-{step}", step)
+    (tmp_path / "step-6.tmp").mkdir()
+
+    def refused(path):
+        raise PermissionError(f"Permission denied: {path}")
+
+    monkeypatch.setattr(checkpointing, "remove_checkpoint", refused)
+    final = tmp_path / "step-6"
+    with pytest.raises(checkpointing.CheckpointError) as error, checkpointing.reported_as_not_written(final):
+        checkpointing.commit_checkpoint(tmp_path / "step-6.tmp", final, 6, keep=1)
+    assert str(error.value).startswith(f"The older checkpoints could not be removed in {tmp_path}")
+    assert "step-6 is complete and kept" in str(error.value) and "could not be written" not in str(error.value)
+    assert checkpointing.verify_checkpoint(final)["step"] == 6
+
+
 def test_what_an_interrupted_removal_left_in_the_output_folder_is_cleared(tmp_path):
     """A kill while --overwrite-output-dir removed the earlier checkpoints, or while a model folder was replaced,
     leaves them renamed aside, which nothing reads: the next command into the folder removes them."""
