@@ -296,6 +296,18 @@ def test_resuming_a_finished_run_trains_nothing_more(workspace, uninterrupted, t
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "the last step's weights"
 
 
+def test_a_run_resumed_past_its_max_steps_says_how_far_its_weights_trained(workspace, uninterrupted, tmp_path):
+    """Resumed with a --max-steps below its checkpoint's step, a run trains nothing and saves the checkpoint's weights:
+    train-accelerate's card then said max_steps 6 alone for weights of step 10 (Trainer's says steps_trained)."""
+    entry, full = uninterrupted
+    output = tmp_path / "past"
+    shutil.copytree(full, output)
+    shutil.rmtree(output / "model")
+    run(command(entry, workspace, output, "--resume", "--max-steps", "6"), workspace)
+    card = (output / "model/README.md").read_text()
+    assert "| max_steps | 6 |" in card and "| steps_trained | 10 |" in card, card
+
+
 def test_a_model_folder_that_cannot_be_written_is_an_error_keeping_the_earlier_one(workspace, uninterrupted, tmp_path):
     """A full disk while the model folder is written (after the last checkpoint): one error line naming it and the
     way on (--resume writes the folder from the last checkpoint), where it was a traceback; the earlier model folder

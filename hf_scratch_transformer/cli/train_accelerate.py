@@ -465,6 +465,7 @@ if stop < args.max_steps:
     raise SystemExit(0)
 
 # ----------------------------------------------------------------------------------------------- evaluation
+steps_trained = max(start_step, stop)  # a checkpoint past --max-steps is resumed as it is: no step taken
 model.eval()
 total = torch.zeros(2, device=accelerator.device)  # summed loss, labelled tokens
 with torch.no_grad():
@@ -494,7 +495,7 @@ if accelerator.is_main_process:
         with sharding.own_class(accelerator.unwrap_model(model)) as unwrapped:
             unwrapped.save_pretrained(written, save_function=accelerator.save, state_dict=state_dict)
         tokenizer.save_pretrained(written)
-        history.append({"step": args.max_steps, **results})
+        history.append({"step": steps_trained, **results})
         training.plot_loss_curve(history, written / "loss_curve.png", title=f"{preset or 'model'} {task} (Accelerate)")
         files = run_data_files(args)
         dataset = run_data_name(args, files)
@@ -502,7 +503,7 @@ if accelerator.is_main_process:
         hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
                            "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
                                "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
-                               "max_grad_norm")}, "warmup_steps": warmup_steps,
+                               "max_grad_norm")}, "steps_trained": steps_trained, "warmup_steps": warmup_steps,
                            "eval_sequences": len(datasets["validation"])}  # all, or the first --max-eval-samples
         hub.write_model_card(written, task=task,
                              model_name=args.model_name or hub.default_repo_name(preset or "scratch", dataset),
