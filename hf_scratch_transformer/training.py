@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 from accelerate.utils import reduce
 from torch.nn import functional as F
-from transformers import DataCollatorWithPadding, TrainerCallback
+from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding, TrainerCallback
 
+from hf_scratch_transformer import training_data
 from hf_scratch_transformer.scratch_loss import cross_entropy
 
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
@@ -78,9 +79,10 @@ class MasksOfEachStep:
     batch's place in the step and the process, not from the global RNG as the DataLoader collates it. Accelerate's
     DataLoader fetches one batch ahead, and a resumed Trainer restores the global RNG only after taking its first
     step's batches: either way a resumed run drew other masks than the uninterrupted one (its losses left the
-    uninterrupted run's at the first step after the checkpoint). Evaluation batches are masked by the collator, from
-    a generator seeded with the run's seed and the process at each evaluation (and `predict`'s): every evaluation
-    masks the same tokens, so that two of them differ by the weights only (from the global RNG, the final evaluation
+    uninterrupted run's at the first step after the checkpoint). An evaluated (or `predict`ed) dataset is masked
+    once per sequence from the run's seed (`training_data.mask_once`, unless it comes with its `labels` so masked,
+    as `hf-scratch train` masks its validation set once): every evaluation masks the same tokens in any
+    number of processes, so that two of them differ by the weights only (from the global RNG, the final evaluation
     of a run's last weights gave another loss than the evaluation of the same weights at its last step)."""
 
     def get_train_dataloader(self):
@@ -94,6 +96,8 @@ class MasksOfEachStep:
             self.data_collator = masking
 
     def get_eval_dataloader(self, eval_dataset=None):
+        if eval_dataset is None or isinstance(eval_dataset, str):  # Trainer's, or one of its dict of datasets
+            eval_dataset = self.eval_dataset if eval_dataset is None else self.eval_dataset[eval_dataset]
         return self._masked_from_the_seed(super().get_eval_dataloader, eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
@@ -101,10 +105,11 @@ class MasksOfEachStep:
 
     def _masked_from_the_seed(self, get_dataloader, dataset):
         masking = self.data_collator
-        self.data_collator = copy.copy(masking)  # the DataLoader keeps this one, its generator drawn from in order
-        self.data_collator.generator = torch.Generator().manual_seed(  # step -1: no training batch's seed
-            hash((self.args.seed, -1, 0, self.args.process_index)) % 2**63)  # ints: no per-process hash salt
+        self.data_collator = DataCollatorForTokenClassification(  # pads the labels mask_once drew with -100
+            masking.tokenizer, pad_to_multiple_of=masking.pad_to_multiple_of)
         try:
+            if "labels" not in dataset.column_names:  # not masked yet
+                dataset = training_data.mask_once(dataset, masking, self.args.seed)
             return get_dataloader(dataset)
         finally:
             self.data_collator = masking

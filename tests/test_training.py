@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from tiny_models import VOCAB, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import CORPUS, byte_level_bpe, wordpiece
 from tokenizers import Tokenizer
-from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq, DataCollatorWithPadding
+from transformers import (
+    DataCollatorForLanguageModeling,
+    DataCollatorForSeq2Seq,
+    DataCollatorForTokenClassification,
+    DataCollatorWithPadding,
+)
 from transformers.testing_utils import CaptureLogger
 from transformers.tokenization_utils_base import logger as tokenization_logger
 
@@ -120,23 +125,33 @@ def test_evaluation_loss_is_the_mean_over_every_labelled_token_at_any_batch_size
         assert trainer.predict(rows).metrics["test_loss"] == pytest.approx(every_token, rel=1e-5), batch
 
 
-def test_masked_lm_predict_masks_as_evaluation_does(tmp_path):
+def test_masked_lm_evaluation_masks_each_sequence_once_from_the_seed(tmp_path):
     """`predict` on the masked-LM trainer masked its batches from the global RNG: two calls on the same weights gave
-    two losses. It masks from the run's seed, as every evaluation does: the same tokens, the same loss."""
+    two losses; and each process masked its batches from its own stream, so the loss moved with the number of
+    processes. Each sequence is masked once, from the run's seed and its place in the data: `evaluate` and `predict`
+    give the model's loss over those masks, whatever the batch size, call after call."""
     from transformers import Trainer, TrainingArguments
 
-    class MaskedLMTrainer(training.MasksOfEachStep, Trainer):
-        pass
+    class MaskedLMTrainer(training.MasksOfEachStep, evaluation.TokenWeightedEvaluationLoss, Trainer):
+        pass  # as scripts/train.py's
 
     tokenizer = wordpiece()
-    model = tiny_lm("encoder", vocab_size=len(tokenizer))
-    rows = [tokenizer(line) for line in CORPUS.read_text().splitlines()[:16] if line]
-    trainer = MaskedLMTrainer(model=model, eval_dataset=rows,
-                              data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3),
-                              args=TrainingArguments(str(tmp_path), per_device_eval_batch_size=4, report_to=[],
-                                                     use_cpu=True))
-    evaluated = trainer.evaluate()["eval_loss"]
-    assert [trainer.predict(rows).metrics["test_loss"] for _ in range(2)] == [evaluated, evaluated]
+    model = tiny_lm("encoder", vocab_size=len(tokenizer)).eval()
+    rows = Dataset.from_list([dict(tokenizer(line, return_special_tokens_mask=True))
+                              for line in CORPUS.read_text().splitlines()[:16] if line])
+    masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3)
+    masked = training_data.mask_once(rows, masking, seed=7)
+    assert masked["labels"][:5] == training_data.mask_once(rows.select(range(5)), masking, seed=7)["labels"]
+    assert masked["labels"] != training_data.mask_once(rows, masking, seed=8)["labels"]
+    with torch.no_grad():
+        every_token = model(**DataCollatorForTokenClassification(tokenizer)(list(masked))).loss.item()
+    for batch in (1, 4):
+        trainer = MaskedLMTrainer(model=model, eval_dataset=rows, data_collator=masking,
+                                  args=TrainingArguments(str(tmp_path), per_device_eval_batch_size=batch, seed=7,
+                                                         report_to=[], use_cpu=True))
+        assert trainer.evaluate()["eval_loss"] == pytest.approx(every_token, rel=1e-5), batch
+        for _ in range(2):
+            assert trainer.predict(rows).metrics["test_loss"] == pytest.approx(every_token, rel=1e-5), batch
 
 
 # ---------------------------------------------------------------------------------------------- data

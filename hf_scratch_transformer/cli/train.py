@@ -244,6 +244,8 @@ else:
 if args.max_eval_samples:
     kept = min(args.max_eval_samples, len(datasets["validation"]))
     datasets["validation"] = datasets["validation"].select(range(kept))
+if task == "masked-lm":  # once, not at each evaluation (MasksOfEachStep masks a dataset given without labels)
+    datasets["validation"] = training_data.mask_once(datasets["validation"], collator, args.seed)
 
 # ----------------------------------------------------------------------------------------------- training
 eval_steps = args.eval_steps or max(1, args.max_steps // 4)

@@ -47,6 +47,7 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
+    DataCollatorForTokenClassification,
     DataCollatorWithPadding,
     default_data_collator,
     get_scheduler,
@@ -288,6 +289,11 @@ with accelerator.main_process_first():
 kept = min(args.max_eval_samples or len(datasets["validation"]), len(datasets["validation"]))
 datasets["validation"] = datasets["validation"].select(range(kept))
 masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15) if task == "masked-lm" else None
+eval_collate = collate
+if masker is not None:  # masked once from the seed: the same tokens in any number of processes
+    with accelerator.main_process_first():
+        datasets["validation"] = training_data.mask_once(datasets["validation"], masker, args.seed)
+    eval_collate = DataCollatorForTokenClassification(tokenizer)  # pads the labels with -100
 
 # ----------------------------------------------------------------------------------------------- optimisation
 # nanoGPT's groups: weight decay on matrices and embeddings, none on biases and norms.
@@ -302,8 +308,8 @@ scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup_
 # The loaders own a generator, so that starting an epoch never draws from the global RNG: dropout and MLM masking
 # then use it in step order only, and the RNG state a checkpoint saves is exactly what the next step needs.
 loader, eval_loader = (DataLoader(datasets[split], batch_size=args.batch_size, shuffle=split == "train",
-                                  drop_last=split == "train", collate_fn=collate, generator=torch.Generator())
-                       for split in ("train", "validation"))
+                                  drop_last=split == "train", collate_fn=collator, generator=torch.Generator())
+                       for split, collator in (("train", collate), ("validation", eval_collate)))
 if accelerator.distributed_type == DistributedType.FSDP:
     sharding.share_embedding_modules(model)
 model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -349,12 +355,16 @@ def micro_batches(start: int):
 
 
 def to_device(batch: dict) -> dict:
-    """MLM masking (80/10/10) happens here rather than in the DataLoader, which fetches one batch ahead: the global
-    RNG is then drawn in step order, so restoring it from a checkpoint resumes the same masks."""
+    return {key: value.to(accelerator.device) for key, value in batch.items()}
+
+
+def masked_to_device(batch: dict) -> dict:
+    """A training batch, MLM-masked (80/10/10) here rather than in the DataLoader, which fetches one batch ahead: the
+    global RNG is then drawn in step order, so restoring it from a checkpoint resumes the same masks."""
     if masker is not None:
         batch["input_ids"], batch["labels"] = masker.torch_mask_tokens(batch["input_ids"],
                                                                        batch.pop("special_tokens_mask"))
-    return {key: value.to(accelerator.device) for key, value in batch.items()}
+    return to_device(batch)
 
 
 def without_repeats(batch: dict) -> dict:
@@ -410,7 +420,7 @@ progress = tqdm(total=args.max_steps, initial=start_step, disable=not accelerato
 model.train()
 with training.Preemption() as preemption:  # a SIGTERM stops after the step under way, checkpointed
     for step in range(start_step + 1, stop + 1):
-        batches = [to_device(next(stream)) for _ in range(accumulation)]
+        batches = [masked_to_device(next(stream)) for _ in range(accumulation)]
         # Labelled tokens in the whole global batch (all micro-steps, all processes), as Trainer's num_items_in_batch.
         num_items = accelerator.reduce(sum(count_labels(batch["labels"]) for batch in batches), "sum").clamp(min=1)
         step_loss = torch.zeros((), device=accelerator.device)
