@@ -277,23 +277,22 @@ training_data.keep_the_inputs_the_model_reads(tokenizer, model.config)
 accelerator.print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters; "
                   f"{accelerator.num_processes} x {accelerator.distributed_type.value}, {accelerator.mixed_precision}")
 
+masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15) if task == "masked-lm" else None
 with accelerator.main_process_first():
     if task == "causal-lm":
         prepare, collate = training_data.pack_for_causal_lm, default_data_collator  # equal blocks carrying their labels
-    elif task == "masked-lm":  # padded here, masked in the loop (see `to_device`)
+    elif task == "masked-lm":  # padded here, masked in the loop (see `masked_to_device`)
         prepare, collate = training_data.tokenize_for_mlm, DataCollatorWithPadding(tokenizer)
     else:
         prepare = training_data.tokenize_for_seq2seq
         collate = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     datasets = {split: prepare(texts, tokenizer, args.max_length) for split, texts in raw.items()}
-kept = min(args.max_eval_samples or len(datasets["validation"]), len(datasets["validation"]))
-datasets["validation"] = datasets["validation"].select(range(kept))
-masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15) if task == "masked-lm" else None
-eval_collate = collate
-if masker is not None:  # masked once from the seed: the same tokens in any number of processes
-    with accelerator.main_process_first():
+    kept = min(args.max_eval_samples or len(datasets["validation"]), len(datasets["validation"]))
+    datasets["validation"] = datasets["validation"].select(range(kept))
+    eval_collate = collate
+    if masker is not None:  # masked once from the seed: the same tokens in any number of processes
         datasets["validation"] = training_data.mask_once(datasets["validation"], masker, args.seed)
-    eval_collate = DataCollatorForTokenClassification(tokenizer)  # pads the labels with -100
+        eval_collate = DataCollatorForTokenClassification(tokenizer)  # pads the labels with -100
 
 # ----------------------------------------------------------------------------------------------- optimisation
 # nanoGPT's groups: weight decay on matrices and embeddings, none on biases and norms.
