@@ -368,6 +368,31 @@ def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_i
     assert "ScratchSeq2SeqForConditionalGeneration" in reason and "causal" in reason
 
 
+# `hf-scratch serve ARGS...` where transformers[serving] is not installed: its packages cannot be imported.
+SERVE_WITHOUT_THE_EXTRA = """
+import sys
+for name in ("fastapi", "uvicorn", "openai"):
+    sys.modules[name] = None
+from hf_scratch_command import main
+main(["serve", *sys.argv[1:]])
+"""
+
+
+def test_help_is_answered_without_the_serving_extra_and_serving_is_refused_in_one_line(tmp_path):
+    """`hf-scratch serve --help` exited 1 with 'pip install "transformers[serving]"' where the extra is not
+    installed: only serving needs it."""
+    script = tmp_path / "serve_without_the_extra.py"
+    script.write_text(SERVE_WITHOUT_THE_EXTRA)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    helped = run_python([sys.executable, script, "--help"], cwd=tmp_path, env=env, timeout=START_TIMEOUT)
+    assert helped.returncode == 0 and "--continuous-batching" in helped.stdout, helped.stderr
+    refused = run_python([sys.executable, script, "model"], cwd=tmp_path, env=env, timeout=START_TIMEOUT)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == ('hf-scratch serve: error: missing dependencies for serving: '
+                                                       'pip install "transformers[serving]"'), refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 @pytest.mark.parametrize("given, reason", [
     ("missing/model/folder", "folder missing/model/folder does not exist"),
     ("model/modl", "folder model/modl does not exist (its parent folder does: a mistyped name?)"),

@@ -39,8 +39,11 @@ from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.linear_kernels import bound_onednn_caches
 from hf_scratch_transformer.pipeline_scratch_text2text import ABSOLUTE_POSITIONS
 
-if not is_serve_available():  # what `transformers serve` says, without the traceback of the import below
-    sys.exit('hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')
+if not is_serve_available():
+    # What `transformers serve` says, without the traceback of the imports below, once the command runs: `--help`
+    # needs none of them, and typer answers it first (it was refused with this line). typer.run exits here.
+    typer.run(functools.wraps(Serve, updated=())(lambda **options: sys.exit(
+        'hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')))
 
 from fastapi import HTTPException
 from transformers.cli.serving.chat_completion import ChatCompletionHandler
