@@ -184,9 +184,9 @@ def write_manifest(folder: str | Path, step: int, metadata: dict | None = None) 
     """Flush every file of `folder` to disk, then record the step, each file's size and SHA-256, and `metadata`
     in `folder/COMPLETE.json`, written last: its presence marks the checkpoint complete."""
     folder = Path(folder)
+    _fsync_tree(folder)
     files = {}
     for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
-        _fsync(file)
         files[file.relative_to(folder).as_posix()] = {"size": file.stat().st_size, "sha256": _sha256(file)}
     manifest = {"format": 1, "step": step, "files": files, "metadata": metadata or {}}
     partial = folder / (MANIFEST + PARTIAL_SUFFIX)
@@ -214,9 +214,7 @@ def replace_folder(partial: str | Path, final: str | Path) -> None:
     earlier `final` is removed atomically (`remove_checkpoint`), then `partial` is renamed. A kill at any instant
     leaves `final` complete (the earlier one or the new one) or absent, never half written."""
     partial, final = Path(partial), Path(final)
-    for file in partial.rglob("*"):
-        if file.is_file():
-            _fsync(file)
+    _fsync_tree(partial)
     if final.exists():
         remove_checkpoint(final)
     os.replace(partial, final)
@@ -686,6 +684,14 @@ def _sha256(file: Path) -> str:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file under `folder` and the entries of every folder there, `folder` and nested ones (a model's
+    `tokenizer/`) alike: a folder's new entries are durable only once it is flushed itself."""
+    for path in [*folder.rglob("*"), folder]:
+        if path.is_file() or path.is_dir():  # not a broken link
+            _fsync(path)
 
 
 def _fsync(path: Path) -> None:

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -853,6 +854,31 @@ def test_the_best_checkpoint_survives_pruning_and_resumes_under_its_final_name(t
     assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in weights.items())
     assert json.loads((best / "trainer_state.json").read_text())["best_model_checkpoint"] == str(best)
     checkpointing.verify_checkpoint(best)
+
+
+def test_a_written_folder_flushes_its_nested_folders_entries(tmp_path, monkeypatch):
+    """`write_manifest` (a checkpoint) and `replace_folder` (a model folder) flushed the files and one folder, not
+    the folders inside (a model's `tokenizer/`): after a power loss their entries could be missing under a manifest
+    saying complete. Every folder's entries are flushed, recorded as `os.fsync` on a folder's descriptor."""
+    flushed = set()
+    fsync = os.fsync
+
+    def recording(descriptor):
+        status = os.fstat(descriptor)
+        if stat.S_ISDIR(status.st_mode):
+            flushed.add(status.st_ino)
+        fsync(descriptor)
+
+    for name in ("checkpoint-1", "model.tmp"):
+        (tmp_path / name / "tokenizer" / "extra").mkdir(parents=True)
+        (tmp_path / name / "tokenizer" / "extra" / "vocab.txt").write_text("a")
+        (tmp_path / name / "model.safetensors").write_bytes(b"1" * 64)
+    monkeypatch.setattr(os, "fsync", recording)
+    checkpointing.write_manifest(tmp_path / "checkpoint-1", 1)
+    checkpointing.replace_folder(tmp_path / "model.tmp", tmp_path / "model")
+    for written in (tmp_path / "checkpoint-1", tmp_path / "model"):
+        for folder in (written, written / "tokenizer", written / "tokenizer" / "extra"):
+            assert folder.stat().st_ino in flushed, folder
 
 
 def test_resuming_reads_each_checkpoint_file_for_its_checksum_once(tmp_path, monkeypatch):
