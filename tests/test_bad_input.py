@@ -657,6 +657,21 @@ def test_the_main_job_names_bad_data_or_output_before_any_work(hf_scratch, bad_t
     assert f"--output-dir {output / 'run'} cannot be made: {output} is a file, not a folder" in stderr
 
 
+@pytest.mark.parametrize("name", list(BAD_TEXT))
+def test_a_bad_text_file_in_a_dataset_folder_is_named_before_any_work(hf_scratch, bad_text, tmp_path, name):
+    """A folder of .txt files given as --dataset: a file of NUL bytes was trained on as text, and one that is not
+    UTF-8 was reported naming the folder alone ("cannot be read: 'utf-8' codec can't decode ..."). Each file is
+    checked as one given with --train-files is."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "good.txt").write_text("\n".join(f"line {i} of a small corpus" for i in range(40)))
+    path, message = bad_text(name)
+    os.replace(path, folder / name)
+    stderr = hf_scratch("train", "--dataset", folder, "--output-dir", tmp_path / "out")
+    assert f"{folder}: {folder / name} " in stderr and message in stderr, stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_given_as_a_text_file_is_named(hf_scratch, tmp_path):
     # The training commands failed with an IsADirectoryError traceback; the tokenizer called it "not found".
     folder = tmp_path / "texts"

@@ -148,9 +148,14 @@ def load_data(name: str | Path, config: str | None = None, split: str | None = N
     if path.is_file() and builder != "parquet":
         check_text_file(path)  # `datasets` reports a binary or empty file in its own, vaguer words
     try:
+        folder_builder = datasets.load_dataset_builder(str(name), config) if path.is_dir() else None
         # The text builder reads a .txt file, or a local folder of them, as UTF-8 with its BOM (csv and json skip it)
-        text = (builder == "text" if path.is_file()
-                else path.is_dir() and datasets.load_dataset_builder(str(name), config).name == "text")
+        text = builder == "text" if path.is_file() else folder_builder is not None and folder_builder.name == "text"
+        if folder_builder is not None and text:  # each file checked as one given alone: `datasets` read a binary
+            # file's NUL bytes as text (trained on), and its error for a file that is not UTF-8 named the folder only
+            for files in folder_builder.config.data_files.values():
+                for file in files:
+                    check_text_file(file)
         encoding = {"encoding": TEXT_ENCODING} if text else {}
         if path.is_file():
             data = datasets.load_dataset(builder, data_files=str(path), split=split, **encoding)
