@@ -262,13 +262,29 @@ def mask_once(sequences: Dataset, masking, seed: int) -> Dataset:
     return sequences.map(mask, with_indices=True, remove_columns=removed, desc="masking the validation set")
 
 
-def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int) -> Dataset:
-    """Pairs -> `input_ids` (source + `</s>`) and `labels` (target + `</s>`); one shared vocabulary."""
+def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int,
+                         report: Callable[[str], None] | None = None) -> Dataset:
+    """Pairs -> `input_ids` (source + `</s>`) and `labels` (target + `</s>`); one shared vocabulary. A side longer
+    than `max_length` tokens is cut there, as run_translation.py cuts it, and `report` is told how many were: the
+    model learns to translate the start of a sentence into all of its translation, or the reverse."""
+
+    def cut(texts: list[str], ids: list[list[int]], side: str) -> list[bool]:
+        # A side `max_length` tokens long fits or was cut: tokenized whole (these alone), its length tells
+        return [len(row) == max_length and len(tokenizer(**{side: text}, verbose=False).input_ids) > max_length
+                for text, row in zip(texts, ids, strict=True)]
 
     def tokenize(batch):
-        return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
+        encoded = tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
+        encoded["source_cut"] = cut(batch["source"], encoded["input_ids"], "text")
+        encoded["target_cut"] = cut(batch["target"], encoded["labels"], "text_target")
+        return encoded
 
-    return truncated_map(pairs, tokenize, tokenizer)
+    encoded = truncated_map(pairs, tokenize, tokenizer)
+    sources, targets = sum(encoded["source_cut"]), sum(encoded["target_cut"])
+    if report and (sources or targets):
+        report(f"--max-length {max_length} cuts {sources} of the {len(pairs)} sources and {targets} of the "
+               f"{len(pairs)} targets")
+    return encoded.remove_columns(["source_cut", "target_cut"])
 
 
 def truncated_map(data: Dataset, tokenize: Callable, tokenizer) -> Dataset:

@@ -193,6 +193,7 @@ def test_seq2seq_training_with_the_seed_recipe(tmp_path):
     results = json.loads((tmp_path / "model/eval_results.json").read_text())
     assert {"bleu", "chrf", "loss"} <= set(results)
     assert "translation:" in stdout
+    assert "note: --max-length 32 cuts 114 of the 114 sources and 114 of the 114 targets" in stdout
     card = ModelCard.load(tmp_path / "model/README.md")
     assert "label_smoothing" in card.text and "inverse_sqrt" in card.text
     assert card.data.datasets is None  # local files: not linked as the Hub dataset "train"

@@ -292,6 +292,22 @@ def test_seq2seq_tokenization_gives_sources_and_labels_ending_in_eos():
     assert tokenizer.decode(encoded["labels"], skip_special_tokens=True) == "ein Mann reitet ein Pferd"
 
 
+def test_seq2seq_sides_cut_at_max_length_are_counted():
+    """Pairs longer than --max-length were cut without a word (as run_translation.py cuts them): the sides cut are
+    counted for a note, a side of exactly `max_length` tokens (`</s>` included) not among them."""
+    tokenizer = byte_level_bpe(family="seq2seq")
+    fits, longer = "a b c d e f", "a b c d e f g"  # 8 tokens with `</s>`, and 10
+    assert [len(ids) for ids in tokenizer([fits, longer]).input_ids] == [8, 10]
+    pairs = Dataset.from_dict({"source": [longer, "a b", fits], "target": ["a b", longer, fits]})
+    reported = []
+    encoded = training_data.tokenize_for_seq2seq(pairs, tokenizer, max_length=8, report=reported.append)
+    assert reported == ["--max-length 8 cuts 1 of the 3 sources and 1 of the 3 targets"]
+    assert encoded.column_names == ["input_ids", "attention_mask", "labels"]
+    assert encoded["input_ids"] == tokenizer(list(pairs["source"]), truncation=True, max_length=8).input_ids
+    training_data.tokenize_for_seq2seq(pairs, tokenizer, max_length=10, report=reported.append)
+    assert len(reported) == 1  # nothing cut, nothing said
+
+
 @settings(max_examples=15, deadline=None)
 @given(pairs=st.lists(st.tuples(st.text(max_size=20), st.text(max_size=20)), min_size=1, max_size=5),
        max_length=st.integers(2, 10))

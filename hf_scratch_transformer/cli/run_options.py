@@ -71,6 +71,11 @@ def say(*args, **kwargs) -> None:
         print(*args, **kwargs)
 
 
+def note(line: str) -> None:
+    """`line` as a note on the main process, on stderr with the warnings: what the run does with the data unasked."""
+    say(f"note: {line}", file=sys.stderr)
+
+
 def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     """Stop with `message` and exit status 2 as `parser.error` does, without the usage: for a problem found in the
     files (a checkpoint, the data), which no option caused."""
@@ -591,7 +596,7 @@ def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
             args.source_files, args.target_files, args.validation_source, args.validation_target,
             dataset=args.dataset, dataset_config=args.dataset_config, source_column=args.source_column or "source",
             target_column=args.target_column or "target", seed=args.seed,
-            report=lambda line: say(f"note: {line}", file=sys.stderr),
+            report=note,
         )
         texts = raw["train"].map(lambda pair: {"text": pair["source"] + "\n" + pair["target"]},
                                  remove_columns=["source", "target"])

@@ -57,6 +57,7 @@ from hf_scratch_transformer.cli.run_options import (
     model_tokenizer,
     non_negative_float,
     non_negative_int,
+    note,
     positive_float,
     positive_int,
     refuse_another_family,
@@ -237,7 +238,7 @@ elif task == "masked-lm":
                 for split, texts in raw.items()}
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)  # 80% [MASK], 10% random, 10% kept
 else:
-    datasets = {split: training_data.tokenize_for_seq2seq(pairs, tokenizer, args.max_length)
+    datasets = {split: training_data.tokenize_for_seq2seq(pairs, tokenizer, args.max_length, report=note)
                 for split, pairs in raw.items()}
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
 

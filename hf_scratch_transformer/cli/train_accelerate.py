@@ -26,6 +26,7 @@ branch in a new --output-dir, with its tokenizer, and leaves that run's folder a
 """
 
 import argparse
+import functools
 import json
 import os
 import tempfile
@@ -81,6 +82,7 @@ from hf_scratch_transformer.cli.run_options import (
     model_tokenizer,
     non_negative_float,
     non_negative_int,
+    note,
     positive_float,
     positive_int,
     refuse_another_family,
@@ -284,7 +286,7 @@ with accelerator.main_process_first():
     elif task == "masked-lm":  # padded here, masked in the loop (see `masked_to_device`)
         prepare, collate = training_data.tokenize_for_mlm, DataCollatorWithPadding(tokenizer)
     else:
-        prepare = training_data.tokenize_for_seq2seq
+        prepare = functools.partial(training_data.tokenize_for_seq2seq, report=note)
         collate = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     datasets = {split: prepare(texts, tokenizer, args.max_length) for split, texts in raw.items()}
     kept = min(args.max_eval_samples or len(datasets["validation"]), len(datasets["validation"]))
