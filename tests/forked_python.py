@@ -24,6 +24,7 @@ from pathlib import Path
 
 # What every command imports first; the command modules themselves run as they are imported, so they are not here.
 PRELOAD = ["hf_scratch_transformer", "hf_scratch_transformer.checkpointing", "hf_scratch_transformer.cli.run_options",
+           "hf_scratch_transformer.cli.run_data",
            "hf_scratch_transformer.training", "hf_scratch_transformer.training_data",
            "hf_scratch_transformer.evaluation", "hf_scratch_transformer.mixed_precision", "transformers.trainer",
            "accelerate", "datasets"]

@@ -27,7 +27,7 @@ from transformers.testing_utils import CaptureLogger
 from transformers.trainer import logger as transformers_trainer_logger
 
 from hf_scratch_transformer import checkpointing, trainer_checkpoints, training
-from hf_scratch_transformer.cli import run_options
+from hf_scratch_transformer.cli import output_folder, run_options
 
 HERE = Path(__file__).resolve().parent
 TINY = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
@@ -545,10 +545,10 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     parser = run_options.RunParser(prog="train")
     for output in (read_only, read_only / "new" / "run"):
         with pytest.raises(SystemExit) as stopped:
-            run_options.claim_output_dir(parser, output, resume=False, overwrite=False)
+            output_folder.claim_output_dir(parser, output, resume=False, overwrite=False)
         assert stopped.value.code == 2
         assert f"--output-dir {output} cannot be written: {read_only} is read-only" in capsys.readouterr().err
-    run_options.claim_output_dir(parser, tmp_path / "writable" / "run", resume=False, overwrite=False)
+    output_folder.claim_output_dir(parser, tmp_path / "writable" / "run", resume=False, overwrite=False)
 
 
 @pytest.mark.parametrize("options", [{}, {"resume": True}, {"overwrite": True}])
@@ -557,7 +557,7 @@ def test_a_file_where_the_run_writes_a_folder_is_refused_before_any_work(tmp_pat
     work); --overwrite-output-dir failed removing it, after renaming it."""
     (tmp_path / "checkpoints").write_text("the user's notes")
     with pytest.raises(SystemExit) as stopped:
-        run_options.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, **{"resume": False,
+        output_folder.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, **{"resume": False,
                                                                                        "overwrite": False} | options)
     assert stopped.value.code == 2
     assert f"{tmp_path / 'checkpoints'} is a file, where the run writes a folder" in capsys.readouterr().err
@@ -579,7 +579,7 @@ def test_a_file_or_link_named_as_a_checkpoint_is_refused_before_any_work(tmp_pat
     (tmp_path / "checkpoints" / "checkpoint-4").mkdir()
     for resume, overwrite in ((True, False), (False, True)):
         with pytest.raises(SystemExit) as stopped:
-            run_options.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, resume, overwrite)
+            output_folder.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, resume, overwrite)
         assert stopped.value.code == 2
         kind_said = "a file" if kind == "file" else "a symbolic link"
         assert f"{stray} is {kind_said}, named as a checkpoint" in capsys.readouterr().err
@@ -600,10 +600,10 @@ def test_a_link_to_a_folder_the_run_replaces_is_refused_before_any_work(tmp_path
         if link == "checkpoints":
             (run / "model").unlink()
         with pytest.raises(SystemExit) as stopped:
-            run_options.claim_output_dir(parser, run, resume, overwrite)
+            output_folder.claim_output_dir(parser, run, resume, overwrite)
         assert stopped.value.code == 2
         assert f"{run / link} is a symbolic link, to a folder the run replaces" in capsys.readouterr().err
-    run_options.claim_output_dir(parser, run, resume=True, overwrite=False)
+    output_folder.claim_output_dir(parser, run, resume=True, overwrite=False)
     assert (run / "checkpoints").is_symlink() and sorted(path.name for path in elsewhere.rglob("*")) == \
         ["checkpoints", "model", "step-2", "step-2"], "left as they were"
 
@@ -614,10 +614,10 @@ def test_an_empty_checkpoints_folder_is_no_earlier_run(tmp_path, capsys):
     parser = run_options.RunParser(prog="train")
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "tokenizer").mkdir()
-    run_options.claim_output_dir(parser, tmp_path, resume=False, overwrite=False)
+    output_folder.claim_output_dir(parser, tmp_path, resume=False, overwrite=False)
     (tmp_path / "checkpoints" / "checkpoint-2.tmp").mkdir()  # a checkpoint being written is part of a run
     with pytest.raises(SystemExit):
-        run_options.claim_output_dir(parser, tmp_path, resume=False, overwrite=False)
+        output_folder.claim_output_dir(parser, tmp_path, resume=False, overwrite=False)
     assert f"{tmp_path} holds an earlier run (checkpoints)" in capsys.readouterr().err
 
 
@@ -713,7 +713,7 @@ def test_a_run_into_a_folder_that_another_run_is_writing_is_refused(workspace, u
     entry, full = uninterrupted
     output = tmp_path / "busy"
     shutil.copytree(full, output)
-    with (output / run_options.LOCK_FILE).open("a") as lock:
+    with (output / output_folder.LOCK_FILE).open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as the main process of the run writing it does
         before = {path: path.stat().st_mtime_ns for path in output.rglob("*")}
         stderr = run(command(entry, workspace, output, "--resume"), workspace, returncode=2)
@@ -734,7 +734,7 @@ def test_an_output_folder_on_a_file_system_without_locks_is_written_unlocked(tmp
 
     monkeypatch.setattr(fcntl, "flock", flock)
     (tmp_path / "out").mkdir()
-    assert run_options.lock_output_dir(tmp_path / "out") is None
+    assert output_folder.lock_output_dir(tmp_path / "out") is None
     assert f"note: {tmp_path / 'out'} cannot be locked (Function not implemented)" in capsys.readouterr().err
 
 
@@ -751,8 +751,8 @@ def test_a_run_started_as_another_makes_the_same_output_folder_takes_its_turn(tm
         return exists(path)
 
     monkeypatch.setattr(Path, "exists", made_meanwhile)
-    assert run_options.lock_output_dir(output) is None
-    assert (output / run_options.LOCK_FILE).is_file()
+    assert output_folder.lock_output_dir(output) is None
+    assert (output / output_folder.LOCK_FILE).is_file()
 
 
 def test_resume_with_no_checkpoint_of_its_own_leaves_the_earlier_run_alone(workspace, uninterrupted, tmp_path):
@@ -827,8 +827,8 @@ def test_what_an_interrupted_removal_left_in_the_output_folder_is_cleared(tmp_pa
         (tmp_path / leftover).mkdir(parents=True)
         (tmp_path / leftover / "model.safetensors").write_bytes(b"0" * 64)
     (tmp_path / "loss_curve.jsonl").write_text("{}\n")
-    run_options.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, resume=True, overwrite=False)
-    assert sorted(path.name for path in tmp_path.iterdir()) == [run_options.LOCK_FILE, "loss_curve.jsonl"]
+    output_folder.claim_output_dir(run_options.RunParser(prog="train"), tmp_path, resume=True, overwrite=False)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [output_folder.LOCK_FILE, "loss_curve.jsonl"]
 
 
 def test_the_best_checkpoint_survives_pruning_and_resumes_under_its_final_name(tmp_path):

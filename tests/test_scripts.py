@@ -31,7 +31,8 @@ from transformers import (
 
 import hf_scratch_transformer
 from hf_scratch_transformer import hub
-from hf_scratch_transformer.cli.run_options import config_override, dataset_name
+from hf_scratch_transformer.cli.run_data import dataset_name
+from hf_scratch_transformer.cli.run_options import config_override
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]

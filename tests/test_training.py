@@ -716,7 +716,7 @@ def test_an_accelerate_evaluation_that_masked_nothing_says_so(monkeypatch, capsy
 
 def test_a_local_dataset_named_from_another_folder_is_the_same_data(monkeypatch, tmp_path):
     # Resumed with its absolute path, a run started with `--dataset data.csv` said the data had changed.
-    from hf_scratch_transformer.cli.run_options import data_settings
+    from hf_scratch_transformer.cli.run_data import data_settings
 
     (tmp_path / "data.csv").write_text("text\none\n")
     monkeypatch.chdir(tmp_path)

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 from hf_scratch_transformer.checkpointing import CheckpointError
-from hf_scratch_transformer.cli.run_options import fail, files_given_twice, non_negative_int, positive_int
+from hf_scratch_transformer.cli.run_data import files_given_twice
+from hf_scratch_transformer.cli.run_errors import fail
+from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
 from tokenizer_training import TOKENIZER_FILES, load_data, padded_vocab_size, train_tokenizer
 from tokenizer_training.saving import save_in_place
 from tokenizer_training.trainers import FAMILIES, KINDS

@@ -34,31 +34,25 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
-from hf_scratch_command import command_help
+from hf_scratch_command import command_help, is_rank_zero
 from hf_scratch_transformer import evaluation, hub, training, training_data
 from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, checkpoint_to_resume
+from hf_scratch_transformer.cli.output_folder import add_run_safety_arguments, claim_output_dir, remove_the_earlier_run
+from hf_scratch_transformer.cli.run_data import data_settings, dataset_name, on_the_hub
+from hf_scratch_transformer.cli.run_errors import fail, say
 from hf_scratch_transformer.cli.run_options import (
     RunParser,
     absolute_positions,
-    add_run_safety_arguments,
     check_model_fits,
     check_model_folder,
-    claim_output_dir,
-    data_settings,
-    dataset_name,
-    fail,
-    is_rank_zero,
     local_path,
     model_tokenizer,
-    on_the_hub,
     positive_float,
     positive_int,
     read_config_file,
     refuse_another_tokenizer,
     refuse_lone_processes,
-    remove_the_earlier_run,
     repo_id,
-    say,
     sequence_length,
     stop_cleanly_on_ctrl_c,
     train_until_stopped,

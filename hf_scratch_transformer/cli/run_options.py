@@ -1,25 +1,17 @@
 """Options and defaults shared by the two training entry points, `train.py` (Trainer) and `train_accelerate.py`
-(Accelerate), so that both take the same data, model and tokenizer arguments."""
+(Accelerate), so that both take the same data, model and tokenizer arguments, and how a run stops. Beside it: the
+data a run reads (`run_data`), the output folder it owns (`output_folder`), how it says a problem (`run_errors`)."""
 
 import argparse
-import atexit
 import json
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Collection, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-try:
-    import fcntl
-except ImportError:  # Windows: runs are not locked
-    fcntl = None
-
-from accelerate.utils import gather_object
-from datasets import Dataset, DatasetDict
 from huggingface_hub import is_offline_mode, try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -27,18 +19,14 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from hf_scratch_command import is_rank_zero
 from hf_scratch_transformer import checkpointing, training_data
-from hf_scratch_transformer.data import DEFAULT_CORPUS
+from hf_scratch_transformer.cli.output_folder import remove_unused_output_dirs
+from hf_scratch_transformer.cli.run_errors import fail, fail_with, say
 from hf_scratch_transformer.presets import FAMILY_CONFIGS, PRESETS, check_fields, get_preset
 from tokenizer_training import TOKENIZER_FILES
 
 AUTO_MODEL = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
-RUN_FOLDERS = ("checkpoints", "tokenizer", "model")  # the folders a run writes into its output folder
-RUN_FILES = (*RUN_FOLDERS, "loss_curve.jsonl")  # all it writes there
 WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)  # `from_pretrained`'s
 TOKENIZER_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")  # `special_token_ids`
-LOCK_FILE = ".hf-scratch.lock"  # held by the main process of the run writing the folder (claim_output_dir)
-_held_locks = []  # open for the life of the process: closing a file releases its lock
-_made_for_the_lock = []  # output folders this process made to lock them
 
 DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
     "causal-lm": ("gpt-mini", "bpe", "decoder"),
@@ -49,12 +37,10 @@ TOKENIZER_VOCAB_SIZE = 4096  # --vocab-size of a tokenizer trained by the run
 
 
 # ----------------------------------------------------------------------------------------------- stopping
-# Under a launcher (torchrun, accelerate launch) every process parses the same options and reads the same files, so
-# each meets the same problem: it is said once, by the main process, and every process exits with status 2.
 
 
 class RunParser(argparse.ArgumentParser):
-    """The training commands' parser: its usage and errors are printed by the main process alone."""
+    """The training commands' parser: its usage and errors are printed by the main process alone (`run_errors`)."""
 
     def print_usage(self, file=None) -> None:
         if is_rank_zero():
@@ -63,42 +49,6 @@ class RunParser(argparse.ArgumentParser):
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         remove_unused_output_dirs()  # a refusal; at exit would be too late for a caller that catches SystemExit
         super().exit(status, message if is_rank_zero() else None)
-
-
-def say(*args, **kwargs) -> None:
-    """`print` on the main process only: under torchrun every process runs the command, and each printed its lines."""
-    if is_rank_zero():
-        print(*args, **kwargs)
-
-
-def note(line: str) -> None:
-    """`line` as a note on the main process, on stderr with the warnings: what the run does with the data unasked."""
-    say(f"note: {line}", file=sys.stderr)
-
-
-def fail(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    """Stop with `message` and exit status 2 as `parser.error` does, without the usage: for a problem found in the
-    files (a checkpoint, the data), which no option caused."""
-    parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-
-def fail_with(parser: argparse.ArgumentParser, error: checkpointing.CheckpointError) -> NoReturn:
-    """`fail` with a checkpoint's or a write's error. A write error may be one process's alone (its share of a
-    checkpoint, on its disk): said by the main process only, it went unsaid, and the run ended in the launcher's
-    traceback. So every process that meets one says it, naming itself; other errors all processes meet alike."""
-    if isinstance(error, checkpointing.WriteError) and not is_rank_zero():
-        print(f"{parser.prog}: error in process {os.environ.get('RANK')}: {error}", file=sys.stderr, flush=True)
-    fail(parser, str(error))
-
-
-def fail_together(parser: argparse.ArgumentParser, accelerator, problem: str | None) -> None:
-    """Called by every process at the same point with the problem it found, or None: if any process found one, all
-    stop with it. One process stopping alone would leave the others waiting for it in their next collective
-    operation, which gloo ends with a traceback."""
-    if accelerator.num_processes > 1:
-        problem = next(filter(None, gather_object([problem])), None)
-    if problem is not None:
-        fail(parser, problem)
 
 
 def stop_cleanly_on_ctrl_c() -> None:
@@ -541,291 +491,3 @@ def follow_the_tokenizer(config, overrides: dict) -> None:
     300-token tokenizer, a quarter of its parameters)."""
     if getattr(config, "encoder_vocab_size", None) is not None and "encoder_vocab_size" not in overrides:
         config.encoder_vocab_size = config.vocab_size
-
-
-def load_run_data(parser: argparse.ArgumentParser, args) -> tuple[DatasetDict, Dataset]:
-    """The task's train/validation data from the parsed options, and the texts a new tokenizer learns from (for
-    seq2seq both sides, since the vocabulary is shared). Data the loaders refuse (a missing, empty or binary file,
-    a missing column, parallel files of different lengths) stops the command with their message, no traceback; so
-    does a file that cannot be opened (a path through a file: "Not a directory", no permission to read it)."""
-    try:
-        data = _load_run_data(args)
-    except (ValueError, OSError) as error:
-        fail(parser, str(error))
-    # Said, not refused (a model's fit to its own training text is worth a look too): else the validation loss, and
-    # the card's figures taken from it, passed for a measure on unseen text.
-    for trained, validated in (("train_files", "validation_files"), ("source_files", "validation_source"),
-                               ("target_files", "validation_target")):
-        training_files = {Path(file).resolve() for file in getattr(args, trained) or []}
-        if same := [file for file in getattr(args, validated) or [] if Path(file).resolve() in training_files]:
-            say(f"note: --{validated.replace('_', '-')} {same[0]} is also a training file: the validation loss "
-                "measures the text the model trained on, not unseen text", file=sys.stderr)
-            break
-    return data
-
-
-def _load_run_data(args) -> tuple[DatasetDict, Dataset]:
-    # The other kind of data's options would be left out without a word (a causal LM given --source-files would
-    # train on the default corpus).
-    unused = ["train_files", "validation_files"] if args.task == "seq2seq" else [
-        "source_files", "target_files", "validation_source", "validation_target"]
-    if given := [f"--{name.replace('_', '-')}" for name in unused if getattr(args, name)]:
-        raise ValueError(f"{', '.join(given)}: not data for --task {args.task} (text files: --train-files, "
-                         "--validation-files; parallel files: --source-files, --target-files, --validation-source, "
-                         "--validation-target)")
-    # So would a column of the other task's, or a --dataset option without --dataset (files have no columns).
-    columns = ["source_column", "target_column"] if args.task == "seq2seq" else ["text_column"]
-    other_columns = ["text_column"] if args.task == "seq2seq" else ["source_column", "target_column"]
-    if given := [f"--{name.replace('_', '-')}" for name in other_columns if getattr(args, name)]:
-        raise ValueError(f"{', '.join(given)}: not a column of --task {args.task}'s data (its --dataset columns: "
-                         f"{', '.join('--' + name.replace('_', '-') for name in columns)})")
-    if not args.dataset and (given := [f"--{name.replace('_', '-')}" for name in ["dataset_config", *columns]
-                                       if getattr(args, name)]):
-        raise ValueError(f"{', '.join(given)}: options of --dataset, which this run does not use (files have no "
-                         "columns)")
-    # A file named twice, under one spelling or two (a.txt, ./a.txt), was read twice without a word: its examples
-    # counted twice as often as the others'. Refused, a mistake far more often than not, where a validation file that
-    # is also a training file is said (`load_run_data`), since that can be meant. Parallel files count by pair: one
-    # source file beside two target files is two references.
-    pairs = [["source_files", "target_files"], ["validation_source", "validation_target"]]
-    for options in pairs if args.task == "seq2seq" else [["train_files"], ["validation_files"]]:
-        if problem := files_given_twice({name: getattr(args, name) or [] for name in options}):
-            raise ValueError(problem)
-    if args.task == "seq2seq":
-        raw = training_data.load_parallel(
-            args.source_files, args.target_files, args.validation_source, args.validation_target,
-            dataset=args.dataset, dataset_config=args.dataset_config, source_column=args.source_column or "source",
-            target_column=args.target_column or "target", seed=args.seed,
-            report=note,
-        )
-        texts = raw["train"].map(lambda pair: {"text": pair["source"] + "\n" + pair["target"]},
-                                 remove_columns=["source", "target"])
-        return raw, texts
-    files = args.train_files or (None if args.dataset else [str(DEFAULT_CORPUS)])
-    raw = training_data.load_texts(files, args.dataset, args.dataset_config, args.text_column or "text",
-                              args.validation_files, seed=args.seed)
-    return raw, raw["train"]
-
-
-def files_given_twice(options: dict[str, list]) -> str | None:
-    """The problem when a file is given twice among the files of `options` (option name -> files), whatever the
-    spelling of its path; several options' files (parallel files) count by position, as pairs, where they come in
-    pairs (else each side is read as one stream, not file by file). None when none is."""
-    sides = list(options.values())
-    if len({len(side) for side in sides}) > 1:
-        return None
-    seen = {}
-    for paths in zip(*sides, strict=True):
-        first = seen.setdefault(tuple(Path(path).resolve() for path in paths), paths)
-        if first is not paths:
-            named = [" ".join(f"--{name.replace('_', '-')} {path}" for name, path in zip(options, given, strict=True))
-                     for given in (paths, first)]
-            return (f"{named[0]}: given twice{f' (first as {named[1]})' if named[0] != named[1] else ''}: its "
-                    "examples would count twice as often as the others'. Name each file once (to weigh a text more, "
-                    "copy it into a file of its own).")
-    return None
-
-
-def add_run_safety_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--overwrite-output-dir", action="store_true",
-                        help="start again in an output folder that holds an earlier run, removing its checkpoints, "
-                        "tokenizer and loss log")
-
-
-def dataset_name(dataset: str) -> str:
-    """A --dataset as a model card and a default repo id name it: a local file or folder by its name (its path
-    would put folders and slashes in the repo id), a Hub dataset as it is."""
-    path = Path(dataset)
-    return path.stem if path.is_file() else path.resolve().name if path.is_dir() else dataset
-
-
-def on_the_hub(dataset: str | None) -> bool:
-    """Whether a --dataset is a Hub dataset (a model card links it), not a local file or folder, nor absent."""
-    return dataset is not None and not Path(dataset).exists()
-
-
-# The options that name a run's data (the training commands' and finetune's), its files first.
-DATA_FILE_OPTIONS = ("train_files", "validation_files", "source_files", "target_files", "validation_source",
-                     "validation_target", "train_file", "validation_file")
-DATA_OPTIONS = (*DATA_FILE_OPTIONS, "dataset", "dataset_config", "text_column", "source_column", "target_column",
-                "tokens_column", "label_column")
-
-
-def data_settings(args) -> dict:
-    """The data a run reads, as its checkpoints record it among the settings that shape the steps (which a resumed
-    run names when they changed): the data options given, each file resolved (the same file named from another
-    working folder is the same data; a local --dataset too), and the embedded corpus where a language model is given
-    no data."""
-    given = {name: value for name in DATA_OPTIONS if (value := getattr(args, name, None))}
-    if getattr(args, "task", None) in ("causal-lm", "masked-lm") and not (args.train_files or args.dataset):
-        given["train_files"] = [DEFAULT_CORPUS]
-
-    def resolved(files):
-        return [str(Path(file).resolve()) for file in files] if isinstance(files, list) else str(Path(files).resolve())
-
-    local = (*DATA_FILE_OPTIONS, *(["dataset"] if "dataset" in given and Path(given["dataset"]).exists() else []))
-    return {name: resolved(value) if name in local else value for name, value in given.items()}
-
-
-def run_data_files(args) -> list[Path]:
-    """The files a training run read, as its card lists them: a seq2seq run's both sides, or the embedded corpus."""
-    given = args.train_files or (args.source_files or []) + (args.target_files or [])
-    return [Path(f) for f in given or [DEFAULT_CORPUS]]
-
-
-def run_data_name(args, files: list[Path]) -> str:
-    """What a training run's card calls its data: --dataset-name, else the --dataset, the embedded corpus, or the
-    first data file."""
-    if args.dataset_name or args.dataset:
-        return args.dataset_name or dataset_name(args.dataset)
-    return "tiny_shakespeare" if files == [DEFAULT_CORPUS] else files[0].stem
-
-
-def run_data_on_hub(args, files: list[Path]) -> bool:
-    """Whether a training run's data is a Hub dataset that its card may link: a --dataset that is no local path, or
-    the embedded corpus (the Hub's tiny_shakespeare); data files are not."""
-    return on_the_hub(args.dataset) if args.dataset else files == [DEFAULT_CORPUS]
-
-
-def continues_run(checkpoint: Path, output_dir: Path) -> bool:
-    """Whether `checkpoint` lies in `output_dir/checkpoints`: resuming it continues the run this folder holds.
-    Any other checkpoint belongs to another run, and resuming it into `output_dir` starts a branch of that run."""
-    return Path(checkpoint).resolve().is_relative_to((output_dir / "checkpoints").resolve())
-
-
-def lock_output_dir(output_dir: Path) -> str | None:
-    """Hold a lock on `output_dir` until the process ends; the problem when another run holds it. Two runs writing
-    one folder would remove each other's checkpoints being written and interleave their loss logs."""
-    try:  # made for the lock: a command that stops before writing leaves no folder behind
-        output_dir.mkdir(parents=True)
-        _made_for_the_lock.append(output_dir)
-    except FileExistsError:  # there already, or made by another run starting at the same instant
-        pass
-    if fcntl is None:
-        return None
-    lock = (output_dir / LOCK_FILE).open("a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        return (f"{output_dir} is being written by another run (it holds {LOCK_FILE}): wait for it to end, or choose "
-                "another --output-dir.")
-    except OSError as error:  # a file system without locks (Lustre mounted without flock, some FUSE mounts)
-        lock.close()  # was a traceback, and no run could write there
-        print(f"note: {output_dir} cannot be locked ({error.strerror}): a second run into it at the same time is not "
-              "refused, and would remove this one's checkpoints", file=sys.stderr)
-        return None
-    _held_locks.append(lock)
-    return None
-
-
-@atexit.register
-def _release_locks() -> None:
-    """Close the lock files (the locks end with the process anyway; unclosed, they are reported as leaked files)."""
-    while _held_locks:
-        _held_locks.pop().close()
-
-
-@atexit.register
-def remove_unused_output_dirs() -> None:
-    """Remove the output folders made for the lock that hold nothing else: the command stopped before writing. Empty
-    folders in them go too: the Trainer makes its output folder (`checkpoints`) when it is built, before a refusal
-    that needs its arguments (`--bf16` on a CPU without native bf16)."""
-    while _made_for_the_lock:
-        folder = _made_for_the_lock.pop()
-        with suppress(OSError):  # anything else in it, or a folder already gone: leave it as it is
-            contents = list(folder.iterdir())
-            if all(path.name == LOCK_FILE or (path.is_dir() and not any(path.iterdir())) for path in contents):
-                for path in contents:
-                    if path.is_dir():
-                        path.rmdir()
-                    else:
-                        path.unlink()
-                folder.rmdir()
-
-
-def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
-                     is_main_process: bool = True, resume_from: Path | None = None, accelerator=None,
-                     model: Path | None = None) -> None:
-    """Refuse to start a new run over an earlier one unless asked: `--resume` continues it, `--overwrite-output-dir`
-    replaces it (`remove_the_earlier_run`), but not where it holds the run's own --model (`model`).
-    `resume_from` (`--resume-from`) outside this folder's checkpoints starts a branch of another run: for this folder
-    that is a new run, which needs an empty folder or `--overwrite-output-dir` like any other. The main process then
-    locks the folder (`lock_output_dir`); with `accelerator`, every process stops when it cannot."""
-    if output_dir.exists() and not output_dir.is_dir():
-        parser.error(f"--output-dir {output_dir} is a file, not a folder")
-    # Else the run would fail with a traceback at its first write, after the data, tokenizer and model work.
-    existing = next(folder for folder in (output_dir, *output_dir.parents) if folder.exists())
-    if not existing.is_dir():  # a parent that is a file: said to be read-only before
-        parser.error(f"--output-dir {output_dir} cannot be made: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        parser.error(f"--output-dir {output_dir} cannot be written: {existing} is read-only (for this user, or "
-                     "on a read-only file system). Choose another --output-dir.")
-    if files := [name for name in RUN_FOLDERS if (output_dir / name).exists() and not (output_dir / name).is_dir()]:
-        # the run writes a folder there: a traceback after the data and tokenizer work (or, replacing, one removing it)
-        parser.error(f"{output_dir / files[0]} is a file, where the run writes a folder: move it away, or choose "
-                     "another --output-dir.")
-    # The run replaces its model folder whole, --overwrite-output-dir its checkpoints: renamed aside, then removed,
-    # which `rmtree` refuses on a symbolic link (after the rename), said to be a full disk at the end of the run.
-    if links := [path for name in ("model", "checkpoints") if (path := output_dir / name).is_symlink()
-                 and (name == "model" or overwrite)]:
-        fail(parser, f"{links[0]} is a symbolic link, to a folder the run replaces whole (renaming it aside): move the "
-                     "link away, or give an --output-dir on the disk it points to.")
-    if stray := checkpointing.not_checkpoint_folders(output_dir / "checkpoints"):
-        fail(parser, f"{stray[0]} is {'a symbolic link' if stray[0].is_symlink() else 'a file'}, named as a "
-                     "checkpoint: the run writes and removes checkpoint folders of its own under such names. Move it "
-                     "away, or choose another --output-dir.")
-    # An empty folder is what a run stopped before its first checkpoint leaves: nothing to continue or keep.
-    earlier = [name for name in RUN_FILES if (path := output_dir / name).exists()
-               and not (path.is_dir() and next(path.iterdir(), None) is None)]
-    branch = resume_from is not None and not continues_run(resume_from, output_dir)
-    if resume and overwrite and not branch:
-        parser.error("--resume continues the earlier run and --overwrite-output-dir replaces it: pass one of them")
-    replacing = bool(earlier) and not (resume and not branch)  # a new run, or a branch, over an earlier one
-    if replacing and not overwrite and branch:
-        parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}), and --resume-from {resume_from} is a "
-                     f"checkpoint of another run (not in {output_dir / 'checkpoints'}): continuing it here would "
-                     "replace the earlier run. Choose a new --output-dir for the continuation, or pass "
-                     "--overwrite-output-dir to replace the earlier run.")
-    if replacing and not overwrite:
-        parser.error(f"{output_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, or "
-                     "--overwrite-output-dir to replace it, or choose another --output-dir.")
-    # A checkpoint of the earlier run as --model was removed before it was read (a traceback), its model folder was
-    # replaced by the new run's: the model the run starts from is no earlier run to replace.
-    removed = [output_dir / name for name in ("checkpoints", "model")]
-    if replacing and model is not None and (held := next((folder for folder in removed
-                                                          if model.resolve().is_relative_to(folder.resolve())), None)):
-        parser.error(f"--model {model} lies in {held}, which replacing the earlier run in {output_dir} removes: copy "
-                     f"it out of {output_dir} first, or choose another --output-dir.")
-    problem = lock_output_dir(output_dir) if is_main_process else None
-    if accelerator is not None:
-        fail_together(parser, accelerator, problem)
-    elif problem:
-        fail(parser, problem)
-    if is_main_process:  # what a removal (of the model folder, or of the earlier run when overwriting) interrupted left
-        for name in RUN_FOLDERS:
-            shutil.rmtree(output_dir / (name + checkpointing.DELETED_SUFFIX), ignore_errors=True)
-
-
-def remove_the_earlier_run(output_dir: Path, overwrite: bool, is_main_process: bool = True,
-                           tokenizer: Path | None = None) -> None:
-    """--overwrite-output-dir: remove what the earlier run left, its checkpoints atomically, so that no later `--resume`
-    mixes the two runs, and its tokenizer folder and loss log (train-accelerate's), which a run given --tokenizer or
-    --model, or a `train` or `finetune` run, writes none of: left beside the new run's model and checkpoints, they
-    passed for its own (another vocabulary, which `--resume` took for a checkpoint that carries no tokenizer). A
-    --tokenizer (`tokenizer`) that is the earlier run's tokenizer folder stays: it is this run's. Called as training
-    starts, once every check has passed: removed as the output folder was claimed, they went with a run then refused
-    for a mistyped data file, and nothing came in their place."""
-    if not (is_main_process and overwrite):
-        return
-    given = tokenizer and Path(tokenizer).resolve()
-    earlier = [path for name in ("checkpoints", "tokenizer", "loss_curve.jsonl") if (path := output_dir / name).exists()
-               and not (path.is_dir() and next(path.iterdir(), None) is None) and path.resolve() != given]
-    if earlier:
-        print(f"--overwrite-output-dir: removing the earlier run's {', '.join(path.name for path in earlier)} in "
-              f"{output_dir}")
-    for path in earlier:
-        if path.is_dir() and not path.is_symlink():
-            checkpointing.remove_checkpoint(path)
-        else:  # the loss log, or a link (to a tokenizer folder elsewhere, left as it is)
-            path.unlink()

@@ -33,42 +33,39 @@ from transformers import (
 )
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
-from hf_scratch_command import command_help
+from hf_scratch_command import command_help, is_rank_zero
 from hf_scratch_transformer import evaluation, hub, mixed_precision, training, training_data
 from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, checkpoint_to_resume
+from hf_scratch_transformer.cli.output_folder import add_run_safety_arguments, claim_output_dir, remove_the_earlier_run
+from hf_scratch_transformer.cli.run_data import (
+    data_settings,
+    load_run_data,
+    run_data_files,
+    run_data_name,
+    run_data_on_hub,
+)
+from hf_scratch_transformer.cli.run_errors import fail, note, say
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULTS,
     TOKENIZER_VOCAB_SIZE,
     RunParser,
     add_data_and_model_arguments,
-    add_run_safety_arguments,
     check_model_fits,
     check_model_folder,
-    claim_output_dir,
     config_file_fields_replaced,
     config_overrides,
-    data_settings,
-    fail,
     follow_the_tokenizer,
     fraction,
-    is_rank_zero,
-    load_run_data,
     model_tokenizer,
     non_negative_float,
     non_negative_int,
-    note,
     positive_float,
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
     refuse_lone_processes,
-    remove_the_earlier_run,
     repo_id,
-    run_data_files,
-    run_data_name,
-    run_data_on_hub,
-    say,
     stop_cleanly_on_ctrl_c,
     train_until_stopped,
     trainer_model_folder,
