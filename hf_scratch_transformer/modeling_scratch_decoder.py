@@ -131,7 +131,7 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         )
         logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
         batch_size = logits.shape[0]
-        last = self._last_token_index(input_ids, batch_size)
+        last = self._last_token_index(input_ids, attention_mask, batch_size, logits.shape[1])
         pooled_logits = logits[torch.arange(batch_size, device=logits.device), last]
         loss = None
         if labels is not None:
@@ -146,16 +146,23 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
             attentions=outputs.attentions,
         )
 
-    def _last_token_index(self, input_ids: torch.LongTensor | None, batch_size: int) -> torch.Tensor | int:
-        """Index of the rightmost non-padding token of each row (works for left and right padding); the last position
-        for embeddings, as GPT-2 does."""
+    def _last_token_index(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
+                          batch_size: int, length: int) -> torch.Tensor | int:
+        """Index of the rightmost non-padding token of each row (works for left and right padding): by the padding
+        id in `input_ids`, or for embeddings by a 2D `attention_mask` (its last `length` columns: a prefix's come
+        first). GPT-2 reads embeddings at the last position, with a warning: the padding of a right-padded row, as
+        PEFT's prompt tuning passes them. Without either, the last position, as GPT-2 does."""
         pad_token_id = self.config.pad_token_id
         if pad_token_id is None and batch_size > 1:  # embeddings too: a padded row would be read at its padding
             raise ValueError("Sequence classification of a batch needs `config.pad_token_id` to find each end.")
-        if input_ids is None or pad_token_id is None:
+        if input_ids is not None and pad_token_id is not None:
+            real = input_ids != pad_token_id
+        elif input_ids is None and attention_mask is not None and attention_mask.dim() == 2:
+            real = attention_mask[:, -length:] != 0
+        else:
             return -1
-        positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
-        return (positions * (input_ids != pad_token_id)).argmax(-1)
+        positions = torch.arange(length, device=real.device)
+        return (positions * real).argmax(-1)
 
 
 # Trainer's `label_smoothing_factor` shifts the labels of a causal LM only when its class name is in this table of

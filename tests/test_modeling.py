@@ -222,6 +222,21 @@ def test_decoder_classifier_reads_the_last_real_token_of_left_and_right_padded_r
     torch.testing.assert_close(model(input_ids=ids, attention_mask=(ids != PAD).long()).logits, alone)
 
 
+def test_decoder_classifier_reads_embeddings_at_the_last_token_their_mask_keeps():
+    """Embeddings show no padding id: a right-padded row was read at its last position, its padding (GPT-2 does so,
+    with a warning), so PEFT's prompt tuning, which passes embeddings and a mask, classified a padded row otherwise
+    than the row alone. The mask's last kept token is each row's end."""
+    model = hst.ScratchDecoderForSequenceClassification(tiny_config("decoder", num_labels=2)).eval()
+    ids = torch.tensor([[5, 6, 7, PAD, PAD], [8, 9, 10, 11, 12]])
+    mask = (ids != PAD).long()
+    embeds = model.get_input_embeddings()(ids)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(model(inputs_embeds=embeds, attention_mask=mask).logits, expected)
+        alone = model(inputs_embeds=embeds[:1, :3], attention_mask=mask[:1, :3]).logits
+    torch.testing.assert_close(expected[:1], alone)
+
+
 @pytest.mark.parametrize("inputs", ["input_ids", "inputs_embeds"])
 def test_decoder_classifier_without_a_padding_token_refuses_a_batch(inputs):
     """As GPT-2: with no `pad_token_id` a row's end is unknown. Embeddings were read at the last position, the
