@@ -267,7 +267,13 @@ def mask_as_accelerate_loop(tokenizer, features: list[dict], masker) -> dict:
     return batch
 
 
-@pytest.mark.parametrize("collate", [mask_as_trainer, mask_as_accelerate_loop])
+def mask_as_validation(tokenizer, features: list[dict], masker) -> dict:
+    """The validation set of both commands: masked once per sequence (`mask_once`), then padded with labels -100."""
+    masked = training_data.mask_once(Dataset.from_list(features), masker, seed=int(torch.randint(2**16, ())))
+    return DataCollatorForTokenClassification(tokenizer)(list(masked))
+
+
+@pytest.mark.parametrize("collate", [mask_as_trainer, mask_as_accelerate_loop, mask_as_validation])
 @settings(max_examples=15, deadline=None)
 @given(words=st.lists(st.integers(0, 12), min_size=1, max_size=6), seed=st.integers(0, 2**16))
 def test_mlm_masking_never_touches_special_tokens_or_padding(collate, words, seed):
@@ -315,7 +321,13 @@ def test_seq2seq_batches_pad_labels_with_minus_100_and_shift_them_into_decoder_i
     tokenizer = byte_level_bpe(family="seq2seq")
     model = tiny_lm("seq2seq", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
     data = Dataset.from_dict({"source": [source for source, _ in pairs], "target": [target for _, target in pairs]})
-    features = list(training_data.tokenize_for_seq2seq(data, tokenizer, max_length))
+    reported = []
+    features = list(training_data.tokenize_for_seq2seq(data, tokenizer, max_length, report=reported.append))
+    # The note counts the sides longer than `max_length` tokens, as tokenizing them whole tells
+    cut = [sum(len(ids) > max_length for ids in tokenizer(**{side: list(data[column])}).input_ids)
+           for side, column in (("text", "source"), ("text_target", "target"))]
+    assert reported == ([f"--max-length {max_length} cuts {cut[0]} of the {len(pairs)} sources and {cut[1]} of the "
+                         f"{len(pairs)} targets"] if any(cut) else [])
     batch = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)(features)
     sources, targets = batch["input_ids"].shape[1], batch["labels"].shape[1]
     for row, feature in enumerate(features):
