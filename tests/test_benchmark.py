@@ -190,18 +190,24 @@ def test_device_cuda_without_a_gpu_is_refused_before_measuring(tmp_path):
 @pytest.mark.parametrize("options, message", [
     (["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
     (["--seq", "0"], "argument --seq: must be >= 1, got 0"),
-    (["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (["--warmup", "0"], "argument --warmup: must be >= 1, got 0"),
     (["--vocab", "3"], "argument --vocab: must be >= 6, got 3"),
     (["--heads", "5"], "--hidden 64 must split into --heads 5 heads of an even size"),
 ])
 def test_sizes_a_run_cannot_take_are_refused_before_measuring(monkeypatch, capsys, options, message):
     """Each ended in a traceback (a median of no repetition, a reshape of 0 elements, ids drawn from an empty range,
-    heads that do not divide the width), some after timing had started; a negative warm-up was taken."""
-    monkeypatch.setattr(sys, "argv", ["hf-scratch benchmark", "--quick", "--family", "gpt2", *options])
-    monkeypatch.delitem(sys.modules, "hf_scratch_transformer.cli.benchmark", raising=False)
+    heads that do not divide the width), some after timing had started; a negative warm-up was taken, and none
+    timed ours' first run with the process's kernel choices (--quick's first prefill pair: 0.02)."""
     with pytest.raises(SystemExit) as stopped:
-        importlib.import_module("hf_scratch_transformer.cli.benchmark")
+        import_benchmark(monkeypatch, "--quick", "--family", "gpt2", *options)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def import_benchmark(monkeypatch, *options: str):
+    """The benchmark module imported in this process with these options (it parses sys.argv when imported)."""
+    monkeypatch.setattr(sys, "argv", ["hf-scratch benchmark", *options])
+    monkeypatch.delitem(sys.modules, "hf_scratch_transformer.cli.benchmark", raising=False)
+    return importlib.import_module("hf_scratch_transformer.cli.benchmark")
 
 
 def test_the_median_interval_holds_the_median_and_narrows_with_more_pairs():
@@ -321,10 +327,8 @@ def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_
 
 @pytest.fixture
 def benchmark_module(monkeypatch):
-    """The benchmark module imported in this process (it parses sys.argv when imported), for its helpers."""
-    monkeypatch.setattr(sys, "argv", ["hf-scratch benchmark", "--quick"])
-    monkeypatch.delitem(sys.modules, "hf_scratch_transformer.cli.benchmark", raising=False)
-    return importlib.import_module("hf_scratch_transformer.cli.benchmark")
+    """The benchmark module imported in this process, for its helpers."""
+    return import_benchmark(monkeypatch, "--quick")
 
 
 def _fails(error: Exception):
