@@ -210,6 +210,20 @@ def import_benchmark(monkeypatch, *options: str):
     return importlib.import_module("hf_scratch_transformer.cli.benchmark")
 
 
+@pytest.mark.parametrize("options, named", [
+    (["--layers", "2"], "--layers"), (["--seq", "32", "--batch", "8", "--new-tokens", "8"], "--seq, --new-tokens")])
+def test_write_refuses_a_record_of_other_sizes(monkeypatch, capsys, options, named):
+    """--quick's sizes given one by one, or any model or input size of one's own, made a table that replaced the
+    class's full record (the targets' figures are at the default sizes); the default sizes given, more repetitions or
+    another seed still make one."""
+    with pytest.raises(SystemExit) as stopped:
+        import_benchmark(monkeypatch, "--write", *options)
+    message = "--write records a full run of every family at the default sizes (docs/benchmarks keeps one per machine "
+    assert stopped.value.code == 2 and f"{message}class): leave out {named}\n" in capsys.readouterr().err
+    benchmark = import_benchmark(monkeypatch, "--write", "--layers", "6", "--seq", "256", "--repeats", "11", "--seed=1")
+    assert benchmark.args.write and benchmark.args.repeats == 11
+
+
 def test_the_median_interval_holds_the_median_and_narrows_with_more_pairs():
     """A bootstrap interval of the median: around it, the same for the same samples, zero-wide for equal ones,
     narrower for more pairs drawn alike; no pairs is an error, not an interval."""

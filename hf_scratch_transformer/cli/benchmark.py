@@ -150,6 +150,9 @@ parser.add_argument("--write", action="store_true",
 # timed run also timed the process's kernel choices (`kernel_choice`, once per process), where the native model has
 # nothing alike to pay: --quick's first prefill pair read 0.02.
 SIZE_TYPES = dict.fromkeys(SIZES["full"], at_least(1)) | {"vocab": at_least(6)}
+# The sizes of the models and their inputs: a record of docs/benchmarks is made at the default ones (the targets'
+# figures are set there); the repetitions, warm-up and --mm-size only make its measurement longer or shorter.
+RECORD_SIZES = ("layers", "hidden", "heads", "ffn", "vocab", "seq", "batch", "prompt", "new_tokens")
 for name, value in SIZES["full"].items():
     parser.add_argument(f"--{name.replace('_', '-')}", type=SIZE_TYPES[name], default=None, help=f"default {value}")
 parser.add_argument("--seed", type=int, default=0, help="default 0")
@@ -160,9 +163,11 @@ parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
 parser.add_argument("--memory-worker", nargs="+", metavar="SIDE FAMILY", help=argparse.SUPPRESS)  # then families
 parser.add_argument("--no-bf16", action="store_true", help=argparse.SUPPRESS)  # set for the memory workers
 args = parser.parse_args()
-if args.write and (args.quick or args.family != "all"):  # a smoke test or one family would replace a full record
-    parser.error("--write records a full run of every family (docs/benchmarks keeps one per machine class): "
-                 "leave out --quick and --family")
+partial_run = ["--quick"] * args.quick + ["--family"] * (args.family != "all") + [
+    f"--{name.replace('_', '-')}" for name in RECORD_SIZES if getattr(args, name) not in (None, SIZES["full"][name])]
+if args.write and partial_run:  # a smoke test, one family or other sizes would replace a full record
+    parser.error("--write records a full run of every family at the default sizes (docs/benchmarks keeps one per "
+                 f"machine class): leave out {', '.join(partial_run)}")
 if args.device == "cuda" and not torch.cuda.is_available():
     parser.error("--device cuda needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False)")
 if args.device == "cuda" and args.mm_size is None and not args.quick:
