@@ -65,8 +65,9 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "wrote" not in result.stdout
 
-    if isa == "AVX2 only":
-        assert "CPU capability AVX2; bf16 not native" in result.stdout
+    if isa == "AVX2 only":  # named as limited: its record is not the AVX2 host's
+        own = torch.backends.cpu.get_cpu_capability()
+        assert f"CPU capability AVX2 (ATEN_CPU_CAPABILITY; the CPU has {own}); bf16 not native" in result.stdout
     elif AVX2_HOST:
         assert "CPU capability AVX2;" in result.stdout
     # The header names the machine-dependent choices; the bf16 ones are timed only where bf16 is native.
@@ -317,6 +318,21 @@ def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_mo
     assert benchmark_module.machine_class(cpu) == "intel-xeon-avx512"
     assert benchmark_module.machine_class(cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2"}) == "amd-epyc-avx2"
     assert benchmark_module.machine_class(cpu | {"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
+    # An AVX-512 CPU held to AVX2 (the tests' AVX2-only runs) wrote over the AVX2 host's record.
+    limited = cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2", "cpu_capability_limited_from": "AVX512"}
+    assert benchmark_module.machine_class(limited) == "amd-epyc-avx512-limited-to-avx2"
+
+
+def test_a_capability_held_below_the_cpus_own_is_named(benchmark_module, monkeypatch):
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU: ATen reads AVX2, the CPU's flags say AVX512; without the variable,
+    or on an AVX2 CPU, there is no limit to name."""
+    avx512 = {"avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq"}
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert benchmark_module.capability_limited_from(avx512) is None
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert benchmark_module.capability_limited_from(avx512) == "AVX512"
+    assert benchmark_module.capability_limited_from({"avx2", "fma", "avx512f"}) is None  # no AVX512 for ATen
 
 
 def test_compiled_decoding_is_what_transformers_does_on_the_device(benchmark_module, monkeypatch):

@@ -62,7 +62,9 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   step), by weight shape (out x in), and for prefill (no gradients) and training (`kernel_choice.fp32_kernel`,
   HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the transposed product), and, where bf16
   is native, the kernel of bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands
-  widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS).
+  widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS). Where
+  ATEN_CPU_CAPABILITY holds ATen below the CPU's capability, the header says so and --write names the class
+  "<cpu>-avx512-limited-to-avx2", not the AVX2 host's.
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -559,8 +561,10 @@ def memory_rows(family: str, memory: dict) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------- report
 def machine(peaks: dict) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+               platform.processor())
+    flags = next((set(line.split(":", 1)[1].split()) for line in cpuinfo if line.startswith("flags")), set())
     # A GPU says whether it has bf16 (Ampere and newer); its rates at --quick's tiny products are launch overhead.
     # A CPU is tested as `--bf16` tests it, on one core.
     if DEVICE.type == "cuda":
@@ -568,7 +572,8 @@ def machine(peaks: dict) -> dict:
     else:
         bf16, fp32 = mixed_precision.one_core_product_rates()
         bf16_native, bf16_speed = mixed_precision.bf16_is_native(bf16, fp32), bf16 / fp32
-    return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(), bf16_native=bf16_native,
+    return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                cpu_capability_limited_from=capability_limited_from(flags), bf16_native=bf16_native,
                 bf16_speed=bf16_speed,
                 cores=os.cpu_count(), cache_mib=last_level_cache_bytes() >> 20,
                 torch_threads=torch.get_num_threads(), torch=torch.__version__,
@@ -577,14 +582,26 @@ def machine(peaks: dict) -> dict:
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
 
 
+def capability_limited_from(flags: set[str]) -> str | None:
+    """The CPU's own capability, by its flags (/proc/cpuinfo: AVX512 as ATen takes it, with F, VL, BW and DQ), where
+    ATEN_CPU_CAPABILITY holds ATen below it (an AVX-512 CPU run as an AVX2 one, as the tests do); else None."""
+    own = "AVX512" if {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags else "AVX2" if "avx2" in flags else None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return own if os.environ.get("ATEN_CPU_CAPABILITY") and own and own != capability else None
+
+
 def machine_class(machine: dict) -> str:
     """Where a run's figures hold, as a file name: vendor and line of the CPU and its capability, for example
-    "intel-xeon-avx512" or "amd-epyc-avx2" (the kernels that win differ between them: docs/performance.md); on a
+    "intel-xeon-avx512" or "amd-epyc-avx2" (the kernels that win differ between them: docs/performance.md), and a
+    capability that ATEN_CPU_CAPABILITY limits: "amd-epyc-avx512-limited-to-avx2", not the AVX2 host's record; on a
     GPU its name, for example "nvidia-h100-80gb-hbm3"."""
     if machine["gpu"]:
         return "-".join(re.sub(r"[^\w.]+", " ", machine["gpu"]).split()).lower()
     words = re.sub(r"\(R\)|\(TM\)|\bCPU\b|\bProcessor\b|@.*", " ", machine["cpu"]).split()
-    return "-".join(words[:2] + [machine["cpu_capability"]]).lower()
+    capability = [machine["cpu_capability"]]
+    if machine.get("cpu_capability_limited_from"):  # absent from the records before it
+        capability = [machine["cpu_capability_limited_from"], "limited-to", *capability]
+    return "-".join(words[:2] + capability).lower()
 
 
 def kernel_choices(bf16_native: bool) -> dict:
@@ -627,7 +644,9 @@ def markdown(report: dict) -> str:
         kernels = (f"GPU {m['gpu']}, CUDA {m['cuda']}: both sides run PyTorch's CUDA kernels (cuBLAS products, fp32 "
                    f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
     else:
-        kernels = (f"CPU capability {m['cpu_capability']}; {bf16}. fp32 kernels chosen ({k['setting']}), by weight "
+        limited = m.get("cpu_capability_limited_from")
+        capability = m["cpu_capability"] + (f" (ATEN_CPU_CAPABILITY; the CPU has {limited})" if limited else "")
+        kernels = (f"CPU capability {capability}; {bf16}. fp32 kernels chosen ({k['setting']}), by weight "
                    f"shape for decoding steps: of one row {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB "
                    f"cache), {k['fp32 decoding from memory']} (larger models); of several rows "
                    f"{k['fp32 batch decoding']} and {k['fp32 batch decoding from memory']}; prefill "
