@@ -2,6 +2,7 @@
 it exits 0 and its table has one row per family and measurement, with finite positive numbers and a ratio.
 Speed itself is not asserted here (SPEC section 9: the benchmark reports it; timed unit tests do not)."""
 
+import functools
 import importlib.util
 import itertools
 import json
@@ -77,7 +78,10 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
         assert attention == products == "-"
     else:
         assert attention.split()[0] in ("eager", "sdpa"), attention
-        assert re.fullmatch(r"(native|fp32) \(HF_SCRATCH_CPU_BF16_PRODUCTS=(auto|native|fp32)\)", products), products
+        # --quick's bf16 products are of up to 64 rows: none takes the many-row choice
+        assert re.fullmatch(r"none run \(HF_SCRATCH_CPU_BF16_PRODUCTS=(auto|native|fp32)\)", products), products
+    # Nor do its prefill and training (decoding steps' kernels, by their rows), nor anything compiled.
+    assert "prefill none run, training none run; compiled one-row products none run" in result.stdout
     assert table_rows(result.stdout) == expected_rows(result.stdout)
     eager = r"[\d.]+x eager \([\d.]+-[\d.]+\)"
     assert re.search(rf"^Batch-1 `generate\(\)` against the native model's eager decoding \(target 1.5x\): gpt2 ours "
@@ -161,6 +165,7 @@ def test_compiled_adds_a_row_of_batch_1_decoding_compiled_over_a_static_cache():
     result = run_benchmark("--quick", "--family", "gpt2", "--compiled", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert table_rows(result.stdout)["gpt2"] == expected_rows(result.stdout)["gpt2"] | {"decode batch 1 compiled"}
+    assert re.search(r"compiled one-row products (a row dot|F\.linear) \(", result.stdout), result.stdout[-2000:]
     decimals, interval = r"[\d.]+", r"\([\d.]+-[\d.]+\)"
     assert re.search(rf": gpt2 ours {decimals}x eager {interval}, {decimals}x compiled \({decimals}-{decimals}; native "
                      rf"compiled {decimals}x {interval}\)\. At or above", result.stdout), result.stdout[-2000:]
@@ -359,6 +364,30 @@ def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_
 def benchmark_module(monkeypatch):
     """The benchmark module imported in this process, for its helpers."""
     return import_benchmark(monkeypatch, "--quick")
+
+
+def test_the_header_names_the_kernels_the_runs_took_and_none_they_did_not(benchmark_module, monkeypatch):
+    """Prefill's and training's fp32 kernels, and bf16 products', were timed when the header was written where no run
+    had such a product (--quick's are of up to 64 rows, decoding steps'; --family llama decodes only) and printed as
+    chosen; compiled decoding's one-row products were not named at all."""
+    threads = torch.get_num_threads()
+    choices = {("batch_decoding", (256, 64), threads): "transposed"}
+    monkeypatch.setattr(benchmark_module, "KERNEL_CHOICES", choices)
+    monkeypatch.setattr(benchmark_module, "fp32_kernel", lambda regime, shape=None: "onednn")
+    monkeypatch.setattr(benchmark_module, "blas_reads_rows_slowly", lambda: True)
+    monkeypatch.setattr(benchmark_module, "bf16_training_kernel", lambda: "eager")
+    bf16_kernel = functools.cache(lambda: "fp32")
+    monkeypatch.setattr(benchmark_module, "bf16_kernel", bf16_kernel)
+    kernels = benchmark_module.kernel_choices(bf16_native=True, compiled=False)
+    assert kernels["fp32 batch decoding"] == "transposed (256x64)"
+    assert kernels["fp32 prefill"] == kernels["fp32 training"] == kernels["fp32 compiled decoding"] == "none run"
+    assert kernels["bf16 products"].startswith("none run (HF_SCRATCH_CPU_BF16_PRODUCTS=")
+    choices[("prefill", (1536, 384), threads)] = "onednn"
+    bf16_kernel()  # a bf16 product of many rows asked
+    kernels = benchmark_module.kernel_choices(bf16_native=True, compiled=True)
+    assert (kernels["fp32 prefill"], kernels["fp32 training"]) == ("onednn", "none run")
+    assert kernels["fp32 compiled decoding"] == "a row dot"
+    assert kernels["bf16 products"].startswith("fp32 (HF_SCRATCH_CPU_BF16_PRODUCTS=")
 
 
 def _fails(error: Exception):

@@ -60,9 +60,11 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   ScratchLinear chose in this process for decoding steps of one row and of several (batch 8: 8 rows; timed over 4),
   each for models whose weights fit in the CPU's largest cache and for larger ones (read from memory at every
   step), by weight shape (out x in), and for prefill (no gradients) and training (`kernel_choice.fp32_kernel`,
-  HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the transposed product), and, where bf16
+  HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the transposed product), with --compiled
+  whether compiled one-row products are a row dot (`kernel_choice.blas_reads_rows_slowly`), and, where bf16
   is native, the kernel of bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands
-  widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS). Where
+  widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS); "none
+  run" where the runs had no such product (--quick's products of up to 64 rows are all decoding steps'). Where
   ATEN_CPU_CAPABILITY holds ATen below the CPU's capability, the header says so and --write names the class
   "<cpu>-avx512-limited-to-avx2", not the AVX2 host's.
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
@@ -120,6 +122,7 @@ from hf_scratch_transformer.kernel_choice import (
     REGIMES,
     TRAINING,
     bf16_kernel,
+    blas_reads_rows_slowly,
     fp32_kernel,
     last_level_cache_bytes,
 )
@@ -604,22 +607,29 @@ def machine_class(machine: dict) -> str:
     return "-".join(words[:2] + capability).lower()
 
 
-def kernel_choices(bf16_native: bool) -> dict:
+def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
     """The kernels this process chose where the choice depends on the machine (`kernel_choice.fp32_kernel`,
     `kernel_choice.bf16_kernel` and `scratch_attention_kernel.bf16_training_kernel`, the last two only where bf16 is
-    native: they time bf16 kernels);
-    for decoding steps, those its products took by weight shape: call it after the runs."""
+    native: they time bf16 kernels; with `compiled` rows, `kernel_choice.blas_reads_rows_slowly`); for decoding
+    steps, those its products took by weight shape; "none run" for products the runs had none of (a product of up to
+    kernel_choice.FEW_ROWS rows is a decoding step's, --quick's training and prefill too). Call it after the timed
+    runs and before the memory workers, which ask for the choices they are given."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
         return {"setting": "-", **{f"fp32 {regime.replace('_', ' ')}": "F.linear" for regime in REGIMES},
-                "CPU cross-entropy": "-", "bf16 training attention": "-", "bf16 products": "-"}
+                "fp32 compiled decoding": "-", "CPU cross-entropy": "-", "bf16 training attention": "-",
+                "bf16 products": "-"}
     attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
     bf16_products = f"{BF16_PRODUCTS_VARIABLE}={os.environ.get(BF16_PRODUCTS_VARIABLE) or 'auto'}"
+    ran = {regime for regime, _, threads in KERNEL_CHOICES if threads == torch.get_num_threads()}
+    many_rows = {regime: fp32_kernel(regime) if regime in ran else "none run" for regime in (PREFILL, TRAINING)}
+    row_dot = "a row dot" if compiled and blas_reads_rows_slowly() else "F.linear" if compiled else "none run"
+    bf16 = bf16_kernel() if bf16_kernel.cache_info().currsize else "none run"  # asked by many-row bf16 products
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
             **{f"fp32 {regime.replace('_', ' ')}": few_row_kernels(regime) for regime in FEW_ROW_REGIMES},
-            **{f"fp32 {regime}": fp32_kernel(regime) for regime in (PREFILL, TRAINING)},
+            **{f"fp32 {regime}": kernel for regime, kernel in many_rows.items()}, "fp32 compiled decoding": row_dot,
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
             "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-",
-            "bf16 products": f"{bf16_kernel()} ({bf16_products})" if bf16_native else "-"}
+            "bf16 products": f"{bf16} ({bf16_products})" if bf16_native else "-"}
 
 
 def few_row_kernels(regime: str) -> str:
@@ -650,7 +660,8 @@ def markdown(report: dict) -> str:
                    f"shape for decoding steps: of one row {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB "
                    f"cache), {k['fp32 decoding from memory']} (larger models); of several rows "
                    f"{k['fp32 batch decoding']} and {k['fp32 batch decoding from memory']}; prefill "
-                   f"{k['fp32 prefill']}, training {k['fp32 training']}; CPU "
+                   f"{k['fp32 prefill']}, training {k['fp32 training']}; compiled one-row products "
+                   f"{k['fp32 compiled decoding']} (kernel_choice.blas_reads_rows_slowly); CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 products of many rows {k['bf16 products']} "
                    f"(kernel_choice.bf16_kernel); bf16 training attention up to {EAGER_MAX_KEYS} keys "
                    f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
@@ -762,6 +773,8 @@ def main() -> None:
     rows = {}
     for family in families:
         rows[family], report["details"][family] = bench_family(family, peaks)
+    compiled = any(r["measurement"].endswith("compiled") for family_rows in rows.values() for r in family_rows)
+    report["kernels"] = kernel_choices(this_machine["bf16_native"], compiled)
     # After every timing: the memory workers would load the cores the timed rows run on.
     with_memory = [family for family in families if family != "llama"]  # llama: decode rows only
     memory = measure_memory(with_memory) if with_memory else {}
@@ -769,7 +782,6 @@ def main() -> None:
         report["results"] += rows[family]
         if family in with_memory:  # its memory rows after its timed ones
             report["results"] += memory_rows(family, {side: memory[side][family] for side in SIDES})
-    report["kernels"] = kernel_choices(this_machine["bf16_native"])
     text = markdown(report)
     print(text)
     if args.write:  # one file per machine class: a run on one class never replaces another's figures
