@@ -83,6 +83,7 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
     # Nor do its prefill and training (decoding steps' kernels, by their rows), nor anything compiled.
     assert "prefill none run, training none run; compiled one-row products none run" in result.stdout
     assert table_rows(result.stdout) == expected_rows(result.stdout)
+    assert "`generate()`: both sides generated the same tokens in every decoding row." in result.stdout
     eager = r"[\d.]+x eager \([\d.]+-[\d.]+\)"
     assert re.search(rf"^Batch-1 `generate\(\)` against the native model's eager decoding \(target 1.5x\): gpt2 ours "
                      rf"{eager}; marian ours {eager}; llama ours {eager}\. At or above the target: .+\.$",
@@ -316,6 +317,19 @@ def test_the_bf16_line_names_the_families_below_the_target(benchmark_module):
         "the target: marian.")
     assert benchmark_module.bf16_training_target(results[:2]).endswith("gpt2 1.20x. Below the target: none.")
     assert benchmark_module.bf16_training_target(results[1:2]) == ""  # no bf16 rows: bf16 not native
+
+
+def test_the_same_tokens_line_names_the_decoding_rows_whose_sides_generated_other_tokens(benchmark_module):
+    """Whether both sides generated the same tokens was kept in the JSON alone: a decoding row's tok/s ratio over other
+    tokens (an early end on one side) would compare other work without a word in the table."""
+    details = {"gpt2": {"same_generate_output_batch1": True, "same_generate_output_batch8": False, "int8": "x"},
+               "marian": {"same_generate_output_batch1_compiled": True}}
+    assert benchmark_module.same_tokens(details) == (
+        "`generate()`: the sides generated other tokens in gpt2 batch8 (their tok/s compare other work).")
+    details["gpt2"]["same_generate_output_batch8"] = True
+    assert benchmark_module.same_tokens(details) == (
+        "`generate()`: both sides generated the same tokens in every decoding row.")
+    assert benchmark_module.same_tokens({"bert": {"train_flops_per_step": 1}}) == ""
 
 
 def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_module):

@@ -692,8 +692,22 @@ def markdown(report: dict) -> str:
             interval = f"{statistics.median(ratios):.3f} ({low:.2f}-{high:.2f})"
         lines.append(f"| {r['family']} | {r['measurement']} | {r['unit']} | {r['better']} | {_number(r['native'])} "
                      f"| {_number(r['ours'])} | {r['ratio']:.3f} | {paired} | {interval} |")
-    below = [verdicts(report["results"]), batch_1_target(report["results"]), bf16_training_target(report["results"])]
+    below = [same_tokens(report["details"]), verdicts(report["results"]), batch_1_target(report["results"]),
+             bf16_training_target(report["results"])]
     return "\n".join(lines) + "\n\n" + "\n\n".join(line for line in below if line) + "\n"
+
+
+def same_tokens(details: dict) -> str:
+    """Whether both sides generated the same tokens in each decoding row (`decode_row`): a tok/s ratio over other
+    tokens would compare other work. Empty without a decoding row."""
+    checks = {f"{family} {key.removeprefix('same_generate_output_').replace('_', ' ')}": same
+              for family, extra in details.items() for key, same in extra.items()
+              if key.startswith("same_generate_output_")}
+    if not checks:
+        return ""
+    differ = [name for name, same in checks.items() if not same]
+    return ("`generate()`: both sides generated the same tokens in every decoding row." if not differ else
+            f"`generate()`: the sides generated other tokens in {', '.join(differ)} (their tok/s compare other work).")
 
 
 def verdicts(results: list[dict]) -> str:
