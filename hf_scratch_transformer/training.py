@@ -3,7 +3,6 @@
 budget or a SIGTERM, and the loss-curve plot. No model file imports this module (it never travels to the Hub).
 """
 
-import copy
 import itertools
 import os
 import signal
@@ -75,20 +74,20 @@ def smoothed_loss_function(task: str, epsilon: float) -> Callable:
 
 class MasksOfEachStep:
     """`Trainer` mixin for masked-LM training with `DataCollatorForLanguageModeling`: the masks of a training batch
-    are drawn as its step takes it (`get_batch_samples`), from a generator seeded with the run's seed, the step, the
-    batch's place in the step and the process, not from the global RNG as the DataLoader collates it. Accelerate's
-    DataLoader fetches one batch ahead, and a resumed Trainer restores the global RNG only after taking its first
-    step's batches: either way a resumed run drew other masks than the uninterrupted one (its losses left the
-    uninterrupted run's at the first step after the checkpoint). An evaluated (or `predict`ed) dataset is masked
-    once per sequence from the run's seed (`training_data.mask_once`, unless it comes with its `labels` so masked,
-    as `hf-scratch train` masks its validation set once): every evaluation masks the same tokens in any
-    number of processes, so that two of them differ by the weights only (from the global RNG, the final evaluation
-    of a run's last weights gave another loss than the evaluation of the same weights at its last step)."""
+    are drawn as its step takes it (`get_batch_samples`), each row's from a generator seeded with the run's seed, the
+    step and the row's tokens (`training_data.mask_each_row`), not from the global RNG as the DataLoader collates it.
+    Accelerate's DataLoader fetches one batch ahead, and a resumed Trainer restores the global RNG only after taking
+    its first step's batches: either way a resumed run drew other masks than the uninterrupted one (its losses left
+    the uninterrupted run's at the first step after the checkpoint). Seeded per batch and process, two processes of
+    batch 2 masked other tokens than one process of batch 4; per row, they mask the same. An evaluated (or
+    `predict`ed) dataset is masked once per sequence from the run's seed (`training_data.mask_once`, unless it comes
+    with its `labels` so masked, as `hf-scratch train` masks its validation set once): every evaluation masks the
+    same tokens in any number of processes, so that two of them differ by the weights only (from the global RNG, the
+    final evaluation of a run's last weights gave another loss than the evaluation of the same weights at its last
+    step)."""
 
     def get_train_dataloader(self):
         masking = self.data_collator  # the DataLoader pads only; `get_batch_samples` masks
-        self._masking = copy.copy(masking)
-        self._masking.generator = torch.Generator()
         self.data_collator = DataCollatorWithPadding(masking.tokenizer, pad_to_multiple_of=masking.pad_to_multiple_of)
         try:
             return super().get_train_dataloader()
@@ -115,18 +114,15 @@ class MasksOfEachStep:
             self.data_collator = masking
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
-        taken = itertools.islice(epoch_iterator, num_batches)
-        batches = (self._masked(batch, place) for place, batch in enumerate(taken))
+        batches = (self._masked(batch) for batch in itertools.islice(epoch_iterator, num_batches))
         return super().get_batch_samples(batches, num_batches, device)
 
-    def _masked(self, batch, place: int):
+    def _masked(self, batch: dict) -> dict:
         """The batch with its masks drawn, on the CPU as the collator draws them (the same masks on any device)."""
-        step, process = self.state.global_step, self.args.process_index  # the step about to be taken
-        self._masking.generator.manual_seed(hash((self.args.seed, step, place, process)) % 2**63)
-        ids, special = batch["input_ids"], batch.pop("special_tokens_mask", None)
-        masked, labels = self._masking.torch_mask_tokens(ids.cpu(), None if special is None else special.cpu())
-        batch["input_ids"], batch["labels"] = masked.to(ids.device), labels.to(ids.device)
-        return batch
+        step, device = self.state.global_step + 1, batch["input_ids"].device  # the step that trains on the batch
+        masked = training_data.mask_each_row(self.data_collator, {name: value.cpu() for name, value in batch.items()},
+                                             lambda tokens: training_data.row_seed(self.args.seed, step, *tokens))
+        return {name: value.to(device) for name, value in masked.items()}
 
 
 # ---------------------------------------------------------------------------------------------- stopping

@@ -248,18 +248,41 @@ def mask_once(sequences: Dataset, masking, seed: int) -> Dataset:
     evaluation scores the same tokens, whatever the number of processes, the batch size or the RNG's state (each
     process masked its batches from its own stream: the same weights gave 4.8038 in one process and 4.8279 in two).
     Adds `labels` (-100 where nothing is masked); a padding collator that pads them with -100 batches them."""
-    masking = copy.copy(masking)
-    masking.generator = torch.Generator()
 
     def mask(row: dict, index: int) -> dict:
-        masking.generator.manual_seed(hash((seed, -1, index)) % 2**63)  # ints: no per-process hash salt
-        special = row.get("special_tokens_mask")
-        ids, labels = masking.torch_mask_tokens(torch.tensor([row["input_ids"]]),
-                                                None if special is None else torch.tensor([special]))
-        return {"input_ids": ids[0], "labels": labels[0]}
+        one_row = {name: torch.tensor([row[name]]) for name in ("input_ids", "special_tokens_mask") if name in row}
+        masked = mask_each_row(masking, one_row, lambda tokens: row_seed(seed, -1, index))
+        return {"input_ids": masked["input_ids"][0], "labels": masked["labels"][0]}
 
     removed = [name for name in ("special_tokens_mask",) if name in sequences.column_names]
     return sequences.map(mask, with_indices=True, remove_columns=removed, desc="masking the validation set")
+
+
+def mask_each_row(masking, batch: dict, seed_of_row: Callable[[list[int]], int]) -> dict:
+    """A batch of `tokenize_for_mlm` sequences, padded, with each row masked by `masking` (a
+    `DataCollatorForLanguageModeling`: 80% [MASK], 10% random, 10% kept) on its own tokens, not its padding, from a
+    generator seeded with `seed_of_row(its tokens)`. A row's masks are then those it has alone, whatever rows and
+    padding share its batch: two processes of batch 2 mask the tokens one process of batch 4 masks.
+    Shapes: input_ids, attention_mask (optional), special_tokens_mask (optional) (B, T) -> input_ids, labels (B, T)
+    (-100 where nothing is masked), attention_mask as given; special_tokens_mask is dropped (no model takes it)."""
+    masking = copy.copy(masking)
+    masking.generator = torch.Generator()
+    ids, special = batch["input_ids"], batch.pop("special_tokens_mask", None)
+    real = batch.get("attention_mask", torch.ones_like(ids)).bool()
+    masked, labels = ids.clone(), torch.full_like(ids, -100)
+    for row, tokens in enumerate(ids):
+        tokens = tokens[real[row]]
+        masking.generator.manual_seed(seed_of_row(tokens.tolist()))
+        row_special = None if special is None else special[row, real[row]][None]
+        row_masked, row_labels = masking.torch_mask_tokens(tokens[None], row_special)
+        masked[row, real[row]], labels[row, real[row]] = row_masked[0], row_labels[0]
+    return batch | {"input_ids": masked, "labels": labels}
+
+
+def row_seed(*key: int) -> int:
+    """A generator seed from integers: the same in every process (a tuple of ints hashes without the per-process salt
+    of str)."""
+    return hash(key) % 2**63
 
 
 def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int,

@@ -360,30 +360,44 @@ def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
 
 
 @pytest.mark.parametrize("module", ["train", "train_accelerate"])
-def test_masked_lm_validation_loss_in_two_processes_is_that_of_every_sequence(workspace, module):
-    """Each process masked its share of the validation sequences from its own stream: the same weights scored 4.8038
-    in one process and 4.8279 in two. Each sequence is now masked once, from the seed and its place in the data: the
-    loss of two processes (30 sequences, batches of 4: repeats fill the last one) is that of the saved model over
-    every masked token of the validation set, in one process."""
+def test_masked_lm_in_two_processes_trains_and_scores_as_one_process_with_the_combined_batch(workspace, module):
+    """Training masks were drawn per process (per micro-batch and process in train.py, from each process's RNG in
+    train_accelerate.py): 2 processes x batch 2 masked other tokens than 1 x batch 4. Each row's come from the seed,
+    the step and its tokens now: the same losses step for step. And each process masked its share of the validation
+    sequences from its own stream: the same weights scored 4.8038 in one process and 4.8279 in two. Each sequence is
+    masked once, from the seed and its place in the data: the loss of two processes (30 sequences, batches of 2:
+    repeats fill the last one) is that of the saved model over every masked token of the validation set."""
     validation = workspace / "mlm-validation.txt"
     validation.write_text("\n\n".join((workspace / "corpus.txt").read_text().split("\n\n")[:30]))
-    output = workspace / f"mlm-two-processes-{module}"
+    arguments = [ROOT / f"scripts/{module}.py", "--task", "masked-lm", "--train-files", workspace / "corpus.txt",
+                 "--tokenizer", workspace / "encoder", *TINY, *NO_DROPOUT, *RUN, "--max-eval-samples", 30,
+                 "--max-steps", 2, "--validation-files", validation]
+    two, one = (workspace / f"mlm-{processes}-processes-{module}" for processes in ("two", "one"))
     launcher, env = two_cpu_processes("torchrun")
-    run(ROOT / f"scripts/{module}.py", "--task", "masked-lm", "--train-files", workspace / "corpus.txt", "--tokenizer",
-        workspace / "encoder", *TINY, *RUN, "--max-eval-samples", 30, "--max-steps", 1, "--batch-size", 4,
-        "--validation-files", validation, "--output-dir", output, launcher=launcher, env=env, cwd=workspace)
+    run(*arguments, "--batch-size", 2, "--output-dir", two, launcher=launcher, env=env, cwd=workspace)
+    run(*arguments, "--batch-size", 4, "--output-dir", one, cwd=workspace)
 
-    tokenizer = AutoTokenizer.from_pretrained(output / "model")
+    def step_losses(output: Path) -> dict[int, float]:
+        if module == "train_accelerate":
+            return losses(output)
+        state = json.loads((output / "checkpoints/checkpoint-2/trainer_state.json").read_text())
+        return {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
+
+    assert sorted(step_losses(two)) == [1, 2]
+    assert step_losses(two) == pytest.approx(step_losses(one), abs=1e-5)
+
+    tokenizer = AutoTokenizer.from_pretrained(two / "model")
     texts = training_data.load_texts([str(workspace / "corpus.txt")], validation_files=[str(validation)])
     sequences = training_data.tokenize_for_mlm(texts["validation"], tokenizer, 32)
     masked = training_data.mask_once(sequences, DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15), 1337)
     assert len(masked) == 30
-    model = AutoModelForMaskedLM.from_pretrained(output / "model").eval()
+    model = AutoModelForMaskedLM.from_pretrained(two / "model").eval()
     with torch.no_grad():
         every_token = model(**DataCollatorForTokenClassification(tokenizer)(list(masked))).loss.item()
-    card = ModelCard.load(output / "model/README.md").data.eval_results
-    assert [result.metric_value for result in card if result.metric_type == "loss"] == [
-        pytest.approx(every_token, abs=1e-5)]
+    for output in (two, one):
+        card = ModelCard.load(output / "model/README.md").data.eval_results
+        assert [result.metric_value for result in card if result.metric_type == "loss"] == [
+            pytest.approx(every_token, abs=1e-5)]
 
 
 def test_trainer_seq2seq_under_two_processes_equals_one_process_and_scores_each_pair_once(workspace):

@@ -1,5 +1,6 @@
 """The training helpers: data preparation for each task, the label-smoothed loss, metrics, the loss plot."""
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -256,15 +257,11 @@ def test_mlm_sequences_hold_every_token_of_long_documents(documents, max_length)
     assert inner == [token for text in documents for token in tokenizer(text, add_special_tokens=False).input_ids]
 
 
-def mask_as_trainer(tokenizer, features: list[dict], masker) -> dict:
-    return masker(features)
-
-
-def mask_as_accelerate_loop(tokenizer, features: list[dict], masker) -> dict:
-    """train_accelerate.py pads in the DataLoader and masks later, by the padded `special_tokens_mask`."""
-    batch = DataCollatorWithPadding(tokenizer)(features)
-    batch["input_ids"], batch["labels"] = masker.torch_mask_tokens(batch["input_ids"], batch.pop("special_tokens_mask"))
-    return batch
+def mask_as_training(tokenizer, features: list[dict], masker) -> dict:
+    """Both commands' training batches: padded, then each row masked from the seed, the step and its tokens."""
+    seed = int(torch.randint(2**16, ()))
+    return training_data.mask_each_row(masker, DataCollatorWithPadding(tokenizer)(features),
+                                       lambda tokens: training_data.row_seed(seed, 1, *tokens))
 
 
 def mask_as_validation(tokenizer, features: list[dict], masker) -> dict:
@@ -273,7 +270,7 @@ def mask_as_validation(tokenizer, features: list[dict], masker) -> dict:
     return DataCollatorForTokenClassification(tokenizer)(list(masked))
 
 
-@pytest.mark.parametrize("collate", [mask_as_trainer, mask_as_accelerate_loop, mask_as_validation])
+@pytest.mark.parametrize("collate", [mask_as_training, mask_as_validation])
 @settings(max_examples=15, deadline=None)
 @given(words=st.lists(st.integers(0, 12), min_size=1, max_size=6), seed=st.integers(0, 2**16))
 def test_mlm_masking_never_touches_special_tokens_or_padding(collate, words, seed):
@@ -288,6 +285,63 @@ def test_mlm_masking_never_touches_special_tokens_or_padding(collate, words, see
     assert (batch["labels"][kept] == -100).all() and torch.equal(batch["input_ids"][kept], original[kept])
     chosen = batch["labels"] != -100
     assert torch.equal(batch["labels"][chosen], original[chosen])
+
+
+@settings(max_examples=15, deadline=None)
+@given(words=st.lists(st.integers(0, 12), min_size=2, max_size=6), split=st.integers(1, 5),
+       padding_side=st.sampled_from(["right", "left"]))
+def test_a_rows_training_masks_do_not_depend_on_the_rows_beside_it(words, split, padding_side):
+    """Masks were drawn per batch from a seed of the step, the micro-batch and the process: two processes of batch 2
+    masked other tokens than one process of batch 4. Each row's are now drawn from the seed, the step and its
+    tokens, on its tokens alone: a batch split anywhere, padded to other lengths on either side, masks alike."""
+    tokenizer = copy.deepcopy(wordpiece())  # the cached one stays as it is
+    tokenizer.padding_side = padding_side
+    texts = Dataset.from_dict({"text": [" ".join(["question"] * n) for n in words]})
+    features = list(training_data.tokenize_for_mlm(texts, tokenizer, max_length=16))
+    split = min(split, len(features) - 1)
+    masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.5)
+
+    def masked_rows(part: list[dict]) -> list[tuple[list[int], list[int]]]:
+        batch = mask_as_training(tokenizer, part, masker)
+        real = batch["attention_mask"].bool()
+        return [(ids[keep].tolist(), labels[keep].tolist())
+                for ids, labels, keep in zip(batch["input_ids"], batch["labels"], real, strict=True)]
+
+    torch.manual_seed(0)  # the same run seed for all three batches
+    whole = masked_rows(features)
+    torch.manual_seed(0)
+    first = masked_rows(features[:split])
+    torch.manual_seed(0)
+    assert whole == first + masked_rows(features[split:])
+
+
+def test_trainer_masks_a_batch_split_into_micro_batches_as_the_whole_batch(tmp_path):
+    """One Trainer step of 4 rows and one of 2 micro-batches of 2 rows: the same masks, so the same loss and the same
+    weights after it (as 2 processes of 2 rows, tests/test_accelerate.py). Seeded per micro-batch, they differed."""
+    from transformers import Trainer, TrainingArguments
+
+    class MaskedLMTrainer(training.MasksOfEachStep, Trainer):
+        pass
+
+    tokenizer = wordpiece()
+    rows = training_data.tokenize_for_mlm(Dataset.from_dict({"text": CORPUS.read_text().split("\n\n")[:4]}),
+                                          tokenizer, 24).select(range(4))
+    trained = []
+    for batch, accumulation in ((4, 1), (2, 2)):
+        torch.manual_seed(0)
+        model = tiny_lm("encoder", vocab_size=len(tokenizer), dropout=0.0, attention_dropout=0.0,
+                        embedding_dropout=0.0)
+        arguments = TrainingArguments(str(tmp_path / str(batch)), per_device_train_batch_size=batch, max_steps=1,
+                                      gradient_accumulation_steps=accumulation, logging_steps=1, report_to=[],
+                                      use_cpu=True, save_strategy="no", seed=3)
+        trainer = MaskedLMTrainer(model=model, args=arguments, train_dataset=rows,
+                                  data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3))
+        trainer.train()
+        trained.append((trainer.state.log_history[0]["loss"], model.state_dict()))
+    (loss, weights), (split_loss, split_weights) = trained
+    assert split_loss == pytest.approx(loss, rel=1e-5)
+    for name, tensor in weights.items():
+        torch.testing.assert_close(split_weights[name], tensor, rtol=0, atol=1e-6)
 
 
 def test_seq2seq_tokenization_gives_sources_and_labels_ending_in_eos():

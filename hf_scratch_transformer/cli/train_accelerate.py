@@ -307,8 +307,8 @@ optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_dec
 warmup_steps = args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20)
 scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
                           num_training_steps=args.max_steps)
-# The loaders own a generator, so that starting an epoch never draws from the global RNG: dropout and MLM masking
-# then use it in step order only, and the RNG state a checkpoint saves is exactly what the next step needs.
+# The loaders own a generator, so that starting an epoch never draws from the global RNG: dropout then uses it in step
+# order only, and the RNG state a checkpoint saves is exactly what the next step needs.
 loader, eval_loader = (DataLoader(datasets[split], batch_size=args.batch_size, shuffle=split == "train",
                                   drop_last=split == "train", collate_fn=collator, generator=torch.Generator())
                        for split, collator in (("train", collate), ("validation", eval_collate)))
@@ -342,7 +342,7 @@ if resume:
     accelerator.print(f"resumed from {resume} at step {start_step}" + (f"; changed settings {changed} make the steps "
                       "differ from an uninterrupted run" if changed else ""))
 else:
-    set_seed(args.seed, device_specific=True)  # dropout and masks of its own in each process
+    set_seed(args.seed, device_specific=True)  # dropout of its own in each process
 
 
 def micro_batches(start: int):
@@ -360,12 +360,13 @@ def to_device(batch: dict) -> dict:
     return {key: value.to(accelerator.device) for key, value in batch.items()}
 
 
-def masked_to_device(batch: dict) -> dict:
-    """A training batch, MLM-masked (80/10/10) here rather than in the DataLoader, which fetches one batch ahead: the
-    global RNG is then drawn in step order, so restoring it from a checkpoint resumes the same masks."""
+def masked_to_device(batch: dict, step: int) -> dict:
+    """A training batch of `step`, MLM-masked (80/10/10) each row from the seed, the step and its tokens
+    (`training_data.mask_each_row`): a resumed run draws the masks the uninterrupted one drew, and any number of
+    processes the masks of one process with their combined batch."""
     if masker is not None:
-        batch["input_ids"], batch["labels"] = masker.torch_mask_tokens(batch["input_ids"],
-                                                                       batch.pop("special_tokens_mask"))
+        batch = training_data.mask_each_row(masker, batch,
+                                            lambda tokens: training_data.row_seed(args.seed, step, *tokens))
     return to_device(batch)
 
 
@@ -422,7 +423,7 @@ progress = tqdm(total=args.max_steps, initial=start_step, disable=not accelerato
 model.train()
 with training.Preemption() as preemption:  # a SIGTERM stops after the step under way, checkpointed
     for step in range(start_step + 1, stop + 1):
-        batches = [masked_to_device(next(stream)) for _ in range(accumulation)]
+        batches = [masked_to_device(next(stream), step) for _ in range(accumulation)]
         # Labelled tokens in the whole global batch (all micro-steps, all processes), as Trainer's num_items_in_batch.
         num_items = accelerator.reduce(sum(count_labels(batch["labels"]) for batch in batches), "sum").clamp(min=1)
         step_loss = torch.zeros((), device=accelerator.device)
