@@ -68,7 +68,8 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
 
     if isa == "AVX2 only":  # named as limited: its record is not the AVX2 host's
         own = torch.backends.cpu.get_cpu_capability()
-        assert f"CPU capability AVX2 (ATEN_CPU_CAPABILITY; the CPU has {own}); bf16 not native" in result.stdout
+        assert (f"CPU capability AVX2 (ATEN_CPU_CAPABILITY; the CPU has {own}; MKL_ENABLE_INSTRUCTIONS=AVX2, "
+                "ONEDNN_MAX_CPU_ISA=AVX2); bf16 not native") in result.stdout
     elif AVX2_HOST:
         assert "CPU capability AVX2;" in result.stdout
     # The header names the machine-dependent choices; the bf16 ones are timed only where bf16 is native.
@@ -223,12 +224,37 @@ def test_write_refuses_a_record_of_other_sizes(monkeypatch, capsys, options, nam
     """--quick's sizes given one by one, or any model or input size of one's own, made a table that replaced the
     class's full record (the targets' figures are at the default sizes); the default sizes given, more repetitions or
     another seed still make one."""
+    unforced(monkeypatch)
     with pytest.raises(SystemExit) as stopped:
         import_benchmark(monkeypatch, "--write", *options)
     message = "--write records a full run of every family at the default sizes (docs/benchmarks keeps one per machine "
     assert stopped.value.code == 2 and f"{message}class): leave out {named}\n" in capsys.readouterr().err
     benchmark = import_benchmark(monkeypatch, "--write", "--layers", "6", "--seq", "256", "--repeats", "11", "--seed=1")
     assert benchmark.args.write and benchmark.args.repeats == 11
+
+
+def unforced(monkeypatch) -> None:
+    """No kernel forced and no library held to fewer instructions in this test (the suite can run under
+    MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2): --write refuses a run under them."""
+    for variable in ("HF_SCRATCH_CPU_KERNELS", "HF_SCRATCH_CPU_BF16_PRODUCTS", "HF_SCRATCH_CPU_ATTENTION",
+                     "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.mark.parametrize("variable, value", [("HF_SCRATCH_CPU_KERNELS", "onednn"),
+                                             ("HF_SCRATCH_CPU_BF16_PRODUCTS", "fp32"),
+                                             ("HF_SCRATCH_CPU_ATTENTION", "eager"),
+                                             ("MKL_ENABLE_INSTRUCTIONS", "AVX2"), ("ONEDNN_MAX_CPU_ISA", "AVX2")])
+def test_write_refuses_a_run_under_forced_kernels_or_limited_libraries(monkeypatch, capsys, variable, value):
+    """A run with a kernel forced (named in the header) or with MKL or oneDNN held to fewer instructions (the class
+    still read as the CPU's own) wrote over the class's record; unset, or "auto", still makes one."""
+    unforced(monkeypatch)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as stopped:
+        import_benchmark(monkeypatch, "--write")
+    assert stopped.value.code == 2 and capsys.readouterr().err.endswith(f"class): unset {variable}\n")
+    monkeypatch.setenv(variable, "auto")
+    assert import_benchmark(monkeypatch, "--write").args.write
 
 
 def test_the_median_interval_holds_the_median_and_narrows_with_more_pairs():
@@ -354,6 +380,43 @@ def test_a_capability_held_below_the_cpus_own_is_named(benchmark_module, monkeyp
     assert benchmark_module.capability_limited_from({"avx2", "fma", "avx512f"}) is None  # no AVX512 for ATen
 
 
+def test_the_header_names_the_instruction_sets_mkl_and_onednn_are_held_to(benchmark_module):
+    """MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA went unsaid: set alone they leave ATen's capability, and the
+    class, the CPU's own. Records from before them have no such key."""
+    avx512 = {"cpu_capability": "AVX512"}
+    assert benchmark_module.capability_with_limits(avx512) == "AVX512"
+    mkl = {"cpu_library_limits": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+    assert benchmark_module.capability_with_limits(avx512 | mkl) == "AVX512 (MKL_ENABLE_INSTRUCTIONS=AVX2)"
+    all_three = {"cpu_capability": "AVX2", "cpu_capability_limited_from": "AVX512",
+                 "cpu_library_limits": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert benchmark_module.capability_with_limits(all_three) == (
+        "AVX2 (ATEN_CPU_CAPABILITY; the CPU has AVX512; MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2)")
+
+
+@pytest.mark.parametrize("kernel", ["native", "onednn"])
+def test_training_flops_credit_each_side_with_its_own_products(benchmark_module, monkeypatch, force_choice, kernel):
+    """BERT's GFLOP/s and MFU rows gave ours the native model's count, though its MLM head projects only the masked
+    positions (`sparse_prediction`); and oneDNN's products (ScratchLinear's kernel where it wins) were not counted
+    at all. Each side now has its own count, the head's work on the unmasked positions (dense and decoder, forward
+    and both gradients) the difference, and the rows' paired ratios are of FLOP/s."""
+    from hf_scratch_transformer import kernel_choice
+    from hf_scratch_transformer.linear_kernels import ONEDNN_AVAILABLE
+
+    if kernel == "onednn" and not ONEDNN_AVAILABLE:
+        pytest.skip("no oneDNN in this torch")
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, kernel)
+    seconds = {"native": 1.0, "ours": 1.0, "samples": {"native": [1.0, 2.0], "ours": [1.0, 2.0]}}
+    monkeypatch.setattr(benchmark_module, "interleaved", lambda *args, **kwargs: seconds)  # nothing timed
+    rows, extra = benchmark_module.bench_family("bert", {"fp32": 1e9, "bf16": 1e9})
+    flops, a = extra["train_flops_per_step"], benchmark_module.args
+    labels = benchmark_module.make_inputs("bert", a.batch, a.seq, labels=True)["labels"]
+    unmasked = int((labels == -100).sum())
+    assert flops["native"] - flops["ours"] == 6 * unmasked * (a.hidden * a.hidden + a.hidden * a.vocab)
+    achieved = next(r for r in rows if r["measurement"] == "train fp32 achieved")
+    assert (achieved["native"], achieved["ours"]) == (flops["native"] / 1e9, flops["ours"] / 1e9)
+    assert achieved["paired_ratios"] == pytest.approx([flops["ours"] / flops["native"]] * 2)
+
+
 def test_compiled_decoding_is_what_transformers_does_on_the_device(benchmark_module, monkeypatch):
     """On a CPU the step compiles only under a CompileConfig that allows every device (ours: inductor's default mode,
     with its C++ wrapper); on a GPU transformers compiles by itself, with its own CompileConfig (CUDA graphs), as a
@@ -381,27 +444,32 @@ def benchmark_module(monkeypatch):
 
 
 def test_the_header_names_the_kernels_the_runs_took_and_none_they_did_not(benchmark_module, monkeypatch):
-    """Prefill's and training's fp32 kernels, and bf16 products', were timed when the header was written where no run
-    had such a product (--quick's are of up to 64 rows, decoding steps'; --family llama decodes only) and printed as
+    """Prefill's and training's fp32 kernels, bf16 products' and bf16 training attention's up to EAGER_MAX_KEYS keys
+    were timed when the header was written where no run had such a product or sequence (--quick's are of up to 64
+    rows, decoding steps'; --family llama decodes only; the default sequences are of 256 tokens) and printed as
     chosen; compiled decoding's one-row products were not named at all."""
     threads = torch.get_num_threads()
     choices = {("batch_decoding", (256, 64), threads): "transposed"}
     monkeypatch.setattr(benchmark_module, "KERNEL_CHOICES", choices)
     monkeypatch.setattr(benchmark_module, "fp32_kernel", lambda regime, shape=None: "onednn")
     monkeypatch.setattr(benchmark_module, "blas_reads_rows_slowly", lambda: True)
-    monkeypatch.setattr(benchmark_module, "bf16_training_kernel", lambda: "eager")
+    attention_kernel = functools.cache(lambda: "eager")
+    monkeypatch.setattr(benchmark_module, "bf16_training_kernel", attention_kernel)
     bf16_kernel = functools.cache(lambda: "fp32")
     monkeypatch.setattr(benchmark_module, "bf16_kernel", bf16_kernel)
     kernels = benchmark_module.kernel_choices(bf16_native=True, compiled=False)
     assert kernels["fp32 batch decoding"] == "transposed (256x64)"
     assert kernels["fp32 prefill"] == kernels["fp32 training"] == kernels["fp32 compiled decoding"] == "none run"
     assert kernels["bf16 products"].startswith("none run (HF_SCRATCH_CPU_BF16_PRODUCTS=")
+    assert kernels["bf16 training attention"].startswith("none run (HF_SCRATCH_CPU_ATTENTION=")
     choices[("prefill", (1536, 384), threads)] = "onednn"
     bf16_kernel()  # a bf16 product of many rows asked
+    attention_kernel()  # a bf16 training step over at most EAGER_MAX_KEYS keys asked
     kernels = benchmark_module.kernel_choices(bf16_native=True, compiled=True)
     assert (kernels["fp32 prefill"], kernels["fp32 training"]) == ("onednn", "none run")
     assert kernels["fp32 compiled decoding"] == "a row dot"
     assert kernels["bf16 products"].startswith("fp32 (HF_SCRATCH_CPU_BF16_PRODUCTS=")
+    assert kernels["bf16 training attention"].startswith("eager (HF_SCRATCH_CPU_ATTENTION=")
 
 
 def _fails(error: Exception):

@@ -50,11 +50,12 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   allocated (zeroed, so they are part of the baseline) and no optimizer: the activations kept for backward plus
   backward's temporaries; the median of 3, without and then with `gradient_checkpointing_enable()` (transformers'
   default, non-reentrant: each block keeps only its input and recomputes the rest in backward).
-- FLOP/s: the matmul FLOPs of one forward + backward of the native model counted by torch.utils.flop_counter
-  (linear layers, lm head, attention at full non-causal cost; AdamW's elementwise work not counted), the same
-  count for both sides, divided by the median step time; MFU = that / the machine's matmul FLOP/s measured
-  here (best of 8 products of square --mm-size matrices after a warm-up, fp32 and bf16, through torch.mm, i.e.
-  the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
+- FLOP/s: the matmul FLOPs of one forward + backward of each side counted by torch.utils.flop_counter (linear
+  layers whichever kernel computes them, lm head, attention at full non-causal cost; AdamW's elementwise work not
+  counted): each side's own count, the same but for BERT, whose MLM head ours runs over the masked positions only
+  (below), divided by its median step time, the paired ratios of FLOP/s; MFU = that / the machine's matmul
+  FLOP/s measured here (best of 8 products of square --mm-size matrices after a warm-up, fp32 and bf16, through
+  torch.mm, i.e. the default BLAS, and through oneDNN as ScratchLinear computes them; the faster of the two).
 - the header names the CPU capability, whether bf16 is native (bf16 products on one core at least a quarter as
   fast as fp32, the test `--bf16` makes before training: below, they are emulated) and the fp32 kernels
   ScratchLinear chose in this process for decoding steps of one row and of several (batch 8: 8 rows; timed over 4),
@@ -64,9 +65,12 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   whether compiled one-row products are a row dot (`kernel_choice.blas_reads_rows_slowly`), and, where bf16
   is native, the kernel of bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands
   widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS); "none
-  run" where the runs had no such product (--quick's products of up to 64 rows are all decoding steps'). Where
+  run" where the runs had no such product (--quick's products of up to 64 rows are all decoding steps') or, for
+  bf16 training attention's choice up to 128 keys, no such sequence (none at the default 256 tokens). Where
   ATEN_CPU_CAPABILITY holds ATen below the CPU's capability, the header says so and --write names the class
-  "<cpu>-avx512-limited-to-avx2", not the AVX2 host's.
+  "<cpu>-avx512-limited-to-avx2", not the AVX2 host's; MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA, where set,
+  are named there too. --write refuses a CPU run under those two or a forced kernel (HF_SCRATCH_CPU_KERNELS,
+  HF_SCRATCH_CPU_BF16_PRODUCTS, HF_SCRATCH_CPU_ATTENTION): its record would stand for the class's own choices.
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
   torch.autocast("cuda") where the GPU has bf16 (`torch.cuda.is_bf16_supported()`); peak memory is allocated CUDA
@@ -80,6 +84,7 @@ import argparse
 import ctypes
 import gc
 import json
+import math
 import os
 import platform
 import re
@@ -126,7 +131,7 @@ from hf_scratch_transformer.kernel_choice import (
     fp32_kernel,
     last_level_cache_bytes,
 )
-from hf_scratch_transformer.linear_kernels import onednn_linear
+from hf_scratch_transformer.linear_kernels import ONEDNN_AVAILABLE, onednn_linear
 from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
 
 FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
@@ -142,6 +147,9 @@ BATCH_1_TARGET = 1.5  # batch-1 generate() against the native model's eager deco
 TARGET_REFERENCE = "native eager"  # that decoding, timed in the compiled row alongside its two sides
 BF16_TRAINING_TARGET = 1.1  # bf16 training against the native model, where bf16 is native (the same item)
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
+# The variables that hold MKL and oneDNN to fewer instructions than the CPU's: set without ATEN_CPU_CAPABILITY's limit
+# (`capability_limited_from`) they left the class the CPU's own. The header names them; --write refuses them.
+LIBRARY_LIMITS = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=command_help(__doc__),
@@ -173,6 +181,13 @@ partial_run = ["--quick"] * args.quick + ["--family"] * (args.family != "all") +
 if args.write and partial_run:  # a smoke test, one family or other sizes would replace a full record
     parser.error("--write records a full run of every family at the default sizes (docs/benchmarks keeps one per "
                  f"machine class): leave out {', '.join(partial_run)}")
+# A CPU run under a forced kernel (the header names the setting) or with MKL or oneDNN held to fewer instructions
+# measures that setting, not the class's own choices, under the class's name.
+forced = [name for name in (KERNELS_VARIABLE, BF16_PRODUCTS_VARIABLE, ATTENTION_VARIABLE, *LIBRARY_LIMITS)
+          if os.environ.get(name, "").strip().lower() not in ("", "auto")]
+if args.write and args.device == "cpu" and forced:
+    parser.error("--write records the kernels and instruction sets this machine class chooses by itself "
+                 f"(docs/benchmarks keeps one record per machine class): unset {', '.join(forced)}")
 if args.device == "cuda" and not torch.cuda.is_available():
     parser.error("--device cuda needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False)")
 if args.device == "cuda" and args.mm_size is None and not args.quick:
@@ -446,17 +461,27 @@ def machine_matmul_flops() -> dict:
     return measured | {name: max(measured[f"{name} {kind}"] for kind in products) for name in ("fp32", "bf16")}
 
 
+def onednn_linear_flops(input_shape, weight_shape, *args, **kwargs) -> int:
+    """FLOPs of `onednn_linear` (ScratchLinear's oneDNN products, forward and gradients), an op torch's counter does
+    not know: (..., in) rows by an (out, in) weight."""
+    return 2 * math.prod(input_shape) * weight_shape[0]
+
+
 def train_flops(model, inputs: dict) -> int:
-    with FlopCounterMode(display=False) as counter:
+    """The matmul FLOPs of one forward + backward of `model`, whichever kernels its products take."""
+    products = {torch.ops.mkldnn._linear_pointwise: onednn_linear_flops} if ONEDNN_AVAILABLE else {}
+    with FlopCounterMode(display=False, custom_mapping=products) as counter:
         model(**inputs).loss.backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
 
-def row(family, measurement, unit, better, native, ours, samples=None) -> dict:
+def row(family, measurement, unit, better, native, ours, samples=None, work=None) -> dict:
     """One line of the table; `samples` (seconds per side, interleaved) for a timed row: its paired ratios are
-    native / ours times, ours / native in throughput."""
-    paired = [n / o for n, o in zip(samples["native"], samples["ours"], strict=True)] if samples else None
+    native / ours times, ours / native in throughput; `work` per side (FLOPs) where a rate of each side's own work is
+    measured: the ratios are of work per second."""
+    scale = work["ours"] / work["native"] if work else 1.0
+    paired = [scale * n / o for n, o in zip(samples["native"], samples["ours"], strict=True)] if samples else None
     return dict(family=family, measurement=measurement, unit=unit, better=better, native=native, ours=ours,
                 ratio=ours / native if native else float("nan"), paired_ratios=paired,
                 paired_interval=median_interval(paired) if paired else None, samples=samples)
@@ -518,8 +543,8 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
     models = build_pair(family)
     rows, extra = [], {}
 
-    def add(*values, samples=None):
-        rows.append(row(family, *values, samples=samples))
+    def add(*values, samples=None, work=None):
+        rows.append(row(family, *values, samples=samples, work=work))
 
     for model in models.values():
         model.eval()
@@ -538,7 +563,7 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
     train = make_inputs(family, args.batch, args.seq, labels=True)
     for model in models.values():
         model.train()
-    flops = train_flops(models["native"], train)
+    flops = {side: train_flops(models[side], train) for side in SIDES}  # BERT: ours projects the masked positions
     extra["train_flops_per_step"] = flops
     tokens = args.batch * tokens_per_example(family)
     for dtype in training_dtypes():
@@ -546,10 +571,11 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
         t = interleaved(lambda side: train_step(models[side], optimizers[side], train, dtype == "bf16"),  # noqa: B023
                         args.warmup, args.repeats)
         add(f"train {dtype}", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], samples=t["samples"])
-        gflops = {side: flops / t[side] / 1e9 for side in SIDES}
-        add(f"train {dtype} achieved", "GFLOP/s", "higher", gflops["native"], gflops["ours"], samples=t["samples"])
+        gflops = {side: flops[side] / t[side] / 1e9 for side in SIDES}
+        add(f"train {dtype} achieved", "GFLOP/s", "higher", gflops["native"], gflops["ours"], samples=t["samples"],
+            work=flops)
         add(f"train {dtype} MFU", "% of mm", "higher", *(100 * gflops[side] * 1e9 / peaks[dtype] for side in SIDES),
-            samples=t["samples"])
+            samples=t["samples"], work=flops)
     return rows, extra
 
 
@@ -576,8 +602,9 @@ def machine(peaks: dict) -> dict:
         bf16, fp32 = mixed_precision.one_core_product_rates()
         bf16_native, bf16_speed = mixed_precision.bf16_is_native(bf16, fp32), bf16 / fp32
     return dict(cpu=cpu, cpu_capability=torch.backends.cpu.get_cpu_capability(),
-                cpu_capability_limited_from=capability_limited_from(flags), bf16_native=bf16_native,
-                bf16_speed=bf16_speed,
+                cpu_capability_limited_from=capability_limited_from(flags),
+                cpu_library_limits={name: os.environ[name] for name in LIBRARY_LIMITS if os.environ.get(name)},
+                bf16_native=bf16_native, bf16_speed=bf16_speed,
                 cores=os.cpu_count(), cache_mib=last_level_cache_bytes() >> 20,
                 torch_threads=torch.get_num_threads(), torch=torch.__version__,
                 transformers=transformers.__version__, python=platform.python_version(),
@@ -591,6 +618,15 @@ def capability_limited_from(flags: set[str]) -> str | None:
     own = "AVX512" if {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags else "AVX2" if "avx2" in flags else None
     capability = torch.backends.cpu.get_cpu_capability()
     return own if os.environ.get("ATEN_CPU_CAPABILITY") and own and own != capability else None
+
+
+def capability_with_limits(machine: dict) -> str:
+    """The CPU capability as the header gives it, with the limits set below the CPU's own: ATEN_CPU_CAPABILITY's
+    and MKL's and oneDNN's variables (absent from the records before them)."""
+    limits = [f"ATEN_CPU_CAPABILITY; the CPU has {own}"] if (own := machine.get("cpu_capability_limited_from")) else []
+    if machine.get("cpu_library_limits"):
+        limits.append(", ".join(f"{name}={value}" for name, value in machine["cpu_library_limits"].items()))
+    return machine["cpu_capability"] + (f" ({'; '.join(limits)})" if limits else "")
 
 
 def machine_class(machine: dict) -> str:
@@ -612,8 +648,9 @@ def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
     `kernel_choice.bf16_kernel` and `scratch_attention_kernel.bf16_training_kernel`, the last two only where bf16 is
     native: they time bf16 kernels; with `compiled` rows, `kernel_choice.blas_reads_rows_slowly`); for decoding
     steps, those its products took by weight shape; "none run" for products the runs had none of (a product of up to
-    kernel_choice.FEW_ROWS rows is a decoding step's, --quick's training and prefill too). Call it after the timed
-    runs and before the memory workers, which ask for the choices they are given."""
+    kernel_choice.FEW_ROWS rows is a decoding step's, --quick's training and prefill too) and for bf16 training
+    attention where no run attended over as few as EAGER_MAX_KEYS keys without dropout (none at the default 256
+    tokens). Call it after the timed runs and before the memory workers, which ask for the choices they are given."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
         return {"setting": "-", **{f"fp32 {regime.replace('_', ' ')}": "F.linear" for regime in REGIMES},
                 "fp32 compiled decoding": "-", "CPU cross-entropy": "-", "bf16 training attention": "-",
@@ -624,11 +661,12 @@ def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
     many_rows = {regime: fp32_kernel(regime) if regime in ran else "none run" for regime in (PREFILL, TRAINING)}
     row_dot = "a row dot" if compiled and blas_reads_rows_slowly() else "F.linear" if compiled else "none run"
     bf16 = bf16_kernel() if bf16_kernel.cache_info().currsize else "none run"  # asked by many-row bf16 products
+    short_attention = bf16_training_kernel() if bf16_training_kernel.cache_info().currsize else "none run"  # alike
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
             **{f"fp32 {regime.replace('_', ' ')}": few_row_kernels(regime) for regime in FEW_ROW_REGIMES},
             **{f"fp32 {regime}": kernel for regime, kernel in many_rows.items()}, "fp32 compiled decoding": row_dot,
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
-            "bf16 training attention": f"{bf16_training_kernel()} ({attention})" if bf16_native else "-",
+            "bf16 training attention": f"{short_attention} ({attention})" if bf16_native else "-",
             "bf16 products": f"{bf16} ({bf16_products})" if bf16_native else "-"}
 
 
@@ -654,8 +692,7 @@ def markdown(report: dict) -> str:
         kernels = (f"GPU {m['gpu']}, CUDA {m['cuda']}: both sides run PyTorch's CUDA kernels (cuBLAS products, fp32 "
                    f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
     else:
-        limited = m.get("cpu_capability_limited_from")
-        capability = m["cpu_capability"] + (f" (ATEN_CPU_CAPABILITY; the CPU has {limited})" if limited else "")
+        capability = capability_with_limits(m)
         kernels = (f"CPU capability {capability}; {bf16}. fp32 kernels chosen ({k['setting']}), by weight "
                    f"shape for decoding steps: of one row {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB "
                    f"cache), {k['fp32 decoding from memory']} (larger models); of several rows "
