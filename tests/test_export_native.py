@@ -7,6 +7,7 @@ cannot be imported. Every knob without a native equivalent is named in one `Valu
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -158,8 +159,20 @@ def test_use_cache_off_is_carried_both_ways(name):
     assert from_hf(native).config.use_cache is False
 
 
-# What llama.cpp computes otherwise, per export (docs/native_models.md, "GGUF and llama.cpp"): each was run through
-# its convert_hf_to_gguf.py and llama.cpp itself (0c1e57098); here only the rule, which needs neither.
+# What llama.cpp computes otherwise, per export (docs/native_models.md, "GGUF and llama.cpp"): the GPT-2 and Mistral
+# window cases were run through its convert_hf_to_gguf.py and llama.cpp itself (0c1e57098), the RoPE scalings read in
+# its source (a458664); here only the rule, which needs neither.
+YARN = EXPORTS["llama-yarn"][1]["rope_parameters"]  # factor 2 over 32 pretraining positions, of the tiny 64
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32}
+
+
+def _rope(rope_parameters, **overrides):
+    """A Llama export's config overrides with these `rope_parameters`."""
+    return {**LLAMA_KNOBS, "rope_parameters": rope_parameters, **overrides}
+
+
 LLAMA_CPP_CASES = {  # name: (our config overrides, fragments of the caveats, one per caveat; none = llama.cpp runs it)
     "gpt2-gelu_tanh": ({**GPT2_KNOBS, "intermediate_size": 128}, []),
     "gpt2-relu": ({**GPT2_KNOBS, "hidden_act": "relu", "intermediate_size": 128}, ["'relu': llama.cpp's GPT-2"]),
@@ -170,6 +183,32 @@ LLAMA_CPP_CASES = {  # name: (our config overrides, fragments of the caveats, on
     "llama-biases-tied": (EXPORTS["llama-biases-tied"][1], []),
     "mistral-window": (EXPORTS["mistral-window"][1], ["sliding_window=4: llama.cpp runs MistralForCausalLM as Llama"]),
     "mistral-window-past-the-positions": ({**LLAMA_KNOBS, "sliding_window": 64}, []),
+    "llama-linear": (_rope({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}), []),
+    "llama-yarn": (EXPORTS["llama-yarn"][1], []),
+    "llama-yarn-attention_factor": (_rope({**YARN, "attention_factor": 1.0}), ["attention_factor=1.0 (yarn)"]),
+    "llama-yarn-its-own-attention_factor": (_rope({**YARN, "attention_factor": 0.1 * math.log(2.0) + 1}), []),
+    "llama-yarn-mscales": (_rope({**YARN, "mscale": 1.0, "mscale_all_dim": 1.0}),
+                           ["mscale=1.0, mscale_all_dim=1.0 (yarn): llama.cpp's Llama graph scales cos/sin by 0.1"]),
+    "llama-yarn-mscale-alone": (_rope({**YARN, "mscale": 0.707}), []),  # transformers too needs both
+    "llama-yarn-betas": (_rope({**YARN, "original_max_position_embeddings": 512, "beta_fast": 16, "beta_slow": 4},
+                               max_position_embeddings=1024), ["beta_fast=16 (yarn)", "beta_slow=4 (yarn)"]),
+    "llama-yarn-beta-rounded-alike": (_rope({**YARN, "beta_fast": 16}), []),  # the same whole correction range
+    "llama-yarn-untruncated": (_rope({**YARN, "truncate": False}), ["truncate=False (yarn)"]),
+    "llama-dynamic": (_rope({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+                      ["rope_type='dynamic': llama.cpp's converter writes no scaling"]),
+    "llama-llama3": (_rope(LLAMA3), ["original_max_position_embeddings=32 (llama3)"]),
+    "llama-llama3-8192": (_rope({**LLAMA3, "original_max_position_embeddings": 8192}, max_position_embeddings=16384),
+                          []),
+    "llama-longrope": (_rope({**LONGROPE, "short_factor": [1.0, 1.0, 1.5, 2.0], "long_factor": [2.0] * 4}),
+                       ["short_factor (longrope)", "longrope's attention factor 1.095", "long_factor (longrope)"]),
+    "llama-longrope-unscaled": (_rope({**LONGROPE, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
+                                       "attention_factor": 1.0}), []),
+    "llama-proportional": (_rope({"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+                           ["rope_type='proportional' (partial_rotary_factor=0.5): llama.cpp's converter does not"]),
+    "llama-proportional-whole-head": (_rope({"rope_type": "proportional", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 1.0}), []),
+    "mistral-window-yarn-attention_factor": (_rope({**YARN, "attention_factor": 1.0}, num_key_value_heads=1,
+                                                   sliding_window=4), ["sliding_window=4", "attention_factor=1.0"]),
 }
 
 
