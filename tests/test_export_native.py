@@ -28,7 +28,8 @@ from transformers import (
 )
 
 import hf_scratch_transformer as hst
-from hf_scratch_transformer.conversion import from_hf, llama_cpp_caveats, to_hf
+from hf_scratch_transformer.conversion import from_hf, to_hf
+from hf_scratch_transformer.llama_cpp import llama_cpp_caveats
 
 # Our knobs that equal each native architecture (the tiny configs are pre-norm, LayerNorm, biases, final norm).
 GPT2_KNOBS = dict(position_embedding_type="learned", hidden_act="gelu_tanh")

@@ -21,7 +21,7 @@ converted classes). A Scratch result loads with `AutoModelFor*.from_pretrained(o
 `import hf_scratch_transformer`, or with `trust_remote_code=True` where the package is not installed; a native
 result loads with the plain Auto classes, no remote code; where llama.cpp would run it otherwise once converted to
 GGUF (a GPT-2 without `gelu_tanh` or with a feed-forward other than 4 x hidden, Mistral's window), a note says why
-(`conversion.llama_cpp_caveats`; docs/native_models.md, "GGUF and llama.cpp"). Local folders only: the Hub is
+(`llama_cpp.llama_cpp_caveats`; docs/native_models.md, "GGUF and llama.cpp"). Local folders only: the Hub is
 never contacted. An output folder that already holds files is replaced only with --overwrite-output-dir (never one
 that contains the source); the output cannot be a mount point (give a folder inside it).
 """
@@ -188,7 +188,8 @@ from transformers.modeling_utils import get_state_dict_dtype, load_state_dict  #
 import hf_scratch_transformer  # noqa: E402
 from hf_scratch_transformer import hub  # noqa: E402
 from hf_scratch_transformer.checkpointing import CheckpointError, write_error_named  # noqa: E402
-from hf_scratch_transformer.conversion import from_hf, llama_cpp_caveats, to_hf  # noqa: E402
+from hf_scratch_transformer.conversion import from_hf, to_hf  # noqa: E402
+from hf_scratch_transformer.llama_cpp import llama_cpp_caveats  # noqa: E402
 from hf_scratch_transformer.modeling_scratch_common import safetensors_error  # noqa: E402
 from tokenizer_training import TOKENIZER_FILES  # noqa: E402
 
