@@ -608,6 +608,38 @@ def test_a_link_to_a_folder_the_run_replaces_is_refused_before_any_work(tmp_path
         ["checkpoints", "model", "step-2", "step-2"], "left as they were"
 
 
+def test_an_output_folder_in_the_folder_the_run_starts_from_is_refused_before_any_work(tmp_path, capsys):
+    """`--resume-from RUN/checkpoints/step-4 --output-dir` that checkpoint (or `--model` it) with
+    --overwrite-output-dir removed the checkpoint's tokenizer/ and rewrote its loss log as the earlier run's: the
+    checkpoint failed to verify, and its run, resumed, dropped it. An output folder in a checkpoint or in a run's
+    model folder was removed whole with it by that run's pruning, or its next model folder. A folder of another
+    kind may hold the output folder of a run that starts from it (the tests' layout)."""
+    parser, checkpoint, model = run_options.RunParser(prog="train-accelerate"), tmp_path / "run/checkpoints/step-4", \
+        tmp_path / "run/model"
+    (checkpoint / "tokenizer").mkdir(parents=True)
+    (checkpoint / "tokenizer/tokenizer.json").write_text("{}")
+    (checkpoint / "loss_curve.jsonl").write_text('{"step": 1}\n')
+    checkpointing.write_manifest(checkpoint, 4)
+    model.mkdir()
+    before = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
+    for output, option, source, given in ((checkpoint, "--model", checkpoint, {"model": checkpoint}),
+                                          (checkpoint / "branch", "--model", checkpoint, {"model": checkpoint}),
+                                          (model / "tuned", "--model", model, {"model": model}),
+                                          (checkpoint, "--resume-from", checkpoint,
+                                           {"resume_from": checkpoint, "resume": True})):
+        with pytest.raises(SystemExit) as stopped:
+            output_folder.claim_output_dir(parser, output, **{"resume": False, "overwrite": True} | given)
+        assert stopped.value.code == 2
+        assert f"--output-dir {output} lies in {option} {source}, the folder this run starts from" in \
+            capsys.readouterr().err
+    assert {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()} == before
+    assert sorted(path.name for path in checkpoint.iterdir()) == ["COMPLETE.json", "loss_curve.jsonl", "tokenizer"]
+    output_folder.claim_output_dir(parser, tmp_path / "branch", resume=True, overwrite=False, resume_from=checkpoint)
+    (tmp_path / "base").mkdir()
+    output_folder.claim_output_dir(parser, tmp_path / "base/tuned", resume=False, overwrite=False,
+                                   model=tmp_path / "base")
+
+
 def test_an_empty_checkpoints_folder_is_no_earlier_run(tmp_path, capsys):
     """A run stopped (Ctrl-C, a kill) before its first checkpoint leaves an empty `checkpoints/`: the same command
     again was refused as "holds an earlier run (checkpoints)", over a folder holding nothing to keep."""

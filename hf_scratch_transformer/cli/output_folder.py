@@ -87,6 +87,12 @@ def remove_unused_output_dirs() -> None:
                 folder.rmdir()
 
 
+def replaced_whole_by_its_run(folder: Path) -> bool:
+    """Whether `folder` is a checkpoint (its manifest: its run prunes it) or a run's model folder (written whole again
+    when its run ends, `checkpointing.replace_folder`)."""
+    return (folder / checkpointing.MANIFEST).is_file() or folder.name == "model"
+
+
 def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
                      is_main_process: bool = True, resume_from: Path | None = None, accelerator=None,
                      model: Path | None = None) -> None:
@@ -104,6 +110,15 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
     if not os.access(existing, os.W_OK | os.X_OK):
         parser.error(f"--output-dir {output_dir} cannot be written: {existing} is read-only (for this user, or "
                      "on a read-only file system). Choose another --output-dir.")
+    # The model the run starts from is read, never written: an output folder that is that folder put the run's files
+    # among its own (with --overwrite-output-dir, a checkpoint's tokenizer/ and loss log were removed or rewritten as
+    # an earlier run's, so that it no longer verified and its run dropped it); one in a checkpoint or a run's model
+    # folder, where that run's pruning, or its next model folder, removed this run whole.
+    for option, source in (("--model", model), ("--resume-from", resume_from)):
+        if source is not None and source.exists() and output_dir.resolve().is_relative_to(source.resolve()) and (
+                output_dir.resolve() == source.resolve() or replaced_whole_by_its_run(source)):
+            parser.error(f"--output-dir {output_dir} lies in {option} {source}, the folder this run starts from (and "
+                         "only reads): choose an --output-dir outside it.")
     if files := [name for name in RUN_FOLDERS if (output_dir / name).exists() and not (output_dir / name).is_dir()]:
         # the run writes a folder there: a traceback after the data and tokenizer work (or, replacing, one removing it)
         parser.error(f"{output_dir / files[0]} is a file, where the run writes a folder: move it away, or choose "
