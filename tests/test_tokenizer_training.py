@@ -517,6 +517,32 @@ def test_a_replaced_tokenizer_stopped_midway_is_never_mixed_with_the_earlier_one
     assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder"
 
 
+def test_a_tokenizer_saved_into_the_folder_while_this_one_trained_is_kept(corpus_file, trained, tmp_path,
+                                                                          monkeypatch, capsys):
+    """Two commands into one new folder, the second finishing while the first trained (or any tokenizer saved there
+    meanwhile): the folder held none when checked, and the last to save replaced the other's tokenizer without
+    --overwrite-output-dir, both saying "saved to"."""
+    import tokenizer_training
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    folder, train = tmp_path / "tokenizer", tokenizer_training.train_tokenizer
+
+    def trained_while_the_other_saved(*args, **kwargs):
+        trained("wordpiece", "encoder").save_pretrained(folder)  # the other command's
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer_training, "train_tokenizer", trained_while_the_other_saved)
+    with pytest.raises(SystemExit) as stopped:
+        main(["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(corpus_file), "--vocab-size",
+              str(VOCAB), "--output-dir", str(folder)])
+    assert stopped.value.code == 2
+    assert (f"{folder} holds a tokenizer saved while this one was trained (tokenizer_config.json, tokenizer.json)"
+            in capsys.readouterr().err)
+    assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder", "the other command's, kept"
+    assert sorted(path.name for path in folder.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+
+
 @pytest.mark.parametrize("held, message", [("vocab.txt", "holds a tokenizer (vocab.txt)"),
                                            ("tokenizer.json/", "tokenizer.json is a folder, where the tokenizer's")])
 def test_cli_refuses_a_slow_tokenizer_and_a_folder_in_the_way(corpus_file, tmp_path, monkeypatch, capsys, held,

@@ -19,8 +19,8 @@ from hf_scratch_transformer.checkpointing import CheckpointError
 from hf_scratch_transformer.cli.run_data import files_given_twice
 from hf_scratch_transformer.cli.run_errors import fail
 from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
-from tokenizer_training import TOKENIZER_FILES, load_data, padded_vocab_size, train_tokenizer
-from tokenizer_training.saving import save_in_place
+from tokenizer_training import load_data, padded_vocab_size, train_tokenizer
+from tokenizer_training.saving import save_in_place, tokenizer_files
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ if args.files and (given := [f"--{name.replace('_', '-')}" for name in ("dataset
 if args.files and (problem := files_given_twice({"files": args.files})):
     parser.error(problem)
 # A model folder's tokenizer replaced without a word would put other ids under its weights (a slow one too: vocab.txt).
-held = [name for name in TOKENIZER_FILES if (args.output_dir / name).exists()]
+held = tokenizer_files(args.output_dir)
 if held and not args.overwrite_output_dir:
     parser.error(f"--output-dir {args.output_dir} holds a tokenizer ({', '.join(held)}): pass --overwrite-output-dir "
                  "to replace it, or choose another --output-dir")

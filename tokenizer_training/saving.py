@@ -2,7 +2,9 @@
 --overwrite-output-dir), so that a kill or a full disk at any instant leaves the earlier tokenizer, the new one, or a
 folder that `AutoTokenizer` does not load; never a mix of the two. `save_pretrained` writes tokenizer_config.json,
 then tokenizer.json: stopped between them over an earlier tokenizer, the new config loaded silently over the earlier
-vocabulary, and a full disk left the earlier tokenizer.json cut short.
+vocabulary, and a full disk left the earlier tokenizer.json cut short. A tokenizer that another command saved there
+while this one trained (the folder held none, or another, when checked) is kept, and this one is not saved: the last
+to save replaced it without --overwrite-output-dir.
 
 The new tokenizer is saved aside (`FOLDER/.tokenizer.tmp`, which publishing skips as hidden); the earlier one's files
 are removed, its tokenizer.json first; then the new files are moved in, tokenizer.json last: `AutoTokenizer` loads a
@@ -12,8 +14,14 @@ import shutil
 from pathlib import Path
 
 from hf_scratch_transformer import checkpointing
+from tokenizer_training import TOKENIZER_FILES
 
 VOCABULARY = "tokenizer.json"  # what the folder's tokenizer loads from: removed first, moved in last
+
+
+def tokenizer_files(folder: Path) -> list[str]:
+    """The files of a tokenizer that `folder` holds (`TOKENIZER_FILES`: a model's folder holds other files too)."""
+    return [name for name in TOKENIZER_FILES if (folder / name).exists()]
 
 
 def save_in_place(tokenizer, folder: Path, replaced: list[str]) -> list[str]:
@@ -26,6 +34,12 @@ def save_in_place(tokenizer, folder: Path, replaced: list[str]) -> list[str]:
     except checkpointing.CheckpointError:
         shutil.rmtree(aside, ignore_errors=True)  # a partial copy, on a disk that may be full
         raise
+    if meanwhile := [name for name in tokenizer_files(folder) if name not in replaced]:
+        shutil.rmtree(aside)
+        raise checkpointing.CheckpointError(
+            f"{folder} holds a tokenizer saved while this one was trained ({', '.join(meanwhile)}), by another "
+            "command into the same --output-dir perhaps: it is left as it is, and this one is not saved. Choose "
+            "another --output-dir, or pass --overwrite-output-dir to replace it.")
     for name in sorted(replaced, key=lambda name: name != VOCABULARY):
         (folder / name).unlink()
     for name in sorted(written, key=lambda name: name == VOCABULARY):
