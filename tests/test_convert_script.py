@@ -503,6 +503,25 @@ def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"], "no partial copy left"
 
 
+def test_an_output_another_command_wrote_while_this_one_converted_is_kept(tmp_path, monkeypatch):
+    """Two conversions into one new output folder, the second finishing while the first converted: the output held
+    nothing when checked, and the last to finish replaced the other's model without --overwrite-output-dir."""
+    source, output = tmp_path / "native", tmp_path / "scratch"
+    gpt2().save_pretrained(source)
+    write_card = hub.write_conversion_card
+
+    def written_meanwhile(*args, **kwargs):
+        tiny_lm("decoder").save_pretrained(output)  # the other command's
+        return write_card(*args, **kwargs)
+
+    monkeypatch.setattr(hub, "write_conversion_card", written_meanwhile)
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, output)
+    assert f"{output} was written while this conversion ran" in str(stopped.value.code)
+    assert not (output / "README.md").exists(), "the other command's model, kept"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"], "no staging folder left"
+
+
 def _dead_pid() -> int:
     """The id of a process that has ended (a killed conversion's)."""
     process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True,

@@ -27,6 +27,7 @@ that contains the source); the output cannot be a mount point (give a folder ins
 """
 
 import argparse
+import errno
 import json
 import os
 import pickle
@@ -303,9 +304,21 @@ try:  # a full disk: one line, and the partial copy (of the model's size) remove
 except CheckpointError as error:
     shutil.rmtree(staging, ignore_errors=True)
     fail(str(error))
-if output.exists():
+if args.overwrite_output_dir and output.exists():
     os.replace(output, replaced)
-os.replace(staging, output)
+# Otherwise the output held nothing when checked: one that holds files now was written meanwhile (another conversion
+# into it, finished first), and was replaced without --overwrite-output-dir. `rmdir` and the rename refuse it.
+try:
+    if output.exists():
+        output.rmdir()
+    os.replace(staging, output)
+except OSError as error:
+    if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+        raise
+    shutil.rmtree(staging)
+    fail(f"{args.output} was written while this conversion ran (by another command into the same output?): it is "
+         "left as it is, and the converted model is not saved. Choose another output folder, or pass "
+         "--overwrite-output-dir to replace it.")
 shutil.rmtree(replaced, ignore_errors=True)
 print(f"{source_class} -> {type(converted).__name__} ({converted.num_parameters():,} parameters, {dtype}) "
       f"saved to {args.output}{' with its tokenizer' if tokenizer is not None else ''}")
