@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked_python import run_python
 
 from hf_scratch_transformer.cli.paired_ratios import median_interval, verdict
 from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS
@@ -435,6 +436,38 @@ def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_
     result = run_benchmark(*options, "--write", cwd=tmp_path)
     assert result.returncode == 2 and "--write records a full run of every family" in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+RECORDED_MACHINE = {"gpu": None, "cpu": "AMD EPYC 7B13 64-Core Processor", "cpu_capability": "AVX512"}
+WRITE_A_RECORD = """import json, sys
+sys.argv = ["hf-scratch benchmark"]
+from hf_scratch_transformer.cli import benchmark
+benchmark.write_record(json.loads(sys.argv_record), "| new table |\\n" * 2000)
+"""
+
+
+def test_a_record_that_cannot_be_written_leaves_the_earlier_one_whole(benchmark_module, tmp_path, monkeypatch):
+    """--write wrote docs/benchmarks/<class>.md, then .json, in place: a full disk (here a file size limit) left the
+    table cut short and the earlier figures beside it, and ended in a traceback after the whole run; a kill between
+    them, the new table beside the earlier JSON."""
+    record = tmp_path / "docs/benchmarks/amd-epyc-avx512"
+    record.parent.mkdir(parents=True)
+    record.with_suffix(".md").write_text("| earlier table |\n")
+    record.with_suffix(".json").write_text('{"earlier": true}\n')
+    report = {"machine": RECORDED_MACHINE, "results": []}
+    script = tmp_path / "write_a_record.py"
+    script.write_text(WRITE_A_RECORD.replace("sys.argv_record", repr(json.dumps(report))))
+    result = run_python([sys.executable, str(script)], cwd=tmp_path, timeout=120, limit_file_size=4000)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "The benchmark record could not be written in docs/benchmarks" in result.stderr
+    assert record.with_suffix(".md").read_text() == "| earlier table |\n"
+    assert record.with_suffix(".json").read_text() == '{"earlier": true}\n'
+    assert sorted(path.name for path in record.parent.iterdir()) == ["amd-epyc-avx512.json", "amd-epyc-avx512.md"]
+    monkeypatch.chdir(tmp_path)
+    benchmark_module.write_record(report, "| new table |\n")
+    assert record.with_suffix(".md").read_text() == "| new table |\n"
+    assert json.loads(record.with_suffix(".json").read_text()) == report
+    assert sorted(path.name for path in record.parent.iterdir()) == ["amd-epyc-avx512.json", "amd-epyc-avx512.md"]
 
 
 @pytest.fixture

@@ -114,6 +114,7 @@ from transformers import (
 
 from hf_scratch_command import command_help
 from hf_scratch_transformer import mixed_precision
+from hf_scratch_transformer.checkpointing import PARTIAL_SUFFIX, WriteError, write_error_named
 from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
 from hf_scratch_transformer.cli.run_options import at_least
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
@@ -835,12 +836,32 @@ def main() -> None:
             report["results"] += memory_rows(family, {side: memory[side][family] for side in SIDES})
     text = markdown(report)
     print(text)
-    if args.write:  # one file per machine class: a run on one class never replaces another's figures
-        path = Path("docs", "benchmarks", machine_class(report["machine"]))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.with_suffix(".md").write_text(text)
-        path.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {path.with_suffix('.md')} and .json")
+    if args.write:
+        write_record(report, text)
+
+
+def write_record(report: dict, text: str) -> None:
+    """The run's record, `text` and `report`, as docs/benchmarks/<machine class>.md and .json: one per machine class,
+    so that a run on one class never replaces another's figures. Both are written whole beside their places
+    (NAME.tmp), then renamed into them: a full disk leaves the earlier record as it was, and stops with one line (it
+    left the table cut short beside the earlier figures, in a traceback); a kill leaves the earlier record or the new
+    one, or between the two renames (microseconds) the new table beside the earlier JSON."""
+    path = Path("docs", "benchmarks", machine_class(report["machine"]))
+    files = {path.with_suffix(".md"): text, path.with_suffix(".json"): json.dumps(report, indent=2) + "\n"}
+    asides = {final: final.with_name(final.name + PARTIAL_SUFFIX) for final in files}
+    try:
+        with write_error_named("The benchmark record", path.parent, f"{path}.md and .json are as they were, and the "
+                               "table is printed above: free space (or remove the cause), then run again."):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for final, content in files.items():
+                asides[final].write_text(content)
+    except WriteError as error:
+        for aside in asides.values():
+            aside.unlink(missing_ok=True)
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    for final, aside in asides.items():
+        os.replace(aside, final)
+    print(f"wrote {path.with_suffix('.md')} and .json")
 
 
 if __name__ == "__main__":
