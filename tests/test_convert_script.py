@@ -633,6 +633,18 @@ def test_an_output_folder_that_contains_the_source_is_refused(tmp_path):
     assert sorted(path.name for path in source.iterdir()) == held
 
 
+def test_an_output_folder_in_the_source_is_refused(tmp_path, monkeypatch):
+    """The converted folder was written among the source's files: published, the source uploaded it as its own
+    files, and a run whose model folder the source is removed it when it wrote that folder again."""
+    source = tmp_path / "run" / "model"
+    gpt2().save_pretrained(source)
+    held = sorted(path.name for path in source.iterdir())
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, source, source / "scratch")
+    assert f"the output folder {source / 'scratch'} lies in the source folder {source}" in str(stopped.value.code)
+    assert sorted(path.name for path in source.iterdir()) == held
+
+
 def test_the_checkpoint_dtype_is_kept_when_config_json_names_none(tmp_path):
     """A bf16 checkpoint whose config.json has no dtype (written by hand or another tool) was saved in float32, twice
     its size; `from_pretrained(dtype="auto")` reads the dtype from the weights, and so does convert."""

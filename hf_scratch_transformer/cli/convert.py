@@ -23,7 +23,8 @@ result loads with the plain Auto classes, no remote code; where llama.cpp would 
 GGUF (a GPT-2 without `gelu_tanh` or with a feed-forward other than 4 x hidden, Mistral's window), a note says why
 (`llama_cpp.llama_cpp_caveats`; docs/native_models.md, "GGUF and llama.cpp"). Local folders only: the Hub is
 never contacted. An output folder that already holds files is replaced only with --overwrite-output-dir (never one
-that contains the source); the output cannot be a mount point (give a folder inside it).
+that contains the source); the output cannot lie in the source folder, nor be a mount point (give a folder inside
+it).
 """
 
 import argparse
@@ -144,6 +145,10 @@ if args.output.exists() and not args.output.is_dir():
 # An output under a file failed only when the converted model was saved, with a traceback.
 if in_the_way := next((parent for parent in args.output.parents if parent.exists() and not parent.is_dir()), None):
     fail(f"the output {args.output} lies under {in_the_way}, a file, not a folder")
+# The source is only read: converted into it, the output was among its files (uploaded with them when it is published,
+# removed when a run writes its model folder again).
+if args.output.resolve().is_relative_to(args.source.resolve()):
+    fail(f"the output folder {args.output} lies in the source folder {args.source}: choose an output outside it")
 # The converted folder is written beside the output and renamed into place (see "save"): a mount point (a volume
 # mounted into a container, say) cannot be renamed, which failed with a traceback after all the work, leaving the
 # converted folder hidden beside it for the next conversion to remove.
