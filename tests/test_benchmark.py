@@ -26,12 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAINING = [f"train {dtype}{suffix}" for dtype in ("fp32", "bf16") for suffix in ("", " achieved", " MFU")]
 MEMORY = [f"peak memory {workload}" for workload in ("train fp32", "train bf16", "prefill")]
 MEMORY += ["activation memory train fp32", "activation memory train fp32 checkpointed"]
-DECODING = ["decode batch 1", "decode batch 8"]
+PREFILL = ["prefill", "prefill padded"]
+DECODING = ["decode batch 1", "decode batch 8", "decode batch 8 padded"]
 INT8 = ["decode batch 1 int8 weight-only"] if importlib.util.find_spec("torchao") else []  # else a message, no row
 EXPECTED = {
-    "gpt2": {"prefill", *DECODING, *TRAINING, *MEMORY},
-    "bert": {"prefill", *TRAINING, *MEMORY},  # an encoder does not generate
-    "marian": {"prefill", *DECODING, *TRAINING, *MEMORY},
+    "gpt2": {*PREFILL, *DECODING, *TRAINING, *MEMORY},
+    "bert": {*PREFILL, *TRAINING, *MEMORY},  # an encoder does not generate
+    "marian": {*PREFILL, *DECODING, *TRAINING, *MEMORY},
     "llama": {"decode batch 1", *INT8},  # fp32 and int8 weight-only decoding
 }
 
@@ -474,6 +475,27 @@ def test_a_record_that_cannot_be_written_leaves_the_earlier_one_whole(benchmark_
 def benchmark_module(monkeypatch):
     """The benchmark module imported in this process, for its helpers."""
     return import_benchmark(monkeypatch, "--quick")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "marian"])
+def test_padded_rows_take_a_batch_of_mixed_lengths_padded_where_users_pad_it(benchmark_module, family):
+    """Every input of the timed rows had an all-ones mask: the padded rows time sequences that keep a quarter to all
+    of their positions, evenly spread, GPT-2's prompts padded on the left, BERT's texts and Marian's sources and
+    targets on the right (the targets with lengths of their own); the real ids are kept, padding takes the pad id."""
+    inputs = benchmark_module.make_inputs(family, 8, 32, labels=False)
+    padded = benchmark_module.with_padding(family, inputs, pad=0)  # make_inputs draws ids from 3 on
+    lengths = torch.tensor([8, 11, 15, 18, 22, 25, 29, 32])[:, None]
+    real = (torch.arange(32) >= 32 - lengths) if family == "gpt2" else (torch.arange(32) < lengths)
+    assert torch.equal(padded["attention_mask"], real.long())
+    assert torch.equal(padded["input_ids"][real], inputs["input_ids"][real]) and (padded["input_ids"][~real] == 0).all()
+    assert (inputs["attention_mask"] == 1).all()  # the unpadded inputs are left as they were
+    if family == "marian":
+        kept = torch.arange(32) < lengths.flip(0)
+        assert torch.equal(padded["decoder_input_ids"] != 0, kept)
+        assert torch.equal(padded["decoder_input_ids"][kept], inputs["decoder_input_ids"][kept])
+        assert "decoder_attention_mask" not in padded
+    else:
+        assert padded.keys() == inputs.keys()
 
 
 def test_the_header_names_the_kernels_the_runs_took_and_none_they_did_not(benchmark_module, monkeypatch):

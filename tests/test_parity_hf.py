@@ -2,6 +2,7 @@
 Scratch model with the same logits (1e-4, fp32, eval mode) and the same `generate()` outputs: tokens of greedy,
 sampling and beam search, and their scores, logits, attentions, hidden states and cache."""
 
+import copy
 import functools
 
 import pytest
@@ -20,6 +21,7 @@ from transformers import (
 from transformers.utils import ModelOutput
 
 import hf_scratch_transformer as hst
+from hf_scratch_transformer import scratch_loss
 from hf_scratch_transformer.conversion import from_hf, to_hf
 
 
@@ -96,6 +98,53 @@ def test_losses_match():
                            (marian(), {"input_ids": ids, "labels": ids[:, :6].contiguous()})]:
         with torch.no_grad():
             torch.testing.assert_close(from_hf(native)(**inputs).loss, native(**inputs).loss, atol=ATOL, rtol=0)
+
+
+def _padded_training_batch(family: str, pad_token_id: int) -> dict:
+    """A batch as the collators pad one for training (on the right), rows of 9, 6 and 3 real tokens, padding
+    labelled -100: GPT-2's labels are its inputs, BERT's a third of the real tokens, Marian's targets of 4, 7 and 8
+    real tokens (other lengths than their sources')."""
+    ids = _ids(batch=3, length=9)
+    kept = torch.arange(9)[None] < torch.tensor([9, 6, 3])[:, None]
+    inputs = {"input_ids": ids.masked_fill(~kept, pad_token_id), "attention_mask": kept.long()}
+    if family == "gpt2":
+        inputs["labels"] = ids.masked_fill(~kept, -100)
+    elif family == "bert":
+        inputs["labels"] = ids.masked_fill(~kept | (ids % 3 != 0), -100)
+    else:
+        targets = _ids(batch=3, length=8, seed=1)
+        inputs["labels"] = targets.masked_fill(torch.arange(8)[None] >= torch.tensor([4, 7, 8])[:, None], -100)
+    return inputs
+
+
+def _gradients_by_native_name(ours) -> dict:
+    """Ours' gradients under the native model's parameter names: `to_hf` of a copy of ours holding them as weights."""
+    carrier = copy.deepcopy(ours)
+    with torch.no_grad():
+        for weight, parameter in zip(carrier.parameters(), ours.parameters(), strict=True):
+            weight.copy_(parameter.grad)
+    return dict(to_hf(carrier).named_parameters())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "marian"])
+@pytest.mark.parametrize("loss", ["our CPU cross-entropy", "F.cross_entropy"])
+def test_a_padded_training_batch_gives_the_native_loss_and_gradients(family, loss, monkeypatch):
+    """Trainer's batches are padded (the benchmark's rows timed only unpadded ones until 2026-11-30): the loss and
+    every gradient of a padded batch are the native model's, to fp32 rounding, through our CPU cross-entropy (what
+    the benchmark's sizes take; a tiny model's logits are below its `MIN_LOGITS`) and through `F.cross_entropy`."""
+    if loss == "our CPU cross-entropy":
+        monkeypatch.setattr(scratch_loss, "MIN_LOGITS", 0)
+    native = {"gpt2": gpt2, "bert": bert, "marian": marian}[family]()
+    ours = from_hf(native)
+    inputs = _padded_training_batch(family, native.config.pad_token_id)
+    losses = [model(**inputs).loss for model in (native, ours)]
+    for value in losses:
+        value.backward()
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=1e-6)
+    gradients = _gradients_by_native_name(ours)
+    for name, parameter in native.named_parameters():
+        if parameter.grad is not None:
+            torch.testing.assert_close(gradients[name], parameter.grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_float64_losses_are_float64():

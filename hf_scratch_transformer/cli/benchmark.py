@@ -29,6 +29,11 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   the native one), at batch 1 and 8 from a --prompt-long random prompt, greedy, max_new_tokens=min_new_tokens=
   --new-tokens so both sides decode the same count; rate = batch x new tokens / wall time of the whole call
   (the short prompt's prefill included), over 3 x --repeats repetitions. Not for BERT.
+- padded rows (prefill, decode batch 8): the same inputs padded as users' batches are (the other rows' masks are all
+  ones): the sequences keep from a quarter of their length to all of it, evenly spread, the last unpadded; GPT-2's
+  prompts padded on the left (as batched `generate()` wants them), BERT's texts and Marian's sources on the right,
+  Marian's prefill targets on the right too, with lengths of their own and no decoder mask (as a seq2seq collator
+  pads them). Prefill's tokens count the padding, which both sides compute.
 - --compiled (GPT-2, Marian): also batch-1 decoding as transformers compiles it, `generate(...,
   cache_implementation="static", compile_config=cpu_compile_config())` on the CPU (inductor's default mode with its
   C++ wrapper), both sides; compilation (a C++ compiler, tens of seconds a side) happens in the first calls, before
@@ -247,6 +252,30 @@ def build_pair(family: str) -> dict:
 
 def random_ids(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
     return torch.randint(3, args.vocab - 2, (batch, length), generator=generator)
+
+
+def padding_mask(batch: int, length: int, left: bool) -> torch.Tensor:
+    """(batch, length) 1 / 0, as a collator pads texts of mixed lengths: the rows keep from a quarter of `length` to
+    all of it, evenly spread (the last row unpadded), the padding on the left or the right."""
+    kept = torch.linspace(length / 4, length, batch).round().long().clamp(min=1)
+    positions = torch.arange(length)
+    return (positions >= length - kept[:, None] if left else positions < kept[:, None]).long()
+
+
+def with_padding(family: str, inputs: dict, pad: int) -> dict:
+    """Prefill or generate() inputs of `make_inputs` (every position real) padded with the id `pad` as users' batches
+    are: GPT-2's prompts on the left (as generate() wants them), BERT's texts and Marian's sources on the right;
+    Marian's targets on the right too, with lengths of their own (the longest source has the shortest target), and
+    without a decoder mask, as a seq2seq collator's (causal attention keeps every real target position from the
+    padding after it)."""
+    ids = inputs["input_ids"]
+    mask = padding_mask(*ids.shape, left=family == "gpt2").to(ids.device)
+    padded = inputs | {"input_ids": ids.masked_fill(mask == 0, pad), "attention_mask": mask}
+    if "decoder_input_ids" in inputs:
+        targets = inputs["decoder_input_ids"]
+        kept = padding_mask(*targets.shape, left=False).flip(0).to(targets.device)
+        padded["decoder_input_ids"] = targets.masked_fill(kept == 0, pad)
+    return padded
 
 
 def make_inputs(family: str, batch: int, length: int, labels: bool) -> dict:
@@ -488,13 +517,17 @@ def row(family, measurement, unit, better, native, ours, samples=None, work=None
                 paired_interval=median_interval(paired) if paired else None, samples=samples)
 
 
-def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str = "", options: dict | None = None
-               ) -> dict:
-    """`generate(**options)` tokens/s of both sides at `batch`; whether they generate the same tokens goes into
-    `extra`. With `options` (compiled decoding), the native model's eager decoding is timed alongside, the batch-1
-    target's reference: `reference` holds its rate and each side's paired ratios against it."""
+def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str = "", options: dict | None = None,
+               padded: bool = False) -> dict:
+    """`generate(**options)` tokens/s of both sides at `batch`, `padded` from prompts of other lengths
+    (`with_padding`); whether they generate the same tokens goes into `extra`. With `options` (compiled decoding),
+    the native model's eager decoding is timed alongside, the batch-1 target's reference: `reference` holds its rate
+    and each side's paired ratios against it."""
     prompt = make_inputs(family, batch, args.prompt, labels=False)
     prompt.pop("decoder_input_ids", None)
+    if padded:
+        prompt = with_padding(family, prompt, models["native"].config.pad_token_id)
+        variant = f" padded{variant}"
     outputs = {side: generate(models[side], prompt, options) for side in SIDES}
     extra[f"same_generate_output_batch{batch}{variant.replace(' ', '_')}"] = torch.equal(*outputs.values())
 
@@ -550,14 +583,17 @@ def bench_family(family: str, peaks: dict) -> tuple[list, dict]:
     for model in models.values():
         model.eval()
     prefill = make_inputs(family, args.batch, args.seq, labels=False)
-    with torch.no_grad():
-        t = interleaved(lambda side: models[side](**prefill), args.warmup, args.repeats)
+    padded = with_padding(family, prefill, models["native"].config.pad_token_id)
     tokens = args.batch * tokens_per_example(family)
-    add("prefill", "tok/s", "higher", tokens / t["native"], tokens / t["ours"], samples=t["samples"])
+    for name, inputs in (("prefill", prefill), ("prefill padded", padded)):
+        with torch.no_grad():
+            t = interleaved(lambda side: models[side](**inputs), args.warmup, args.repeats)  # noqa: B023
+        add(name, "tok/s", "higher", tokens / t["native"], tokens / t["ours"], samples=t["samples"])
 
     if family != "bert":
         extra["generation_config"] = models["ours"].generation_config.to_diff_dict()
         rows.extend(decode_row(family, models, batch, extra) for batch in (1, 8))
+        rows.append(decode_row(family, models, 8, extra, padded=True))
         if args.compiled:
             rows.append(decode_row(family, models, 1, extra, " compiled", compiled_decoding()))
 
