@@ -506,7 +506,6 @@ def test_the_header_names_the_kernels_the_runs_took_and_none_they_did_not(benchm
     threads = torch.get_num_threads()
     choices = {("batch_decoding", (256, 64), threads): "transposed"}
     monkeypatch.setattr(benchmark_module, "KERNEL_CHOICES", choices)
-    monkeypatch.setattr(benchmark_module, "fp32_kernel", lambda regime, shape=None: "onednn")
     monkeypatch.setattr(benchmark_module, "blas_reads_rows_slowly", lambda: True)
     attention_kernel = functools.cache(lambda: "eager")
     monkeypatch.setattr(benchmark_module, "bf16_training_kernel", attention_kernel)
@@ -550,15 +549,9 @@ def test_a_torchao_that_cannot_quantize_skips_the_int8_rows(benchmark_module, mo
     assert isinstance(result, str) and "torchao is too old" in result
 
 
-def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benchmark_module, monkeypatch):
-    """One worker per side for every family, started before either is waited for, each told this process's kernel
-    choices for prefill and training (timed again beside the other worker's load, a choice could differ from the
-    timed rows'); they do not decode."""
-    from hf_scratch_transformer import kernel_choice
-
-    choices = {kernel_choice.PREFILL: "onednn", kernel_choice.TRAINING: "native"}
-    monkeypatch.setattr(benchmark_module, "fp32_kernel", choices.__getitem__)
-    monkeypatch.setattr(benchmark_module, "bf16_training_kernel", lambda: "eager")
+def fake_memory_workers(benchmark_module, monkeypatch) -> list[tuple]:
+    """`subprocess.Popen` replaced by memory workers that report a prefill peak of 1 MiB for GPT-2 and BERT; the list
+    returned gets ("started", side, families, environment) and ("waited", side) as the benchmark starts and waits."""
     events = []
 
     class Worker:
@@ -566,20 +559,69 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
             start = command.index("--memory-worker") + 1
             self.side, families = command[start], command[start + 1:start + 3]
             self.returncode = 0
-            events.append(("started", self.side, families, env[kernel_choice.KERNELS_VARIABLE],
-                           env[benchmark_module.ATTENTION_VARIABLE]))
+            events.append(("started", self.side, families, env))
 
         def communicate(self):
             events.append(("waited", self.side))
             return json.dumps({family: {"prefill": 1.0} for family in ("gpt2", "bert")}) + "\n", ""
 
     monkeypatch.setattr(benchmark_module.subprocess, "Popen", lambda command, **kwargs: Worker(command, **kwargs))
-    monkeypatch.setattr(benchmark_module.args, "no_bf16", False)
+    return events
+
+
+def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benchmark_module, monkeypatch):
+    """One worker per side for every family, started before either is waited for, each told this process's kernel
+    choices for prefill and training (timed again beside the other worker's load, a choice could differ from the
+    timed rows'), bf16 products and bf16 training attention; they do not decode."""
+    from hf_scratch_transformer import kernel_choice
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(benchmark_module, "KERNEL_CHOICES", {
+        (kernel_choice.PREFILL, (1536, 384), threads): "onednn",
+        (kernel_choice.TRAINING, (384, 1536), threads): "native",
+        (kernel_choice.DECODING, (384, 384), threads): "transposed",
+    })
+    for name, kernel in (("bf16_training_kernel", "eager"), ("bf16_kernel", "fp32")):
+        choice = functools.cache(lambda kernel=kernel: kernel)
+        choice()  # asked by the timed bf16 training
+        monkeypatch.setattr(benchmark_module, name, choice)
+    events = fake_memory_workers(benchmark_module, monkeypatch)
     memory = benchmark_module.measure_memory(["gpt2", "bert"])
-    kernels = "prefill=onednn,training=native"  # the workers do not decode
-    assert events == [("started", side, ["gpt2", "bert"], kernels, "eager") for side in ("native", "ours")] + [
-        ("waited", "native"), ("waited", "ours")]
+    told = {kernel_choice.KERNELS_VARIABLE: "prefill=onednn,training=native",  # the workers do not decode
+            benchmark_module.ATTENTION_VARIABLE: "eager", kernel_choice.BF16_PRODUCTS_VARIABLE: "fp32"}
+    assert [event[:3] + ({name: event[3][name] for name in told},) for event in events[:2]] == [
+        ("started", side, ["gpt2", "bert"], told) for side in ("native", "ours")]
+    assert events[2:] == [("waited", "native"), ("waited", "ours")]
     assert memory == {side: {"gpt2": {"prefill": 1.0}, "bert": {"prefill": 1.0}} for side in ("native", "ours")}
+
+
+def test_measuring_memory_times_no_choice_the_timed_runs_did_not_make(benchmark_module, monkeypatch, force_choice):
+    """The memory workers were told bf16 training attention's kernel, asked for while starting them: at the default
+    256 tokens no timed run attends over as few as EAGER_MAX_KEYS keys, so the choice was timed there (about 50 ms)
+    for workers that never ask it (their workloads are the timed runs'); so were --quick's prefill and training fp32
+    kernels and bf16 products (its products of up to 64 rows are decoding steps'). Now nothing is timed, and the
+    workers keep the setting they inherit ("auto") for every choice this process did not make."""
+    from hf_scratch_transformer import kernel_choice, scratch_attention_kernel
+
+    clears = {kernel_choice.KERNELS_VARIABLE: kernel_choice.clear_kernel_choices,
+              kernel_choice.BF16_PRODUCTS_VARIABLE: kernel_choice.clear_kernel_choices,
+              scratch_attention_kernel.ATTENTION_VARIABLE: scratch_attention_kernel.bf16_training_kernel.cache_clear}
+    for variable, clear in clears.items():
+        force_choice(variable, clear, "auto")  # none made yet in this process
+
+    def timing(name: str):
+        def timed(*args, **kwargs):
+            raise AssertionError(f"measure_memory timed {name}")
+
+        return timed
+
+    for module, name in ((scratch_attention_kernel, "time_kernels"), (kernel_choice, "time_kernels"),
+                         (kernel_choice, "time_bf16_kernels")):
+        monkeypatch.setattr(module, name, timing(f"{module.__name__}.{name}"))
+    events = fake_memory_workers(benchmark_module, monkeypatch)
+    benchmark_module.measure_memory(["gpt2", "bert"])
+    assert [{name: event[3][name] for name in clears} for event in events if event[0] == "started"] == [
+        dict.fromkeys(clears, "auto")] * 2
 
 
 @pytest.mark.parametrize("sides", [("native", "ours"), ("native", "ours", "native eager")], ids=["two", "three"])

@@ -134,7 +134,6 @@ from hf_scratch_transformer.kernel_choice import (
     TRAINING,
     bf16_kernel,
     blas_reads_rows_slowly,
-    fp32_kernel,
     last_level_cache_bytes,
 )
 from hf_scratch_transformer.linear_kernels import ONEDNN_AVAILABLE, onednn_linear
@@ -422,13 +421,15 @@ def measure_memory(families: list[str]) -> dict:
     """{side: {family: memory rows}}, from one worker per side, the two run at once (each reads its own process's
     peaks; a worker costs about 10 s of imports). The workers take this process's kernel choices for training and
     prefill (they do not decode), not timings of their own: timed while the other worker loads the cores, a choice
-    could differ from the timed rows' (training's memory differs by kernel on an AVX-512 AMD EPYC)."""
+    could differ from the timed rows' (training's memory differs by kernel on an AVX-512 AMD EPYC). Only the choices
+    the timed runs made (`choices_made`): the workers run the same workloads, so they ask no other; asking one here
+    timed it for nothing (bf16 training attention at the default 256 tokens, about 50 ms)."""
     env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HF_HUB_OFFLINE": "1"}
     if DEVICE.type == "cpu":
-        env[KERNELS_VARIABLE] = ",".join(f"{regime}={fp32_kernel(regime)}" for regime in (PREFILL, TRAINING))
-        if not args.no_bf16:  # bf16 rows: the attention kernel and products the timed bf16 training took
-            env[ATTENTION_VARIABLE] = bf16_training_kernel()
-            env[BF16_PRODUCTS_VARIABLE] = bf16_kernel()
+        made = choices_made()
+        if fp32 := [f"{regime}={made[regime]}" for regime in (PREFILL, TRAINING) if regime in made]:
+            env[KERNELS_VARIABLE] = ",".join(fp32)
+        env |= {name: kernel for name, kernel in made.items() if name in (BF16_PRODUCTS_VARIABLE, ATTENTION_VARIABLE)}
     sizes = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES["full"]] + [f"--device={args.device}"]
     workers = {
         side: subprocess.Popen(
@@ -694,17 +695,27 @@ def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
                 "bf16 products": "-"}
     attention = f"{ATTENTION_VARIABLE}={os.environ.get(ATTENTION_VARIABLE) or 'auto'}"
     bf16_products = f"{BF16_PRODUCTS_VARIABLE}={os.environ.get(BF16_PRODUCTS_VARIABLE) or 'auto'}"
-    ran = {regime for regime, _, threads in KERNEL_CHOICES if threads == torch.get_num_threads()}
-    many_rows = {regime: fp32_kernel(regime) if regime in ran else "none run" for regime in (PREFILL, TRAINING)}
+    made = choices_made()
+    many_rows = {regime: made.get(regime, "none run") for regime in (PREFILL, TRAINING)}
     row_dot = "a row dot" if compiled and blas_reads_rows_slowly() else "F.linear" if compiled else "none run"
-    bf16 = bf16_kernel() if bf16_kernel.cache_info().currsize else "none run"  # asked by many-row bf16 products
-    short_attention = bf16_training_kernel() if bf16_training_kernel.cache_info().currsize else "none run"  # alike
+    bf16, short_attention = made.get(BF16_PRODUCTS_VARIABLE, "none run"), made.get(ATTENTION_VARIABLE, "none run")
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
             **{f"fp32 {regime.replace('_', ' ')}": few_row_kernels(regime) for regime in FEW_ROW_REGIMES},
             **{f"fp32 {regime}": kernel for regime, kernel in many_rows.items()}, "fp32 compiled decoding": row_dot,
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
             "bf16 training attention": f"{short_attention} ({attention})" if bf16_native else "-",
             "bf16 products": f"{bf16} ({bf16_products})" if bf16_native else "-"}
+
+
+def choices_made() -> dict[str, str]:
+    """The choices this process's runs made for products of many rows and for bf16 training attention: the fp32
+    kernel by regime (PREFILL, TRAINING: one choice for every weight shape), the bf16 ones by the variable that forces
+    each. It times nothing: a choice no run asked for is absent."""
+    threads = torch.get_num_threads()
+    made = {regime: kernel for (regime, _, with_threads), kernel in KERNEL_CHOICES.items()
+            if regime in (PREFILL, TRAINING) and with_threads == threads}
+    asked = {BF16_PRODUCTS_VARIABLE: bf16_kernel, ATTENTION_VARIABLE: bf16_training_kernel}  # each cached once asked
+    return made | {variable: kernel() for variable, kernel in asked.items() if kernel.cache_info().currsize}
 
 
 def few_row_kernels(regime: str) -> str:
