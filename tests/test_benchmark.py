@@ -366,8 +366,15 @@ def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_mo
     assert benchmark_module.machine_class(cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2"}) == "amd-epyc-avx2"
     assert benchmark_module.machine_class(cpu | {"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
     # An AVX-512 CPU held to AVX2 (the tests' AVX2-only runs) wrote over the AVX2 host's record.
-    limited = cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2", "cpu_capability_limited_from": "AVX512"}
+    libraries = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    limited = cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2", "cpu_capability_limited_from": "AVX512",
+                     "cpu_library_limits": libraries}
     assert benchmark_module.machine_class(limited) == "amd-epyc-avx512-limited-to-avx2"
+    assert (ROOT / "docs" / "benchmarks" / "amd-epyc-avx512-limited-to-avx2.md").exists()  # the hand-made records'
+    # ATen's limit alone (MKL and oneDNN on AVX-512: the limited run --write takes) filed under that name too.
+    aten_alone, with_mkl = ({"cpu_library_limits": limits} for limits in ({}, {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}))
+    assert benchmark_module.machine_class(limited | aten_alone) == "amd-epyc-avx512-aten-limited-to-avx2"
+    assert benchmark_module.machine_class(limited | with_mkl) == "amd-epyc-avx512-aten-mkl-limited-to-avx2"
 
 
 def test_a_capability_held_below_the_cpus_own_is_named(benchmark_module, monkeypatch):

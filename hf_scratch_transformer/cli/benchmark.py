@@ -73,8 +73,9 @@ native model's eager decoding alongside its two sides (native, ours, native eage
   run" where the runs had no such product (--quick's products of up to 64 rows are all decoding steps') or, for
   bf16 training attention's choice up to 128 keys, no such sequence (none at the default 256 tokens). Where
   ATEN_CPU_CAPABILITY holds ATen below the CPU's capability, the header says so and --write names the class
-  "<cpu>-avx512-limited-to-avx2", not the AVX2 host's; MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA, where set,
-  are named there too. --write refuses a CPU run under those two or a forced kernel (HF_SCRATCH_CPU_KERNELS,
+  "<cpu>-avx512-aten-limited-to-avx2", not the AVX2 host's, nor the hand-made "<cpu>-avx512-limited-to-avx2"
+  records (MKL and oneDNN limited too); MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA, where set, are named in the
+  header too. --write refuses a CPU run under those two or a forced kernel (HF_SCRATCH_CPU_KERNELS,
   HF_SCRATCH_CPU_BF16_PRODUCTS, HF_SCRATCH_CPU_ATTENTION): its record would stand for the class's own choices.
 - BERT: ours runs with `sparse_prediction` (the MLM head projects only the masked positions; same loss).
 - --device cuda: both sides on the GPU, each timing ended by `torch.cuda.synchronize()`; bf16 rows under
@@ -670,14 +671,19 @@ def capability_with_limits(machine: dict) -> str:
 def machine_class(machine: dict) -> str:
     """Where a run's figures hold, as a file name: vendor and line of the CPU and its capability, for example
     "intel-xeon-avx512" or "amd-epyc-avx2" (the kernels that win differ between them: docs/performance.md), and a
-    capability that ATEN_CPU_CAPABILITY limits: "amd-epyc-avx512-limited-to-avx2", not the AVX2 host's record; on a
-    GPU its name, for example "nvidia-h100-80gb-hbm3"."""
+    capability that ATEN_CPU_CAPABILITY limits, not the AVX2 host's record: "amd-epyc-avx512-limited-to-avx2" with
+    MKL and oneDNN limited too (LIBRARY_LIMITS: the instruction set of an AVX2 host, the hand-made records of that
+    name), else naming what is limited, "amd-epyc-avx512-aten-limited-to-avx2" for ATen alone (MKL and oneDNN on the
+    CPU's own instructions: another setup, the only limited one --write takes); on a GPU its name, for example
+    "nvidia-h100-80gb-hbm3"."""
     if machine["gpu"]:
         return "-".join(re.sub(r"[^\w.]+", " ", machine["gpu"]).split()).lower()
     words = re.sub(r"\(R\)|\(TM\)|\bCPU\b|\bProcessor\b|@.*", " ", machine["cpu"]).split()
     capability = [machine["cpu_capability"]]
     if machine.get("cpu_capability_limited_from"):  # absent from the records before it
-        capability = [machine["cpu_capability_limited_from"], "limited-to", *capability]
+        libraries = machine.get("cpu_library_limits", {})
+        limited = [] if set(libraries) == set(LIBRARY_LIMITS) else ["aten", *(name.split("_")[0] for name in libraries)]
+        capability = [machine["cpu_capability_limited_from"], *limited, "limited-to", *capability]
     return "-".join(words[:2] + capability).lower()
 
 
