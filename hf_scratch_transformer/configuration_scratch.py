@@ -12,6 +12,7 @@ import dataclasses
 from typing import ClassVar
 
 from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 HIDDEN_ACTS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi")
@@ -153,6 +154,22 @@ class ScratchConfigBase(PreTrainedConfig):
                 self.validate_rope()
             except KeyError as error:
                 raise ValueError(f"`rope_parameters`: {error.args[0]}") from None
+            self._check_partial_rotary()
+
+    def _check_partial_rotary(self) -> None:
+        """These models apply the tables to the whole head, as native Llama and Mistral do: the default RoPE ignores
+        `partial_rotary_factor` (both), "proportional" pads its tables to the head, but the other scaled types make
+        tables for part of the head, on which the first forward failed (native Llama alike)."""
+        rope_type, factor = self.rope_parameters["rope_type"], self.rope_parameters.get("partial_rotary_factor", 1.0)
+        if factor == 1.0 or rope_type == "default":
+            return
+        frequencies, _ = ROPE_INIT_FUNCTIONS[rope_type](self)
+        if len(frequencies) != self.head_dim // 2:
+            raise ValueError(
+                f"`partial_rotary_factor` {factor!r} with `rope_type` {rope_type!r} makes tables for "
+                f"{2 * len(frequencies)} of each head's {self.head_dim} dimensions, and these models rotate the whole "
+                "head: remove `partial_rotary_factor` (the default `rope_type` ignores it, as native Llama does)."
+            )
 
     def _take_rope_parameters(self, kwargs: dict) -> None:
         """`rope_parameters` exists on a RoPE config only, as on native configs: transformers (and its common tests)

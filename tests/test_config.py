@@ -7,7 +7,12 @@ import torch
 from tiny_models import FAMILIES, tiny_config
 from transformers import AutoConfig, AutoModel
 
-from hf_scratch_transformer import ScratchDecoderConfig, ScratchSeq2SeqConfig, ScratchSeq2SeqModel
+from hf_scratch_transformer import (
+    ScratchDecoderConfig,
+    ScratchDecoderForCausalLM,
+    ScratchSeq2SeqConfig,
+    ScratchSeq2SeqModel,
+)
 
 
 @pytest.mark.parametrize(
@@ -96,6 +101,17 @@ def test_rope_scaling_types_are_accepted():
         "decoder", position_embedding_type="rope", rope_parameters={"rope_type": "linear", "factor": 2.0}
     )
     assert config.rope_parameters["rope_type"] == "linear"
+
+
+def test_partial_rotary_factor_is_refused_with_a_scaled_rope_type():
+    """These models rotate the whole head. A scaled type's tables then cover part of it, and the first forward failed
+    on their shapes ("size of tensor a (8) must match ... b (4)"), native Llama alike; the default type ignores the
+    factor, as native Llama does, so that one is kept."""
+    scaled = {"rope_type": "linear", "factor": 2.0}
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        tiny_config("decoder", position_embedding_type="rope", rope_parameters=scaled, partial_rotary_factor=0.5)
+    config = tiny_config("decoder", position_embedding_type="rope", partial_rotary_factor=0.5)
+    assert ScratchDecoderForCausalLM(config)(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, config.vocab_size)
 
 
 @pytest.mark.parametrize("position_embedding_type", ["sinusoidal", "learned", "alibi"])
