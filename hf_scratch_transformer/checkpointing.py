@@ -279,7 +279,13 @@ def not_checkpoint_folders(folder: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(path for path in folder.iterdir()
-                  if _CHECKPOINT_NAME.fullmatch(path.name) and (path.is_symlink() or not path.is_dir()))
+                  if is_checkpoint_name(path) and (path.is_symlink() or not path.is_dir()))
+
+
+def is_checkpoint_name(path: Path) -> bool:
+    """Whether `path` bears the name of a checkpoint of either command, or of a leftover of one (`.tmp`,
+    `.deleted`): what a run writes in its folder of checkpoints."""
+    return _CHECKPOINT_NAME.fullmatch(path.name) is not None
 
 
 def complete_checkpoints(folder: str | Path, prefix: str = ACCELERATE_PREFIX) -> list[Path]:

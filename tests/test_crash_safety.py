@@ -587,6 +587,32 @@ def test_a_file_or_link_named_as_a_checkpoint_is_refused_before_any_work(tmp_pat
     assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == sorted(["checkpoint-4", name])
 
 
+@pytest.mark.parametrize(("held", "options"), [("checkpoints/NOTES.md", {"overwrite": True}),
+                                               ("checkpoints/wandb/run.log", {"overwrite": True}),
+                                               ("tokenizer/tokenizer.onnx", {"overwrite": True}),
+                                               ("model/model-f16.gguf", {"overwrite": True}),
+                                               ("model/model-f16.gguf", {"resume": True}),
+                                               ("model/onnx/model.onnx", {"resume": True})])
+def test_what_the_run_never_wrote_in_a_folder_it_removes_whole_is_refused_before_any_work(tmp_path, capsys, held,
+                                                                                          options):
+    """--overwrite-output-dir removed `checkpoints/` and `tokenizer/` whole, and every run replaces `model/` whole as
+    it ends: a user's notes or another tool's files put there (llama.cpp's GGUF beside the weights) went with them."""
+    for name in ("checkpoints/checkpoint-4/COMPLETE.json", "checkpoints/checkpoint-6.tmp/config.json",
+                 "tokenizer/tokenizer.json", "tokenizer/merges.txt", "model/model.safetensors", "model/README.md",
+                 "model/loss_curve.png", "model/modeling_scratch_decoder.py", "model/.DS_Store", held):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    parser = run_options.RunParser(prog="train")
+    with pytest.raises(SystemExit) as stopped:
+        output_folder.claim_output_dir(parser, tmp_path, **{"resume": False, "overwrite": False} | options)
+    assert stopped.value.code == 2
+    folder, entry = held.split("/")[:2]
+    assert f"{tmp_path / folder} holds what the run never writes there ({entry})" in capsys.readouterr().err
+    assert (tmp_path / held).read_text() == held
+    shutil.move(tmp_path / folder / entry, tmp_path / entry)  # moved out, as the error says: the run starts
+    output_folder.claim_output_dir(parser, tmp_path, **{"resume": False, "overwrite": False} | options)
+
+
 def test_a_link_to_a_folder_the_run_replaces_is_refused_before_any_work(tmp_path, capsys):
     """A symbolic link `model` (to another disk) was renamed `model.deleted` when the run wrote its model, then
     `rmtree` refused it: the run ended with a message blaming the free space. So did `checkpoints` under

@@ -19,6 +19,9 @@ from hf_scratch_transformer.cli.run_errors import fail, fail_together
 
 RUN_FOLDERS = ("checkpoints", "tokenizer", "model")  # the folders a run writes into its output folder
 RUN_FILES = (*RUN_FOLDERS, "loss_curve.jsonl")  # all it writes there
+# The kinds of file in a run's model folder: config, weights, model code, tokenizer files (vocabularies, merges,
+# SentencePiece models, chat template), the card, eval results, loss plot, training arguments.
+MODEL_FOLDER_SUFFIXES = {".json", ".safetensors", ".py", ".bin", ".txt", ".model", ".spm", ".jinja", ".md", ".png"}
 LOCK_FILE = ".hf-scratch.lock"  # held by the main process of the run writing the folder (claim_output_dir)
 _held_locks = []  # open for the life of the process: closing a file releases its lock
 _made_for_the_lock = []  # output folders this process made to lock them
@@ -93,6 +96,26 @@ def replaced_whole_by_its_run(folder: Path) -> bool:
     return (folder / checkpointing.MANIFEST).is_file() or folder.name == "model"
 
 
+def not_the_runs_own(output_dir: Path, overwrite: bool) -> list[Path]:
+    """What the first folder of the run that it removes whole holds beside the run's own files, which went with it:
+    in `checkpoints/` (removed by --overwrite-output-dir) whatever is not named as a checkpoint (another tool's logs,
+    the user's notes); in `tokenizer/` (the same) and `model/` (written again as every run ends) a folder, or a file of
+    a kind `save_pretrained` and the run never write (a GGUF that llama.cpp's converter put beside the weights). A file
+    of the run's kinds there (notes.txt) cannot be told from the run's own; hidden ones (the .DS_Store that macOS's
+    Finder leaves in every folder it shows) are no one's work, and `publish` leaves them out too."""
+    for name in ("checkpoints", "tokenizer", "model") if overwrite else ("model",):
+        if (folder := output_dir / name).is_dir() and not folder.is_symlink():
+            own = checkpointing.is_checkpoint_name if name == "checkpoints" else is_model_folder_file
+            if foreign := sorted(path for path in folder.iterdir() if not (own(path) or path.name.startswith("."))):
+                return foreign
+    return []
+
+
+def is_model_folder_file(path: Path) -> bool:
+    """Whether `path` is of the kinds a run writes in its model or tokenizer folder (`MODEL_FOLDER_SUFFIXES`)."""
+    return path.is_file() and path.suffix in MODEL_FOLDER_SUFFIXES
+
+
 def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: bool, overwrite: bool,
                      is_main_process: bool = True, resume_from: Path | None = None, accelerator=None,
                      model: Path | None = None) -> None:
@@ -155,6 +178,13 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
                                                           if model.resolve().is_relative_to(folder.resolve())), None)):
         parser.error(f"--model {model} lies in {held}, which replacing the earlier run in {output_dir} removes: copy "
                      f"it out of {output_dir} first, or choose another --output-dir.")
+    if foreign := not_the_runs_own(output_dir, overwrite):
+        folder = foreign[0].parent
+        removal = "the run replaces it whole as it ends" if folder.name == "model" else \
+            "--overwrite-output-dir removes it whole"
+        parser.error(f"{folder} holds what the run never writes there ({', '.join(path.name for path in foreign[:5])}"
+                     f"{' ...' if len(foreign) > 5 else ''}), and {removal}: move them out of it, or choose another "
+                     "--output-dir.")
     problem = lock_output_dir(output_dir) if is_main_process else None
     if accelerator is not None:
         fail_together(parser, accelerator, problem)
