@@ -3,6 +3,7 @@
 budget or a SIGTERM, and the loss-curve plot. No model file imports this module (it never travels to the Hub).
 """
 
+import copy
 import itertools
 import os
 import signal
@@ -30,6 +31,15 @@ def load_to_train(model_class, folder, **kwargs):
     they were after 5 steps (fp16 alike, with fp16's overflow besides). Weights and optimizer state train in
     float32, as with --bf16 autocast (docs/training.md), and the trained folder is saved in float32."""
     return model_class.from_pretrained(folder, dtype=torch.float32, **kwargs)
+
+
+def head_on(head_class, base, **settings):
+    """`head_class` (an Auto class with a task's head: `AutoModelForSequenceClassification`) built on the weights of
+    `base`, a model in memory, with the config `settings` (`num_labels`, ...), as `load_to_train` loads it from `base`
+    saved: float32, the head new. Nothing is written (the Auto class itself needs a folder)."""
+    config = copy.deepcopy(base.config)
+    config.update(settings)
+    return load_to_train(head_class._model_mapping[type(config)], None, config=config, state_dict=base.state_dict())
 
 
 # ---------------------------------------------------------------------------------------------- loss

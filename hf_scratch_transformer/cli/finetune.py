@@ -16,7 +16,6 @@ OUTPUT_DIR/checkpoints. To continue causal-LM or seq2seq training of a saved mod
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 import torch
@@ -326,13 +325,13 @@ def label_id(value) -> int:
     return label2id[label_key(value)]
 
 
-source, converted = args.model, None
+base = None
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
-    # Removed once loaded: a copy of the base model's size, each run. Named after the model, as transformers' report
-    # of the new head names the folder it loaded (it read "LOAD REPORT from: /tmp/tmpiu963jr2", no folder of theirs).
-    converted = tempfile.TemporaryDirectory(prefix=f"{Path(args.model).name}-converted-")
-    source = Path(converted.name)
-    from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model)).save_pretrained(source)
+    # In memory: written to a temporary folder and loaded from there, a copy of the base model's size stayed on disk
+    # for good when the run was killed before it was removed.
+    base = from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model))
+    say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`); the {args.task} head is built on "
+        "it (transformers' load report below reads \"from: None\")")
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
         say(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
             f"classifier is left out and {args.task} trains a new head")
@@ -343,13 +342,14 @@ if tokenizer.pad_token is None:
 # then take positions that depend on the longest text of its batch. Classifiers find the last real token on either
 # side, so they pad on the right (as GPT-2's tokenizer does), in training and in the saved folder's pipelines.
 tokenizer.padding_side = "right"
-model = training.load_to_train(
-    HEADS[args.task], source, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
-    problem_type="single_label_classification",  # what this command trains, whatever the base did (regression, say)
-    pad_token_id=tokenizer.pad_token_id, ignore_mismatched_sizes=True,  # a classifier of other classes: a new head
-)
-if converted:
-    converted.cleanup()
+head = dict(num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
+            problem_type="single_label_classification",  # what this command trains, whatever the base did (regression)
+            pad_token_id=tokenizer.pad_token_id)
+if base is None:  # ignore_mismatched_sizes: a base classifier of other classes gets a new head
+    model = training.load_to_train(HEADS[args.task], args.model, ignore_mismatched_sizes=True, **head)
+else:
+    model = training.head_on(HEADS[args.task], base, **head)
+    del base  # the converted language model: freed, but for the weights the new model shares with it
 if not same_head and any("Classification" in name for name in config.architectures or []):
     for name, module in model.named_children():  # the head: every module beside the base model
         if name != model.base_model_prefix:
