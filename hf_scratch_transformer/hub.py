@@ -102,8 +102,11 @@ ARCHITECTURE_KNOBS = (
     "position_embedding_type", "max_position_embeddings", "tie_word_embeddings",
 )
 
-# Training checkpoints (ours under checkpoints/, Trainer's checkpoint-N/) and hidden files stay local.
-IGNORE_PATTERNS = ["checkpoints/*", "checkpoint-*/*", ".*", "*/.*"]
+# Training checkpoints (ours under checkpoints/, Trainer's checkpoint-N/), folders being written (NAME.tmp) or removed
+# (NAME.deleted) and hidden files stay local, at any depth (`*` spans folders): a run whose output folder lay in the
+# published one (`--output-dir MODEL/more`) had its optimizer and random states uploaded under more/checkpoints/.
+IGNORE_PATTERNS = ["checkpoints/*", "*/checkpoints/*", "checkpoint-*/*", "*/checkpoint-*/*", "*.tmp/*", "*.deleted/*",
+                   ".*", "*/.*"]
 
 CONVERTED = "**Converted** by `hf-scratch convert`"  # how the card of a converted model begins, under its title
 LOSS_CURVE = "loss_curve.png"  # a card shows it when its folder has it (`training.plot_loss_curve` writes it)

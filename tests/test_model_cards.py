@@ -149,6 +149,22 @@ def test_upload_plan_lists_the_hub_files_and_skips_checkpoints(folders, family):
     assert plan["model.safetensors"] == (folders[family] / "model.safetensors").stat().st_size
 
 
+def test_upload_plan_leaves_training_state_local_at_any_depth(folders, tmp_path):
+    """A run whose --output-dir lay in the model folder (`MODEL/more`) had its checkpoints uploaded with it, optimizer
+    and random states included: only a top-level checkpoints/ was left out. Folders being written (`.tmp`) or removed
+    (`.deleted`) went too. A subfolder of other files (a second model) still goes, listed by the dry run."""
+    folder = shutil.copytree(folders["decoder"], tmp_path / "decoder")
+    local = ["more/checkpoints/step-2/optimizer.bin", "more/checkpoint-4/optimizer.pt", "more/model.tmp/config.json",
+             "model.tmp/model.safetensors", "more/checkpoints.deleted/step-2/random_states_0.pkl",
+             "more/.hf-scratch.lock"]
+    for path in [*local, "more/model/config.json"]:
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(b"state")
+    plan = dict(hub.publish(folder, "someone/tiny", dry_run=True))
+    assert not set(local) & set(plan) and "more/model/config.json" in plan
+    assert set(plan) - {"more/model/config.json"} == set(dict(hub.upload_plan(folders["decoder"])))
+
+
 # The tokenizer too: without it the card's "How to use" (AutoTokenizer, pipeline) fails on the Hub.
 @pytest.mark.parametrize("missing", ["README.md", "modeling_scratch_decoder.py", "scratch_layers.py", "config.json",
                                      "tokenizer_config.json"])

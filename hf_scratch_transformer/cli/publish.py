@@ -5,11 +5,11 @@
     hf-scratch publish outputs/quickstart/model --repo-id USER/scratch-gpt-shakespeare --private
 
 The folder needs config.json, the weights and the model code (`save_pretrained` writes them), the tokenizer, and a
-README.md model card (`hf_scratch_transformer.hub.write_model_card`). checkpoints/ and hidden files are not
-uploaded; the uploaded card's "How to use" loads --repo-id (the folder's card is left as it is). Weight files
-the repository holds from an earlier upload in the other layout (one file or shards), and tokenizer files the folder
-does not hold (an earlier tokenizer's special_tokens_map.json, say, which would override the new one), are deleted in
-the same commit.
+README.md model card (`hf_scratch_transformer.hub.write_model_card`). Checkpoints (checkpoints/, checkpoint-N/),
+folders being written or removed (NAME.tmp, NAME.deleted) and hidden files are not uploaded, at any depth; the
+uploaded card's "How to use" loads --repo-id (the folder's card is left as it is). Weight files the repository holds
+from an earlier upload in the other layout (one file or shards), and tokenizer files the folder does not hold (an
+earlier tokenizer's special_tokens_map.json, say, which would override the new one), are deleted in the same commit.
 """
 
 import argparse
