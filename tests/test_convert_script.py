@@ -2,7 +2,7 @@
 GPT-2, Llama, BERT and Marian models saved with `save_pretrained`, converted in a subprocess, reloaded through the Auto
 classes with the native logits (1e-4); a Scratch folder exported the other way, loading with the plain Auto classes;
 and the refusals (an unsupported model, a missing folder, config or weight, a knob with no native equivalent, a
-contradicting --to) exit non-zero naming the problem, writing nothing."""
+contradicting --to) exit with status 2 naming the problem, writing nothing."""
 
 import importlib.util
 import json
@@ -58,6 +58,14 @@ def convert_here(monkeypatch, *args) -> None:
     """`hf-scratch convert ARGS` in this process, as the command's module: no process start (3-4 s a case)."""
     monkeypatch.setattr(sys, "argv", ["hf-scratch convert", *map(str, args)])
     runpy.run_module("hf_scratch_transformer.cli.convert", run_name="__main__")
+
+
+def convert_refused(monkeypatch, capsys, *args):
+    """`convert_here(ARGS)` stopping with exit status 2 (as argparse; 1 until 2026-11-30), and what it printed."""
+    with pytest.raises(SystemExit) as stopped:
+        convert_here(monkeypatch, *args)
+    assert stopped.value.code == 2
+    return capsys.readouterr()
 
 
 def _inputs(family: str) -> dict:
@@ -444,8 +452,8 @@ def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expe
     source.mkdir()
     with pytest.raises(SystemExit) as stopped:
         convert_here(monkeypatch, make_source(source), tmp_path / "output", *options)
-    assert stopped.value.code not in (0, None)
-    stderr = f"{capsys.readouterr().err}{stopped.value.code}"  # argparse prints its error; `fail` exits with it
+    assert stopped.value.code == 2  # as argparse and the training commands: 1 (sys.exit's) until 2026-11-30
+    stderr = capsys.readouterr().err
     for fragment in expected:
         assert fragment in stderr
     assert not (tmp_path / "output").exists()
@@ -462,7 +470,7 @@ def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path)
     assert "model.safetensors.index.json" in earlier
 
     refused = run_command(source, output)
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "already holds files (config.json" in refused.stderr and "--overwrite-output-dir" in refused.stderr
     assert sorted(path.name for path in output.iterdir()) == earlier
 
@@ -484,7 +492,7 @@ def _source_and_earlier_output(tmp_path: Path) -> tuple[Path, Path]:
     return source, output
 
 
-def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_was(tmp_path, monkeypatch, capsys):
     """It ended in a safetensors traceback, leaving the partial copy (the model's size, on the full disk) in a hidden
     folder beside the output that no later command removed."""
     source, output = _source_and_earlier_output(tmp_path)
@@ -495,15 +503,14 @@ def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("transformers.modeling_utils.safe_save_file", full_disk)
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, output, "--overwrite-output-dir")
-    assert "The converted model could not be written" in str(stopped.value.code)
-    assert "No space left on device" in str(stopped.value.code) and f"{output} is as it was" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, output, "--overwrite-output-dir")
+    assert "The converted model could not be written" in said.err
+    assert "No space left on device" in said.err and f"{output} is as it was" in said.err
     assert {path.name: path.read_bytes() for path in output.iterdir()} == earlier
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"], "no partial copy left"
 
 
-def test_an_output_another_command_wrote_while_this_one_converted_is_kept(tmp_path, monkeypatch):
+def test_an_output_another_command_wrote_while_this_one_converted_is_kept(tmp_path, monkeypatch, capsys):
     """Two conversions into one new output folder, the second finishing while the first converted: the output held
     nothing when checked, and the last to finish replaced the other's model without --overwrite-output-dir."""
     source, output = tmp_path / "native", tmp_path / "scratch"
@@ -515,9 +522,8 @@ def test_an_output_another_command_wrote_while_this_one_converted_is_kept(tmp_pa
         return write_card(*args, **kwargs)
 
     monkeypatch.setattr(hub, "write_conversion_card", written_meanwhile)
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, output)
-    assert f"{output} was written while this conversion ran" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, output)
+    assert f"{output} was written while this conversion ran" in said.err
     assert not (output / "README.md").exists(), "the other command's model, kept"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"], "no staging folder left"
 
@@ -541,24 +547,22 @@ def test_a_conversion_killed_between_its_renames_is_undone_by_the_next(tmp_path,
     (tmp_path / f".scratch.converting-{dead}-1").mkdir()
     (tmp_path / f".scratch.converting-{dead}-1" / "config.json").write_text("{}")
     (tmp_path / f".scratch.converting-{alive}").mkdir()
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, output)
-    assert "already holds files" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, output)
+    assert "already holds files" in said.err
     assert {path.name: path.read_bytes() for path in output.iterdir()} == earlier
     assert sorted(path.name for path in tmp_path.iterdir()) == [f".scratch.converting-{alive}", "native", "scratch"]
-    said = capsys.readouterr().out
-    assert f"restored {output} from .scratch.replaced-{dead}-1" in said and f".scratch.converting-{dead}-1" in said
+    assert f"restored {output} from .scratch.replaced-{dead}-1" in said.out
+    assert f".scratch.converting-{dead}-1" in said.out
 
 
-def test_a_stopped_conversion_whose_process_id_was_reused_is_undone(tmp_path, monkeypatch):
+def test_a_stopped_conversion_whose_process_id_was_reused_is_undone(tmp_path, monkeypatch, capsys):
     """Its folders were named by the process id alone, and a process id is reused once its process ends (after a
     restart, by the first processes started): a live process holding it left the earlier output hidden and absent."""
     source, output = _source_and_earlier_output(tmp_path)
     earlier = {path.name: path.read_bytes() for path in output.iterdir()}
     output.rename(tmp_path / f".scratch.replaced-{os.getpid()}-1")  # this process's id, another start
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, output)
-    assert "already holds files" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, output)
+    assert "already holds files" in said.err
     assert {path.name: path.read_bytes() for path in output.iterdir()} == earlier
 
 
@@ -585,12 +589,11 @@ def test_an_output_under_a_file_is_refused_before_any_work(tmp_path, monkeypatch
     """It failed with a NotADirectoryError traceback once the model was loaded, converted and checked."""
     source = tmp_path / "native"
     gpt2().save_pretrained(source)
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, source / "config.json" / "converted")
-    assert f"lies under {source / 'config.json'}, a file, not a folder" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, source / "config.json" / "converted")
+    assert f"lies under {source / 'config.json'}, a file, not a folder" in said.err
 
 
-def test_an_output_that_is_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch):
+def test_an_output_that_is_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     """An empty volume mounted into a container as the output: the renaming that puts the converted folder in place
     failed with an OSError traceback (EBUSY) once the model was converted, checked and saved, leaving it hidden beside
     the output for the next conversion to remove. (A mount needs root: `os.path.ismount` says it here.)"""
@@ -599,14 +602,13 @@ def test_an_output_that_is_a_mount_point_is_refused_before_any_work(tmp_path, mo
     output.mkdir()
     real_ismount = os.path.ismount
     monkeypatch.setattr(os.path, "ismount", lambda path: Path(path) == output.resolve() or real_ismount(path))
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, output)
-    assert f"the output {output} is a mount point" in str(stopped.value.code)
-    assert f"Give a folder inside it, e.g. {output / 'converted'}" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, output)
+    assert f"the output {output} is a mount point" in said.err
+    assert f"Give a folder inside it, e.g. {output / 'converted'}" in said.err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "volume"] and not any(output.iterdir())
 
 
-def test_an_output_in_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+def test_an_output_in_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     """An output folder of one's own in a folder one cannot write in (a shared or read-only one): the converted folder,
     written beside the output, failed with a PermissionError traceback after all the work. (Unwritable for root too
     only where the filesystem says so: `os.access` says it here.)"""
@@ -616,9 +618,8 @@ def test_an_output_in_a_folder_that_cannot_be_written_is_refused_before_any_work
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: Path(path) != shared.resolve() and real_access(
         path, mode, **kwargs))
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, shared / "mine")
-    assert f"cannot write in {shared.resolve()}, where the converted folder is written" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, shared / "mine")
+    assert f"cannot write in {shared.resolve()}, where the converted folder is written" in said.err
     assert [path.name for path in shared.iterdir()] == ["mine"] and not any((shared / "mine").iterdir())
 
 
@@ -628,20 +629,19 @@ def test_an_output_folder_that_contains_the_source_is_refused(tmp_path):
     gpt2().save_pretrained(source)
     held = sorted(path.name for path in source.iterdir())
     result = run_command(source, tmp_path / "models", "--overwrite-output-dir")
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "contains the source folder" in result.stderr
     assert sorted(path.name for path in source.iterdir()) == held
 
 
-def test_an_output_folder_in_the_source_is_refused(tmp_path, monkeypatch):
+def test_an_output_folder_in_the_source_is_refused(tmp_path, monkeypatch, capsys):
     """The converted folder was written among the source's files: published, the source uploaded it as its own
     files, and a run whose model folder the source is removed it when it wrote that folder again."""
     source = tmp_path / "run" / "model"
     gpt2().save_pretrained(source)
     held = sorted(path.name for path in source.iterdir())
-    with pytest.raises(SystemExit) as stopped:
-        convert_here(monkeypatch, source, source / "scratch")
-    assert f"the output folder {source / 'scratch'} lies in the source folder {source}" in str(stopped.value.code)
+    said = convert_refused(monkeypatch, capsys, source, source / "scratch")
+    assert f"the output folder {source / 'scratch'} lies in the source folder {source}" in said.err
     assert sorted(path.name for path in source.iterdir()) == held
 
 

@@ -34,8 +34,8 @@ import os
 import pickle
 import re
 import shutil
-import sys
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 
@@ -82,8 +82,9 @@ parser.add_argument("--overwrite-output-dir", action="store_true",
 args = parser.parse_args()
 
 
-def fail(message: str) -> None:
-    sys.exit(f"{parser.prog}: error: {message}")
+def fail(message: str) -> NoReturn:
+    """Stop with exit status 2, as argparse does for a bad option and the training commands for any refusal."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 # The folders a conversion writes beside its output (hidden, named by its process): the new folder being written,

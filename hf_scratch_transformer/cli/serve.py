@@ -298,4 +298,5 @@ bound_onednn_caches()  # each new prompt length is a new shape of product: memor
 try:
     typer.run(serve)
 except NotServableError as error:  # raised at start for the folder given on the command line: no traceback
-    sys.exit(f"hf-scratch serve: error: {error.detail}")
+    print(f"hf-scratch serve: error: {error.detail}", file=sys.stderr)
+    sys.exit(2)  # a bad argument, as typer's own refusals of the folder
