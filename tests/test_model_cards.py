@@ -4,6 +4,7 @@ offline, and the published folder loads in a clean process where the package is 
 
 import json
 import os
+import runpy
 import shutil
 import sys
 from pathlib import Path
@@ -229,6 +230,17 @@ def test_publish_dry_run_refuses_a_repo_id_the_hub_would(folders, repo_id):
     """The dry run checks the repo id as the upload does: it passed one that `create_repo` then refused."""
     with pytest.raises(ValueError, match="[Rr]epo.?id"):
         hub.publish(folders["decoder"], repo_id, dry_run=True)
+
+
+def test_publish_cli_refuses_a_folder_that_is_not_ready_as_a_bad_argument(tmp_path, monkeypatch, capsys):
+    """Exit status 2 and the command's name, as argparse and the other commands refuse; it exited 1 with a bare
+    'error: ...'."""
+    monkeypatch.setattr(sys, "argv", ["hf-scratch publish", str(tmp_path), "--repo-id", "someone/tiny", "--dry-run"])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_module("hf_scratch_transformer.cli.publish", run_name="__main__")
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.startswith(f"hf-scratch publish: error: {tmp_path} is not ready for the Hub, "
+                                              "missing: config.json")
 
 
 def test_publish_cli_says_why_the_hub_refused_without_a_traceback(folders):

@@ -51,10 +51,11 @@ try:
     result = publish(
         args.folder, args.repo_id, private=args.private, dry_run=args.dry_run, commit_message=args.commit_message
     )
-except ValueError as error:  # an incomplete folder: say what is missing, without a traceback
-    parser.exit(1, f"error: {error}\n")
+except ValueError as error:  # an incomplete folder: refused as a bad argument (status 2), without a traceback
+    parser.exit(2, f"{parser.prog}: error: {error}\n")
 except (OSError, *HTTP_LIBRARY_ERRORS) as error:  # huggingface_hub's (no token, no access, offline), the network's
-    parser.exit(1, f"error: could not publish {args.folder} to {args.repo_id}: {type(error).__name__}: {error}\n")
+    parser.exit(1, f"{parser.prog}: error: could not publish {args.folder} to {args.repo_id}: "
+                   f"{type(error).__name__}: {error}\n")
 if args.dry_run:
     for path, size in result:
         print(f"{size:>12,}  {path}")
