@@ -19,6 +19,7 @@ import pytest
 import torch
 from forked_python import run_python
 
+from hf_scratch_transformer.cli import benchmark_report
 from hf_scratch_transformer.cli.paired_ratios import median_interval, verdict
 from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS
 
@@ -291,7 +292,7 @@ def test_the_verdict_line_names_the_tied_and_slower_throughput_rows(benchmark_mo
                timed("train fp32 MFU", [1.0, 1.1, 0.9], [1.0, 1.0, 1.0], unit="% of mm"),
                timed("decode batch 1", [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]),  # twice the time
                benchmark_module.row("gpt2", "peak memory prefill", "MiB", "lower", 100.0, 50.0)]
-    assert benchmark_module.verdicts(results) == (
+    assert benchmark_report.verdicts(results) == (
         "Throughput rows against the native model, by their 95% interval: faster in 1; tied in 1 (gpt2 train "
         "fp32); slower in 1 (gpt2 decode batch 1).")
 
@@ -327,78 +328,78 @@ def test_the_batch_1_line_sets_every_decoding_against_the_native_eager_one_timed
                decoding(benchmark_module, "gpt2", "decode batch 8", seconds, [0.3] * 3),
                decoding(benchmark_module, "llama", "decode batch 1", seconds, [1.25] * 3),
                decoding(benchmark_module, "llama", "decode batch 1 int8 weight-only", seconds, [0.1] * 3)]
-    assert benchmark_module.batch_1_target(results) == (
+    assert benchmark_report.batch_1_target(results) == (
         "Batch-1 `generate()` against the native model's eager decoding (target 1.5x): gpt2 ours 1.25x eager "
         "(1.11-1.25), 1.33x compiled (1.33-1.50; native compiled 1.60x (1.60-1.80)); llama ours 0.80x eager "
         "(0.80-0.80). At or above the target: none (the fastest measured here: gpt2 native compiled 1.60x).")
     results[1] = decoding(benchmark_module, "gpt2", "decode batch 1 compiled", [0.5] * 3, [0.4] * 3, [0.8] * 3)
-    assert benchmark_module.batch_1_target(results).endswith("At or above the target: gpt2 ours compiled 2.00x.")
-    assert benchmark_module.batch_1_target([untimed_rates(benchmark_module)("bert", "prefill", 1.0, 2.0)]) == ""
+    assert benchmark_report.batch_1_target(results).endswith("At or above the target: gpt2 ours compiled 2.00x.")
+    assert benchmark_report.batch_1_target([untimed_rates(benchmark_module)("bert", "prefill", 1.0, 2.0)]) == ""
 
 
 def test_the_bf16_line_names_the_families_below_the_target(benchmark_module):
     rates = untimed_rates(benchmark_module)
     results = [rates("gpt2", "train bf16", 100.0, 120.0), rates("gpt2", "train fp32", 100.0, 90.0),
                rates("marian", "train bf16", 100.0, 105.0)]
-    assert benchmark_module.bf16_training_target(results) == (
+    assert benchmark_report.bf16_training_target(results) == (
         "bf16 training against the native model (target 1.1x where bf16 is native): gpt2 1.20x, marian 1.05x. Below "
         "the target: marian.")
-    assert benchmark_module.bf16_training_target(results[:2]).endswith("gpt2 1.20x. Below the target: none.")
-    assert benchmark_module.bf16_training_target(results[1:2]) == ""  # no bf16 rows: bf16 not native
+    assert benchmark_report.bf16_training_target(results[:2]).endswith("gpt2 1.20x. Below the target: none.")
+    assert benchmark_report.bf16_training_target(results[1:2]) == ""  # no bf16 rows: bf16 not native
 
 
-def test_the_same_tokens_line_names_the_decoding_rows_whose_sides_generated_other_tokens(benchmark_module):
+def test_the_same_tokens_line_names_the_decoding_rows_whose_sides_generated_other_tokens():
     """Whether both sides generated the same tokens was kept in the JSON alone: a decoding row's tok/s ratio over other
     tokens (an early end on one side) would compare other work without a word in the table."""
     details = {"gpt2": {"same_generate_output_batch1": True, "same_generate_output_batch8": False, "int8": "x"},
                "marian": {"same_generate_output_batch1_compiled": True}}
-    assert benchmark_module.same_tokens(details) == (
+    assert benchmark_report.same_tokens(details) == (
         "`generate()`: the sides generated other tokens in gpt2 batch8 (their tok/s compare other work).")
     details["gpt2"]["same_generate_output_batch8"] = True
-    assert benchmark_module.same_tokens(details) == (
+    assert benchmark_report.same_tokens(details) == (
         "`generate()`: both sides generated the same tokens in every decoding row.")
-    assert benchmark_module.same_tokens({"bert": {"train_flops_per_step": 1}}) == ""
+    assert benchmark_report.same_tokens({"bert": {"train_flops_per_step": 1}}) == ""
 
 
-def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability(benchmark_module):
+def test_machine_class_names_the_gpu_or_the_cpu_line_and_capability():
     cpu = {"cpu": "Intel(R) Xeon(R) Processor @ 2.10GHz", "cpu_capability": "AVX512", "gpu": None}
-    assert benchmark_module.machine_class(cpu) == "intel-xeon-avx512"
-    assert benchmark_module.machine_class(cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2"}) == "amd-epyc-avx2"
-    assert benchmark_module.machine_class(cpu | {"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
+    assert benchmark_report.machine_class(cpu) == "intel-xeon-avx512"
+    assert benchmark_report.machine_class(cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2"}) == "amd-epyc-avx2"
+    assert benchmark_report.machine_class(cpu | {"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
     # An AVX-512 CPU held to AVX2 (the tests' AVX2-only runs) wrote over the AVX2 host's record.
     libraries = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     limited = cpu | {"cpu": "AMD EPYC 9R14", "cpu_capability": "AVX2", "cpu_capability_limited_from": "AVX512",
                      "cpu_library_limits": libraries}
-    assert benchmark_module.machine_class(limited) == "amd-epyc-avx512-limited-to-avx2"
+    assert benchmark_report.machine_class(limited) == "amd-epyc-avx512-limited-to-avx2"
     assert (ROOT / "docs" / "benchmarks" / "amd-epyc-avx512-limited-to-avx2.md").exists()  # the hand-made records'
     # ATen's limit alone (MKL and oneDNN on AVX-512: the limited run --write takes) filed under that name too.
     aten_alone, with_mkl = ({"cpu_library_limits": limits} for limits in ({}, {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}))
-    assert benchmark_module.machine_class(limited | aten_alone) == "amd-epyc-avx512-aten-limited-to-avx2"
-    assert benchmark_module.machine_class(limited | with_mkl) == "amd-epyc-avx512-aten-mkl-limited-to-avx2"
+    assert benchmark_report.machine_class(limited | aten_alone) == "amd-epyc-avx512-aten-limited-to-avx2"
+    assert benchmark_report.machine_class(limited | with_mkl) == "amd-epyc-avx512-aten-mkl-limited-to-avx2"
 
 
-def test_a_capability_held_below_the_cpus_own_is_named(benchmark_module, monkeypatch):
+def test_a_capability_held_below_the_cpus_own_is_named(monkeypatch):
     """ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU: ATen reads AVX2, the CPU's flags say AVX512; without the variable,
     or on an AVX2 CPU, there is no limit to name."""
     avx512 = {"avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq"}
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    assert benchmark_module.capability_limited_from(avx512) is None
+    assert benchmark_report.capability_limited_from(avx512) is None
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert benchmark_module.capability_limited_from(avx512) == "AVX512"
-    assert benchmark_module.capability_limited_from({"avx2", "fma", "avx512f"}) is None  # no AVX512 for ATen
+    assert benchmark_report.capability_limited_from(avx512) == "AVX512"
+    assert benchmark_report.capability_limited_from({"avx2", "fma", "avx512f"}) is None  # no AVX512 for ATen
 
 
-def test_the_header_names_the_instruction_sets_mkl_and_onednn_are_held_to(benchmark_module):
+def test_the_header_names_the_instruction_sets_mkl_and_onednn_are_held_to():
     """MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA went unsaid: set alone they leave ATen's capability, and the
     class, the CPU's own. Records from before them have no such key."""
     avx512 = {"cpu_capability": "AVX512"}
-    assert benchmark_module.capability_with_limits(avx512) == "AVX512"
+    assert benchmark_report.capability_with_limits(avx512) == "AVX512"
     mkl = {"cpu_library_limits": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
-    assert benchmark_module.capability_with_limits(avx512 | mkl) == "AVX512 (MKL_ENABLE_INSTRUCTIONS=AVX2)"
+    assert benchmark_report.capability_with_limits(avx512 | mkl) == "AVX512 (MKL_ENABLE_INSTRUCTIONS=AVX2)"
     all_three = {"cpu_capability": "AVX2", "cpu_capability_limited_from": "AVX512",
                  "cpu_library_limits": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
-    assert benchmark_module.capability_with_limits(all_three) == (
+    assert benchmark_report.capability_with_limits(all_three) == (
         "AVX2 (ATEN_CPU_CAPABILITY; the CPU has AVX512; MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2)")
 
 
@@ -450,11 +451,11 @@ RECORDED_MACHINE = {"gpu": None, "cpu": "AMD EPYC 7B13 64-Core Processor", "cpu_
 WRITE_A_RECORD = """import json, sys
 sys.argv = ["hf-scratch benchmark"]
 from hf_scratch_transformer.cli import benchmark
-benchmark.write_record(json.loads(sys.argv_record), "| new table |\\n" * 2000)
+benchmark.write_record_or_stop(json.loads(sys.argv_record), "| new table |\\n" * 2000)
 """
 
 
-def test_a_record_that_cannot_be_written_leaves_the_earlier_one_whole(benchmark_module, tmp_path, monkeypatch):
+def test_a_record_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
     """--write wrote docs/benchmarks/<class>.md, then .json, in place: a full disk (here a file size limit) left the
     table cut short and the earlier figures beside it, and ended in a traceback after the whole run; a kill between
     them, the new table beside the earlier JSON."""
@@ -472,7 +473,7 @@ def test_a_record_that_cannot_be_written_leaves_the_earlier_one_whole(benchmark_
     assert record.with_suffix(".json").read_text() == '{"earlier": true}\n'
     assert sorted(path.name for path in record.parent.iterdir()) == ["amd-epyc-avx512.json", "amd-epyc-avx512.md"]
     monkeypatch.chdir(tmp_path)
-    benchmark_module.write_record(report, "| new table |\n")
+    benchmark_report.write_record(report, "| new table |\n")
     assert record.with_suffix(".md").read_text() == "| new table |\n"
     assert json.loads(record.with_suffix(".json").read_text()) == report
     assert sorted(path.name for path in record.parent.iterdir()) == ["amd-epyc-avx512.json", "amd-epyc-avx512.md"]

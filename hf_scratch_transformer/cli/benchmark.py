@@ -93,7 +93,6 @@ import json
 import math
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -120,8 +119,15 @@ from transformers import (
 
 from hf_scratch_command import command_help
 from hf_scratch_transformer import mixed_precision
-from hf_scratch_transformer.checkpointing import PARTIAL_SUFFIX, WriteError, write_error_named
-from hf_scratch_transformer.cli.paired_ratios import CONFIDENCE, median_interval, verdict
+from hf_scratch_transformer.checkpointing import WriteError
+from hf_scratch_transformer.cli.benchmark_report import (
+    LIBRARY_LIMITS,
+    SIDES,
+    capability_limited_from,
+    markdown,
+    write_record,
+)
+from hf_scratch_transformer.cli.paired_ratios import median_interval
 from hf_scratch_transformer.cli.run_options import at_least
 from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
 from hf_scratch_transformer.conversion import from_hf
@@ -138,10 +144,9 @@ from hf_scratch_transformer.kernel_choice import (
     last_level_cache_bytes,
 )
 from hf_scratch_transformer.linear_kernels import ONEDNN_AVAILABLE, onednn_linear
-from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, EAGER_MAX_KEYS, bf16_training_kernel
+from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, bf16_training_kernel
 
 FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
-SIDES = ("native", "ours")
 SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly wins
     "full": dict(layers=6, hidden=384, heads=6, ffn=1536, vocab=8192, seq=256, batch=8, prompt=16, new_tokens=32,
                  warmup=1, repeats=7, mm_size=2048),
@@ -149,13 +154,8 @@ SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly w
                   warmup=1, repeats=2, mm_size=256),
 }
 CUDA_MM_SIZE = 8192  # a GPU's peak needs far larger products than a CPU's
-BATCH_1_TARGET = 1.5  # batch-1 generate() against the native model's eager decoding (issue 13, item 5)
-TARGET_REFERENCE = "native eager"  # that decoding, timed in the compiled row alongside its two sides
-BF16_TRAINING_TARGET = 1.1  # bf16 training against the native model, where bf16 is native (the same item)
+TARGET_REFERENCE = "native eager"  # the batch-1 target's reference decoding, timed in the compiled row beside its sides
 DECODE_REPEAT_FACTOR = 3  # a generate() call is short and batch-1 decoding the noisiest row: more repetitions
-# The variables that hold MKL and oneDNN to fewer instructions than the CPU's: set without ATEN_CPU_CAPABILITY's limit
-# (`capability_limited_from`) they left the class the CPU's own. The header names them; --write refuses them.
-LIBRARY_LIMITS = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 # ----------------------------------------------------------------------------------------------- arguments
 parser = argparse.ArgumentParser(description=command_help(__doc__),
@@ -627,7 +627,7 @@ def memory_rows(family: str, memory: dict) -> list[dict]:
             for workload, name in names.items()]
 
 
-# ----------------------------------------------------------------------------------------------- report
+# ----------------------------------------------------------------------------------------------- machine, kernels
 def machine(peaks: dict) -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
@@ -649,42 +649,6 @@ def machine(peaks: dict) -> dict:
                 transformers=transformers.__version__, python=platform.python_version(),
                 gpu=torch.cuda.get_device_name() if DEVICE.type == "cuda" else None, cuda=torch.version.cuda,
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
-
-
-def capability_limited_from(flags: set[str]) -> str | None:
-    """The CPU's own capability, by its flags (/proc/cpuinfo: AVX512 as ATen takes it, with F, VL, BW and DQ), where
-    ATEN_CPU_CAPABILITY holds ATen below it (an AVX-512 CPU run as an AVX2 one, as the tests do); else None."""
-    own = "AVX512" if {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags else "AVX2" if "avx2" in flags else None
-    capability = torch.backends.cpu.get_cpu_capability()
-    return own if os.environ.get("ATEN_CPU_CAPABILITY") and own and own != capability else None
-
-
-def capability_with_limits(machine: dict) -> str:
-    """The CPU capability as the header gives it, with the limits set below the CPU's own: ATEN_CPU_CAPABILITY's
-    and MKL's and oneDNN's variables (absent from the records before them)."""
-    limits = [f"ATEN_CPU_CAPABILITY; the CPU has {own}"] if (own := machine.get("cpu_capability_limited_from")) else []
-    if machine.get("cpu_library_limits"):
-        limits.append(", ".join(f"{name}={value}" for name, value in machine["cpu_library_limits"].items()))
-    return machine["cpu_capability"] + (f" ({'; '.join(limits)})" if limits else "")
-
-
-def machine_class(machine: dict) -> str:
-    """Where a run's figures hold, as a file name: vendor and line of the CPU and its capability, for example
-    "intel-xeon-avx512" or "amd-epyc-avx2" (the kernels that win differ between them: docs/performance.md), and a
-    capability that ATEN_CPU_CAPABILITY limits, not the AVX2 host's record: "amd-epyc-avx512-limited-to-avx2" with
-    MKL and oneDNN limited too (LIBRARY_LIMITS: the instruction set of an AVX2 host, the hand-made records of that
-    name), else naming what is limited, "amd-epyc-avx512-aten-limited-to-avx2" for ATen alone (MKL and oneDNN on the
-    CPU's own instructions: another setup, the only limited one --write takes); on a GPU its name, for example
-    "nvidia-h100-80gb-hbm3"."""
-    if machine["gpu"]:
-        return "-".join(re.sub(r"[^\w.]+", " ", machine["gpu"]).split()).lower()
-    words = re.sub(r"\(R\)|\(TM\)|\bCPU\b|\bProcessor\b|@.*", " ", machine["cpu"]).split()
-    capability = [machine["cpu_capability"]]
-    if machine.get("cpu_capability_limited_from"):  # absent from the records before it
-        libraries = machine.get("cpu_library_limits", {})
-        limited = [] if set(libraries) == set(LIBRARY_LIMITS) else ["aten", *(name.split("_")[0] for name in libraries)]
-        capability = [machine["cpu_capability_limited_from"], *limited, "limited-to", *capability]
-    return "-".join(words[:2] + capability).lower()
 
 
 def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
@@ -734,133 +698,7 @@ def few_row_kernels(regime: str) -> str:
     return ", ".join(f"{kernel} ({', '.join(sorted(names))})" for kernel, names in sorted(shapes.items())) or "none run"
 
 
-def _number(value: float) -> str:
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
-
-
-def markdown(report: dict) -> str:
-    m, s, peaks, k = report["machine"], report["settings"], report["matmul_gflops"], report["kernels"]
-    bf16 = (f"bf16 {'native' if m['bf16_native'] else 'not native'} (bf16 products at "
-            f"{m['bf16_speed']:.2f}x the fp32 rate{'' if m['gpu'] else ' on one core'})")
-    if m["gpu"]:
-        kernels = (f"GPU {m['gpu']}, CUDA {m['cuda']}: both sides run PyTorch's CUDA kernels (cuBLAS products, fp32 "
-                   f"without TF32; SDPA attention), the CPU kernel choices do not apply; {bf16}.")
-    else:
-        capability = capability_with_limits(m)
-        kernels = (f"CPU capability {capability}; {bf16}. fp32 kernels chosen ({k['setting']}), by weight "
-                   f"shape for decoding steps: of one row {k['fp32 decoding']} (models up to the {m['cache_mib']} MiB "
-                   f"cache), {k['fp32 decoding from memory']} (larger models); of several rows "
-                   f"{k['fp32 batch decoding']} and {k['fp32 batch decoding from memory']}; prefill "
-                   f"{k['fp32 prefill']}, training {k['fp32 training']}; compiled one-row products "
-                   f"{k['fp32 compiled decoding']} (kernel_choice.blas_reads_rows_slowly); CPU "
-                   f"cross-entropy {k['CPU cross-entropy']}; bf16 products of many rows {k['bf16 products']} "
-                   f"(kernel_choice.bf16_kernel); bf16 training attention up to {EAGER_MAX_KEYS} keys "
-                   f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
-                   f"dropout (GPT-2's and BERT's) the eager math with our mask, as sdpa computes it there (no choice).")
-    lines = [
-        "# Benchmarks: Scratch families vs native `transformers`", "",
-        f"Machine: {m['gpu'] + ' with ' if m['gpu'] else ''}{m['cpu']}, {m['cores']} cores, torch {m['torch']} "
-        f"({m['torch_threads']} threads), transformers {m['transformers']}, Python {m['python']}; {m['date']}; "
-        f"load average at start {m['load_average'][0]:.2f}.",
-        f"Measured matmul ({s['mm_size']}x{s['mm_size']}), GFLOP/s: "
-        + ", ".join(f"{name} {value:.1f}" for name, value in peaks.items() if " " in name)
-        + "; MFU is against the faster per dtype.",
-        kernels,
-        f"Sizes: {s['layers']} layers (Marian {max(1, s['layers'] // 2)} + {max(1, s['layers'] // 2)}), width "
-        f"{s['hidden']}, {s['heads']} heads, FFN {s['ffn']}, vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; "
-        f"decode: prompt {s['prompt']}, {s['new_tokens']} new tokens; {s['warmup']} warm-up, "
-        f"median of {s['repeats']} interleaved repetitions. Written by `hf-scratch benchmark`; method:", "",
-        __doc__[__doc__.index("Every timing"):].strip(), "",
-        "| family | measurement | unit | better | native | ours | ours/native | paired | paired median "
-        f"({CONFIDENCE:.0%} interval) |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in report["results"]:
-        paired = interval = "-"
-        if r["paired_ratios"]:
-            ratios, (low, high) = r["paired_ratios"], r["paired_interval"]
-            paired = f"{min(ratios):.2f}-{max(ratios):.2f}"
-            interval = f"{statistics.median(ratios):.3f} ({low:.2f}-{high:.2f})"
-        lines.append(f"| {r['family']} | {r['measurement']} | {r['unit']} | {r['better']} | {_number(r['native'])} "
-                     f"| {_number(r['ours'])} | {r['ratio']:.3f} | {paired} | {interval} |")
-    below = [same_tokens(report["details"]), verdicts(report["results"]), batch_1_target(report["results"]),
-             bf16_training_target(report["results"])]
-    return "\n".join(lines) + "\n\n" + "\n\n".join(line for line in below if line) + "\n"
-
-
-def same_tokens(details: dict) -> str:
-    """Whether both sides generated the same tokens in each decoding row (`decode_row`): a tok/s ratio over other
-    tokens would compare other work. Empty without a decoding row."""
-    checks = {f"{family} {key.removeprefix('same_generate_output_').replace('_', ' ')}": same
-              for family, extra in details.items() for key, same in extra.items()
-              if key.startswith("same_generate_output_")}
-    if not checks:
-        return ""
-    differ = [name for name, same in checks.items() if not same]
-    return ("`generate()`: both sides generated the same tokens in every decoding row." if not differ else
-            f"`generate()`: the sides generated other tokens in {', '.join(differ)} (their tok/s compare other work).")
-
-
-def verdicts(results: list[dict]) -> str:
-    """The throughput rows (tok/s; the GFLOP/s and MFU rows repeat the training rows' samples) sorted by where their
-    interval lies against 1.0; the tied and slower ones named."""
-    rows = {"faster": [], "tied": [], "slower": []}
-    for r in results:
-        if r["unit"] == "tok/s":
-            rows[verdict(r["paired_interval"])].append(f"{r['family']} {r['measurement']}")
-    counts = [f"faster in {len(rows['faster'])}"]
-    counts += [f"{name} in {len(names)}" + (f" ({', '.join(names)})" if names else "")
-               for name, names in rows.items() if name != "faster"]
-    return f"Throughput rows against the native model, by their {CONFIDENCE:.0%} interval: {'; '.join(counts)}."
-
-
-def batch_1_target(results: list[dict]) -> str:
-    """Each family's batch-1 decoding against the native model's eager decoding, the target's reference: ours eager
-    (its row) and, with --compiled, both sides compiled (against the reference timed in the compiled row), each with
-    its paired interval; then the decodings of ours that reach the target, or where none does, the fastest of either
-    model measured here: what this machine allows at batch 1 as far as measured. Empty without a batch-1 decoding
-    row."""
-    def interval(low_high) -> str:
-        return f"{low_high[0]:.2f}-{low_high[1]:.2f}"
-
-    rows = {(r["family"], r["measurement"]): r for r in results}
-    parts, speeds = [], {}  # speeds: (family, side, "eager" | "compiled") -> rate / the native model's eager rate
-    for (family, measurement), eager in rows.items():
-        if measurement != "decode batch 1":
-            continue
-        speeds[family, "ours", "eager"] = eager["ratio"]
-        part = f"{family} ours {eager['ratio']:.2f}x eager ({interval(eager['paired_interval'])})"
-        compiled = rows.get((family, "decode batch 1 compiled"))
-        if compiled:
-            reference = compiled["reference"]
-            for side in SIDES:
-                speeds[family, side, "compiled"] = compiled[side] / reference["rate"]
-            part += (f", {speeds[family, 'ours', 'compiled']:.2f}x compiled ({interval(reference['ours'])}; native "
-                     f"compiled {speeds[family, 'native', 'compiled']:.2f}x ({interval(reference['native'])}))")
-        parts.append(part)
-    if not parts:
-        return ""
-    reached = [f"{' '.join(key)} {speed:.2f}x" for key, speed in speeds.items()
-               if key[1] == "ours" and speed >= BATCH_1_TARGET]
-    fastest = max(speeds, key=speeds.get)
-    return (f"Batch-1 `generate()` against the native model's eager decoding (target {BATCH_1_TARGET}x): "
-            f"{'; '.join(parts)}. At or above the target: "
-            + (", ".join(reached) or f"none (the fastest measured here: {' '.join(fastest)} {speeds[fastest]:.2f}x)")
-            + ".")
-
-
-def bf16_training_target(results: list[dict]) -> str:
-    """Each family's bf16 training against the native model's, and which fall short of the target; empty without
-    bf16 rows (the run has them only where bf16 is native, the target's condition)."""
-    ratios = {r["family"]: r["ratio"] for r in results if r["measurement"] == "train bf16"}
-    if not ratios:
-        return ""
-    below = [family for family, ratio in ratios.items() if ratio < BF16_TRAINING_TARGET]
-    return (f"bf16 training against the native model (target {BF16_TRAINING_TARGET}x where bf16 is native): "
-            + ", ".join(f"{family} {ratio:.2f}x" for family, ratio in ratios.items())
-            + f". Below the target: {', '.join(below) or 'none'}.")
-
-
+# ----------------------------------------------------------------------------------------------- the run
 def main() -> None:
     if args.memory_worker:
         memory_worker(*args.memory_worker)
@@ -887,34 +725,18 @@ def main() -> None:
         report["results"] += rows[family]
         if family in with_memory:  # its memory rows after its timed ones
             report["results"] += memory_rows(family, {side: memory[side][family] for side in SIDES})
-    text = markdown(report)
+    text = markdown(report, method=__doc__[__doc__.index("Every timing"):].strip())
     print(text)
     if args.write:
-        write_record(report, text)
+        write_record_or_stop(report, text)
 
 
-def write_record(report: dict, text: str) -> None:
-    """The run's record, `text` and `report`, as docs/benchmarks/<machine class>.md and .json: one per machine class,
-    so that a run on one class never replaces another's figures. Both are written whole beside their places
-    (NAME.tmp), then renamed into them: a full disk leaves the earlier record as it was, and stops with one line (it
-    left the table cut short beside the earlier figures, in a traceback); a kill leaves the earlier record or the new
-    one, or between the two renames (microseconds) the new table beside the earlier JSON."""
-    path = Path("docs", "benchmarks", machine_class(report["machine"]))
-    files = {path.with_suffix(".md"): text, path.with_suffix(".json"): json.dumps(report, indent=2) + "\n"}
-    asides = {final: final.with_name(final.name + PARTIAL_SUFFIX) for final in files}
+def write_record_or_stop(report: dict, text: str) -> None:
+    """`write_record`, a record that cannot be written said in one line with exit status 2, not a traceback."""
     try:
-        with write_error_named("The benchmark record", path.parent, f"{path}.md and .json are as they were, and the "
-                               "table is printed above: free space (or remove the cause), then run again."):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            for final, content in files.items():
-                asides[final].write_text(content)
+        write_record(report, text)
     except WriteError as error:
-        for aside in asides.values():
-            aside.unlink(missing_ok=True)
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    for final, aside in asides.items():
-        os.replace(aside, final)
-    print(f"wrote {path.with_suffix('.md')} and .json")
 
 
 if __name__ == "__main__":
