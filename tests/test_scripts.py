@@ -500,6 +500,32 @@ def test_a_vocabulary_size_set_for_the_new_model_is_kept(monkeypatch, tmp_path, 
     assert model.value.args[0].vocab_size == vocab_size
 
 
+class CheckedModel(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", ["train", "train-accelerate"])
+@pytest.mark.parametrize("source", ["--tokenizer", "--model"])
+def test_a_given_tokenizer_cuts_texts_at_the_runs_max_length(monkeypatch, tmp_path, command, source):
+    # `hf-scratch tokenizer` leaves model_max_length unset unless asked: a run given such a tokenizer saved it so, and
+    # the folder's `truncation=True` and pipelines passed texts past the model's positions (a ValueError in the
+    # model), where the tokenizer a run trains cuts them at --max-length.
+    from hf_scratch_transformer.cli import main
+
+    def checked(parser, model, tokenizer, max_length):
+        raise CheckedModel(tokenizer)
+
+    monkeypatch.setattr("hf_scratch_transformer.cli.run_options.check_model_fits", checked)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    write_run_corpus(tmp_path)
+    tiny_lm("decoder", vocab_size=320).save_pretrained(tmp_path / "decoder")  # beside its tokenizer: a model folder
+    given = [source, str(tmp_path / "decoder")]
+    with pytest.raises(CheckedModel) as run:
+        main([command, *given, "--train-files", str(tmp_path / "corpus.txt"), "--max-length", "48",
+              "--output-dir", str(tmp_path / "run")])
+    assert run.value.args[0].model_max_length == 48
+
+
 @pytest.mark.parametrize("task, auto_class", [("causal-lm", "AutoModelForCausalLM"),
                                               ("seq2seq", "AutoModelForSeq2SeqLM")])
 def test_a_tokenizer_made_elsewhere_gives_the_new_model_its_special_ids(monkeypatch, tmp_path, task, auto_class):

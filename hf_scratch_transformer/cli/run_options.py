@@ -292,6 +292,15 @@ def model_tokenizer(folder: Path | None) -> Path | None:
     return folder
 
 
+def load_run_tokenizer(folder: Path, max_length: int):
+    """The tokenizer of `folder` (--tokenizer, --model or a checkpoint), cutting texts at the run's --max-length
+    (`model_max_length`, saved with it), as the one a run trains does: one from `hf-scratch tokenizer` has none unless
+    asked, and the saved folder's `truncation=True` and pipelines passed texts past the model's positions on to it."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
 def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, converts: Collection[str] = ()) -> None:
     """A --model folder that cannot train, read from its config.json before anything is loaded: none there (a
     tokenizer's folder failed in `from_pretrained` with "Unrecognized model"), quantized weights (torchao's int8,

@@ -57,6 +57,7 @@ from hf_scratch_transformer.cli.run_options import (
     config_overrides,
     follow_the_tokenizer,
     fraction,
+    load_run_tokenizer,
     model_tokenizer,
     non_negative_float,
     non_negative_int,
@@ -185,11 +186,11 @@ given = model_tokenizer(args.model) or args.tokenizer
 # does not), and another one given would change the ids under the weights.
 saved = resumed is not None and (resumed / "tokenizer_config.json").is_file()
 if saved:
-    tokenizer = AutoTokenizer.from_pretrained(resumed)
+    tokenizer = load_run_tokenizer(resumed, args.max_length)
     refuse_another_tokenizer(parser, given, tokenizer, resumed)
     say(f"tokenizer: the run's own, from {resumed}")
 elif given:
-    tokenizer = AutoTokenizer.from_pretrained(given)
+    tokenizer = load_run_tokenizer(given, args.max_length)
 elif resumed is not None:
     fail(parser, f"{resumed} holds no tokenizer: pass the one the run was trained with as --tokenizer.")
 else:

@@ -83,6 +83,7 @@ from hf_scratch_transformer.cli.run_options import (
     config_overrides,
     follow_the_tokenizer,
     fraction,
+    load_run_tokenizer,
     main_process_first,
     model_folder_written,
     model_tokenizer,
@@ -237,7 +238,7 @@ def tokenizer_of(files: dict[str, bytes]):
 
 if resume:
     tokenizer_source = resumed_tokenizer_folder(Path(resume))
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source or given)
+    tokenizer = load_run_tokenizer(tokenizer_source or given, args.max_length)
     if tokenizer_source:  # else the tokenizer is the given one
         refuse_another_tokenizer(parser, given, tokenizer, resume, tokenizer_source)
 else:
@@ -251,7 +252,7 @@ else:
             problem = str(error)
     fail_together(parser, accelerator, problem)  # the others stopped with a gloo traceback as the main one left
     if given:
-        tokenizer = AutoTokenizer.from_pretrained(given)
+        tokenizer = load_run_tokenizer(given, args.max_length)
 checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
 trained = not resume and not given
 if trained:  # its files reach the other processes from the main one's memory, not from OUTPUT_DIR/tokenizer (below)
