@@ -186,7 +186,7 @@ class ScratchAttention(nn.Module):
     def _self_attention_states(self, hidden_states, position_embeddings, past_key_values):
         heads = self._heads(self.qkv_proj(hidden_states))  # (B, H + 2K, T, D): the queries, keys, values
         num_heads, kv_heads = self.num_heads, self.num_key_value_heads
-        if position_embeddings is not None:
+        if position_embeddings is not None and not self._rotates_apart(heads):
             # Rotary: the queries and keys are adjacent heads, rotated in one pass (the same values and gradients,
             # half the ops: decoding 3% faster on an AVX-512 Intel Xeon, docs/performance.md "Python between the
             # products").
@@ -195,6 +195,8 @@ class ScratchAttention(nn.Module):
             value = heads[:, num_heads + kv_heads :]
         else:
             query, key, value = heads.split([num_heads, kv_heads, kv_heads], dim=1)
+            if position_embeddings is not None:
+                query, key = apply_rotary(query, *position_embeddings), apply_rotary(key, *position_embeddings)
         if past_key_values is not None:
             cache = (
                 past_key_values.self_attention_cache
@@ -203,6 +205,14 @@ class ScratchAttention(nn.Module):
             )
             key, value = cache.update(key, value, self.layer_idx)  # now (B, K, past + T, D)
         return query, key, value
+
+    @staticmethod
+    def _rotates_apart(heads: torch.Tensor) -> bool:
+        """A compiled training step rotates the queries and keys apart, as native Llama does: with a dynamic length,
+        inductor's backward fixed the strides of queries split from one rotation at the length it compiled with, and
+        the next length failed an `assert_size_stride` (Trainer's `torch_compile`, tests/test_compile.py). Compiled
+        decoding (no gradients) keeps the one pass."""
+        return torch.compiler.is_compiling() and heads.requires_grad
 
     def _paged_attention_states(self, hidden_states, position_embeddings, cache, kwargs):
         """Continuous batching on transformers >= 5.24: the paged cache takes the new keys and values before GQA

@@ -57,6 +57,25 @@ def test_compiled_training_step_matches_eager(family):
     _assert_compiled_step_matches_eager(eager_model, compiled_model, inputs)
 
 
+def test_a_dynamic_compiled_rotary_training_step_takes_a_second_length():
+    """`Trainer(torch_compile=True)` recompiles with a dynamic length at the second batch length: inductor's backward
+    fixed the strides of the queries split from one rotary pass over the fused heads at the length it compiled
+    with, so the next length's backward failed an `assert_size_stride` (native Llama, rotating apart, trained on)."""
+    rope = dict(position_embedding_type="rope", num_key_value_heads=2)
+    eager_model, compiled_model = tiny_lm("decoder", **rope).train(), tiny_lm("decoder", **rope).train()
+    compiled = torch.compile(compiled_model, dynamic=True)
+    for length in (9, 7):
+        inputs = lm_inputs("decoder", length=length)
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        inputs["attention_mask"][1, -2:] = 0  # a padding mask: sdpa's CPU flash kernel, whose backward reads them
+        eager_loss, compiled_loss = eager_model(**inputs).loss, compiled(**inputs).loss
+        torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
+        eager_loss.backward()
+        compiled_loss.backward()
+    for (name, a), (_, b) in zip(eager_model.named_parameters(), compiled_model.named_parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("family", ["encoder", "seq2seq"])
 def test_compiled_checkpointed_training_step_of_a_bidirectional_stack(family):
     """Gradient checkpointing on: an encoder stack warned about the config's `use_cache` (it has no cache), and the
