@@ -35,10 +35,19 @@ def _assert_compiled_step_matches_eager(eager_model, compiled_model, inputs: dic
     """One training step (loss and gradients) of `compiled_model` under `torch.compile(fullgraph=True)`, against
     the same step of its eager twin."""
     compiled = torch.compile(compiled_model, fullgraph=True)  # a graph break would raise
+    _step_both(eager_model, compiled, inputs)
+    _assert_same_gradients(eager_model, compiled_model)
+
+
+def _step_both(eager_model, compiled, inputs: dict) -> None:
+    """The loss of `compiled` (a compiled twin) equal to the eager model's, and both backward passes run."""
     eager_loss, compiled_loss = eager_model(**inputs).loss, compiled(**inputs).loss
     torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
     eager_loss.backward()
     compiled_loss.backward()
+
+
+def _assert_same_gradients(eager_model, compiled_model) -> None:
     for (name, a), (_, b) in zip(eager_model.named_parameters(), compiled_model.named_parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
 
@@ -68,12 +77,8 @@ def test_a_dynamic_compiled_rotary_training_step_takes_a_second_length():
         inputs = lm_inputs("decoder", length=length)
         inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         inputs["attention_mask"][1, -2:] = 0  # a padding mask: sdpa's CPU flash kernel, whose backward reads them
-        eager_loss, compiled_loss = eager_model(**inputs).loss, compiled(**inputs).loss
-        torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
-        eager_loss.backward()
-        compiled_loss.backward()
-    for (name, a), (_, b) in zip(eager_model.named_parameters(), compiled_model.named_parameters(), strict=True):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+        _step_both(eager_model, compiled, inputs)
+    _assert_same_gradients(eager_model, compiled_model)
 
 
 @pytest.mark.parametrize("family", ["encoder", "seq2seq"])
