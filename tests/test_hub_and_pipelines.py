@@ -4,14 +4,17 @@ and driven through `transformers.pipeline`, with tokenizers trained here on loca
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from load_without_package import run_without_package
 from tiny_models import tiny_config
+from tiny_native import bert, gpt2, llama
 from tiny_tokenizers import byte_level_bpe, wordpiece
-from transformers import AutoTokenizer, pipeline
+from transformers import AutoTokenizer, BertConfig, BertForTokenClassification, pipeline, set_seed
 
 import hf_scratch_transformer as hst
+from hf_scratch_transformer.conversion import from_hf
 
 FAMILY_OF = {
     hst.ScratchDecoderConfig: "decoder", hst.ScratchEncoderConfig: "encoder", hst.ScratchSeq2SeqConfig: "seq2seq"
@@ -130,6 +133,77 @@ def test_token_classification_pipeline(tokenizers, tmp_path):
     encoded = tokenizer(TEXT, return_tensors="pt")
     labels = model(**encoded).logits[0].argmax(-1)[1:-1]  # without [CLS] and [SEP]
     assert [entity["entity"] for entity in entities] == [model.config.id2label[i.item()] for i in labels]
+
+
+def _pipelines(task: str, models: dict, tokenizer, folder: Path) -> list:
+    """`task`'s pipeline on each model of {name: model}, saved with `tokenizer` as a user saves it."""
+    for name, model in models.items():
+        model.save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
+    return [pipeline(task, model=str(folder / name)) for name in models]
+
+
+def _same_answers(theirs, ours) -> None:
+    """Equal texts, tokens and labels; scores to fp32 rounding."""
+    if isinstance(theirs, list):
+        for a, b in zip(theirs, ours, strict=True):
+            _same_answers(a, b)
+    elif isinstance(theirs, dict):
+        assert theirs.keys() == ours.keys()
+        for key in theirs:
+            _same_answers(theirs[key], ours[key])
+    elif isinstance(theirs, float | np.floating):  # the pipelines' scores are numpy's
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6)
+    else:
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("make_native", [gpt2, llama], ids=["gpt2", "llama"])
+def test_text_generation_pipeline_answers_as_the_native_model(tokenizers, tmp_path, make_native):
+    """The same weights through the same pipeline: a batch of prompts padded to each other (`batch_size=2`), beams
+    with several sequences, seeded sampling and `return_full_text=False` give the native model's texts."""
+    tokenizer = tokenizers["decoder"]
+    torch.manual_seed(0)
+    native = make_native(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    prompts = [TEXT, "Now is the winter of our discontent", "O"]
+    calls = [(prompts, dict(max_new_tokens=6, batch_size=2)),
+             (TEXT, dict(max_new_tokens=6, num_beams=3, num_return_sequences=2, return_full_text=False)),
+             (prompts, dict(max_new_tokens=6, batch_size=2, do_sample=True, top_k=20, num_return_sequences=2))]
+    theirs, ours = _pipelines("text-generation", {"native": native, "ours": from_hf(native)}, tokenizer, tmp_path)
+    for inputs, options in calls:
+        answers = []
+        for generator in (theirs, ours):
+            set_seed(0)
+            answers.append(generator(inputs, **options))
+        _same_answers(*answers)
+
+
+def test_fill_mask_and_token_classification_pipelines_answer_as_bert(tokenizers, tmp_path):
+    """BERT's weights through the same pipelines: fill-mask with several masks, `targets` and a batch, and
+    token-classification with each aggregation, give BERT's tokens, labels and scores."""
+    tokenizer, mask = tokenizers["encoder"], tokenizers["encoder"].mask_token
+    torch.manual_seed(0)
+    native = bert(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    converted = from_hf(native)
+    theirs, ours = _pipelines("fill-mask", {"native": native, "ours": converted}, tokenizer, tmp_path / "masked")
+    for inputs, options in [(f"To {mask}, or not to {mask}.", dict(top_k=3)),
+                            (f"To be, or not to {mask}.", dict(targets=["be", "the", "king"])),
+                            ([f"To {mask}, or not", f"Now is the {mask} of our discontent"], dict(batch_size=2))]:
+        _same_answers(theirs(inputs, **options), ours(inputs, **options))
+    labels = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+    head = dict(num_labels=5, id2label=labels, label2id={label: i for i, label in labels.items()})
+    native_tagger = BertForTokenClassification(BertConfig(**native.config.to_dict() | head)).eval()
+    native_tagger.bert.load_state_dict(native.bert.state_dict())  # `from_hf` converts BERT's masked LM only
+    ours_tagger = hst.ScratchEncoderForTokenClassification(type(converted.config)(**converted.config.to_dict() | head))
+    ours_tagger.model.load_state_dict(converted.model.state_dict())
+    ours_tagger.classifier.load_state_dict(native_tagger.classifier.state_dict())
+    ours_tagger.eval()
+    theirs, ours = _pipelines("token-classification", {"native": native_tagger, "ours": ours_tagger}, tokenizer,
+                              tmp_path / "tokens")
+    for aggregation in ("none", "simple", "first", "max", "average"):
+        _same_answers(theirs(TEXT, aggregation_strategy=aggregation, ignore_labels=[]),
+                      ours(TEXT, aggregation_strategy=aggregation, ignore_labels=[]))
 
 
 def test_scratch_text2text_pipeline(tokenizers, tmp_path):
