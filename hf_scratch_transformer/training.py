@@ -130,8 +130,9 @@ class MasksOfEachStep:
     def _masked(self, batch: dict) -> dict:
         """The batch with its masks drawn, on the CPU as the collator draws them (the same masks on any device)."""
         step, device = self.state.global_step + 1, batch["input_ids"].device  # the step that trains on the batch
-        masked = training_data.mask_each_row(self.data_collator, {name: value.cpu() for name, value in batch.items()},
-                                             lambda tokens: training_data.row_seed(self.args.seed, step, *tokens))
+        masked = training_data.mask_training_rows(self.data_collator,
+                                                  {name: value.cpu() for name, value in batch.items()},
+                                                  self.args.seed, step)
         return {name: value.to(device) for name, value in masked.items()}
 
 

@@ -267,7 +267,7 @@ def mask_each_row(masking, batch: dict, seed_of_row: Callable[[list[int]], int])
     (-100 where nothing is masked), attention_mask as given; special_tokens_mask is dropped (no model takes it)."""
     masking = copy.copy(masking)
     masking.generator = torch.Generator()
-    ids, special = batch["input_ids"], batch.pop("special_tokens_mask", None)
+    ids, special = batch["input_ids"], batch.get("special_tokens_mask")
     real = batch.get("attention_mask", torch.ones_like(ids)).bool()
     masked, labels = ids.clone(), torch.full_like(ids, -100)
     for row, tokens in enumerate(ids):
@@ -276,7 +276,14 @@ def mask_each_row(masking, batch: dict, seed_of_row: Callable[[list[int]], int])
         row_special = None if special is None else special[row, real[row]][None]
         row_masked, row_labels = masking.torch_mask_tokens(tokens[None], row_special)
         masked[row, real[row]], labels[row, real[row]] = row_masked[0], row_labels[0]
-    return batch | {"input_ids": masked, "labels": labels}
+    kept = {name: value for name, value in batch.items() if name != "special_tokens_mask"}
+    return kept | {"input_ids": masked, "labels": labels}
+
+
+def mask_training_rows(masking, batch: dict, seed: int, step: int) -> dict:
+    """`mask_each_row` for a training batch of `step`, as both training commands mask theirs: each row from the run's
+    seed, the step and its tokens."""
+    return mask_each_row(masking, batch, lambda tokens: row_seed(seed, step, *tokens))
 
 
 def row_seed(*key: int) -> int:

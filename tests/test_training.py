@@ -260,8 +260,7 @@ def test_mlm_sequences_hold_every_token_of_long_documents(documents, max_length)
 def mask_as_training(tokenizer, features: list[dict], masker) -> dict:
     """Both commands' training batches: padded, then each row masked from the seed, the step and its tokens."""
     seed = int(torch.randint(2**16, ()))
-    return training_data.mask_each_row(masker, DataCollatorWithPadding(tokenizer)(features),
-                                       lambda tokens: training_data.row_seed(seed, 1, *tokens))
+    return training_data.mask_training_rows(masker, DataCollatorWithPadding(tokenizer)(features), seed, step=1)
 
 
 def mask_as_validation(tokenizer, features: list[dict], masker) -> dict:

@@ -366,8 +366,7 @@ def masked_to_device(batch: dict, step: int) -> dict:
     (`training_data.mask_each_row`): a resumed run draws the masks the uninterrupted one drew, and any number of
     processes the masks of one process with their combined batch."""
     if masker is not None:
-        batch = training_data.mask_each_row(masker, batch,
-                                            lambda tokens: training_data.row_seed(args.seed, step, *tokens))
+        batch = training_data.mask_training_rows(masker, batch, args.seed, step)
     return to_device(batch)
 
 
