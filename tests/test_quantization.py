@@ -150,6 +150,49 @@ def test_torchao_int8_loads_runs_generates_and_reloads(method, folders, inputs, 
     assert torch.equal(reloaded_logits, logits) and torch.equal(reloaded_tokens, tokens)
 
 
+# torchao's `quantize_` on a model in memory (torchao's own way, no TorchAoConfig): every linear layer, the LM head too.
+# Int4 as torchao's CPU int4 (`IntxWeightOnlyConfig`, groups of 32 inputs: `Int4WeightOnlyConfig` needs the `mslk`
+# package or CUDA, on both sides); float8 weight-only runs on CPU (float8 activations need CUDA).
+IN_MEMORY_CONFIGS = {
+    "Int8WeightOnlyConfig": lambda quantization: quantization.Int8WeightOnlyConfig(),
+    "Int8DynamicActivationInt8WeightConfig": lambda quantization: quantization.Int8DynamicActivationInt8WeightConfig(),
+    "IntxWeightOnlyConfig": lambda quantization: quantization.IntxWeightOnlyConfig(
+        weight_dtype=torch.int4, granularity=quantization.granularity.PerGroup(32)),
+    "Float8WeightOnlyConfig": lambda quantization: quantization.Float8WeightOnlyConfig(),
+}
+
+
+@pytest.mark.parametrize("method", IN_MEMORY_CONFIGS)
+def test_quantize_in_memory_computes_the_native_llamas_products(method, folders, inputs, fp32):
+    """Per-row and per-group scales are per output row, so our fused QKV and gate | up hold the values and scales of
+    Llama's separate layers, whichever torchao tensor they become."""
+    quantization = pytest.importorskip("torchao.quantization")
+    native = LlamaForCausalLM.from_pretrained(folders["native"]).eval()
+    models = {"ours": from_hf(native), "native": native}
+    for model in models.values():
+        quantization.quantize_(model, IN_MEMORY_CONFIGS[method](quantization))
+    assert all(type(model.lm_head.weight) not in PLAIN_TYPES for model in models.values())
+    results = {side: logits_and_tokens(model, inputs) for side, model in models.items()}
+    assert not torch.equal(results["ours"][0], fp32["ours"][0])  # quantized
+    torch.testing.assert_close(results["ours"][0], results["native"][0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(results["ours"][1], results["native"][1])
+
+
+def test_an_fp8_quantized_cache_decodes_as_the_native_llamas(folders, inputs):
+    """`generate(cache_implementation="quantized")` with transformers' fp8 backend (the one that needs no other
+    package: quanto and HQQ are not installed here) stores our keys and values as the native Llama stores its own."""
+    quantized_cache = {"cache_implementation": "quantized", "cache_config": {"backend": "fp8"}}
+    scores = {}
+    for side in CLASSES:
+        model = CLASSES[side].from_pretrained(folders[side]).eval()
+        for cache, options in (("fp8", quantized_cache), ("plain", {})):
+            output = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
+                                    return_dict_in_generate=True, **options)
+            scores[side, cache] = torch.stack(output.scores)
+    torch.testing.assert_close(scores["ours", "fp8"], scores["native", "fp8"], atol=1e-5, rtol=1e-5)
+    assert not torch.equal(scores["ours", "fp8"], scores["ours", "plain"])  # the cache was quantized
+
+
 class TorchaoProducts(TorchFunctionMode):
     """The weight shape of every `F.linear` with a torchao weight, in the order computed."""
 
