@@ -139,7 +139,8 @@ class ScratchConfigBase(PreTrainedConfig):
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         self._validate_common()
-        self._validate_family(kwargs)
+        self._refuse_other_families_knobs(kwargs)
+        self._validate_family()
         # Native configs (Llama) take `head_dim`; ours is derived (a property), which transformers could not set.
         head_dim = kwargs.pop("head_dim", None)
         if head_dim is not None and head_dim != self.head_dim:
@@ -207,8 +208,8 @@ class ScratchConfigBase(PreTrainedConfig):
         of `__post_init__`: a `dropout` of 1.5, an unknown `position_embedding_type` (a model without positions) or
         `norm_type` loaded without a word, and `head_dim` failed with "property has no setter". Our knobs go to the
         constructor instead, with the saved values; the rest (`num_labels`, `dtype`, ...) as transformers does."""
-        knobs = own_fields(cls)
-        knobs |= {"is_encoder_decoder", "head_dim", "sliding_window", *ROPE_KEYS, *cls.attribute_map}
+        knobs = own_fields(cls).union(*FAMILY_KNOBS.values())  # another family's: refused by the constructor
+        knobs |= {"is_encoder_decoder", "head_dim", *ROPE_KEYS, *cls.attribute_map}
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in knobs}
         # Until 2026-11-29 `--set KEY=False` saved the string "False", which the models took as true: a folder saved
         # so was built and trained with the knob on. Refused as any string is, saying what loads it as trained.
@@ -222,8 +223,21 @@ class ScratchConfigBase(PreTrainedConfig):
                 )
         return super().from_dict(_with_rope_shorthands(config_dict, overrides), **kwargs)
 
-    def _validate_family(self, kwargs: dict) -> None:
-        """The family's own checks; `kwargs` are the constructor's arguments that are not fields."""
+    def _validate_family(self) -> None:
+        """The family's own checks."""
+
+    def _refuse_other_families_knobs(self, kwargs: dict) -> None:
+        """A knob of another family (`kwargs`: the arguments that are not this config's fields) would be kept as an
+        extra attribute that nothing here reads: a decoder given `type_vocab_size` still has no token types. Worse,
+        `sliding_window` is read by transformers' masks and caches, and would window a seq2seq cross-attention cache.
+        None (unset) passes."""
+        for key, value in kwargs.items():
+            owners = [config_class.__name__ for config_class, knobs in FAMILY_KNOBS.items() if key in knobs]
+            if owners and value is not None:
+                raise ValueError(
+                    f"`{key}` is a knob of {' and '.join(owners)} only; {type(self).__name__} would keep it and "
+                    "ignore it."
+                )
 
     @property
     def head_dim(self) -> int:
@@ -304,17 +318,10 @@ class ScratchDecoderConfig(ScratchConfigBase):
     # None = full causal attention; an int = each token sees itself and the previous `sliding_window - 1` tokens.
     sliding_window: int | None = None
 
-    def _validate_family(self, kwargs: dict) -> None:
+    def _validate_family(self) -> None:
         _check_positive("num_hidden_layers", self.num_hidden_layers)
         if self.sliding_window is not None:
             _check_positive("sliding_window", self.sliding_window)
-
-
-def _refuse_sliding_window(kwargs: dict, family: str) -> None:
-    """`sliding_window` is the decoder-only family's field; given to another config it would land among the extra
-    attributes (`kwargs`), where nothing honours it as a window."""
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError(f"`sliding_window` is a knob of the decoder-only family; {family} attends to every token.")
 
 
 class ScratchEncoderConfig(ScratchConfigBase):
@@ -339,9 +346,8 @@ class ScratchEncoderConfig(ScratchConfigBase):
     # None = `dropout`.
     classifier_dropout: float | None = None
 
-    def _validate_family(self, kwargs: dict) -> None:
+    def _validate_family(self) -> None:
         _check_positive("num_hidden_layers", self.num_hidden_layers)
-        _refuse_sliding_window(kwargs, "the encoder")  # else kept as an extra attribute that does nothing
         # A bool is an int to Python, and `nn.Embedding(True, ...)` fails with a TypeError naming no field.
         type_vocab_size = self.type_vocab_size
         if not isinstance(type_vocab_size, int) or isinstance(type_vocab_size, bool) or type_vocab_size < 0:
@@ -385,12 +391,9 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     decoder_start_token_id: int | None = None
     is_encoder_decoder: bool = True
 
-    def _validate_family(self, kwargs: dict) -> None:
+    def _validate_family(self) -> None:
         _check_positive("encoder_layers", self.encoder_layers)
         _check_positive("decoder_layers", self.decoder_layers)
-        # The masks would read it, and `generate()` builds the cross-attention cache from this config too:
-        # windowed, it would keep only the last few encoder tokens.
-        _refuse_sliding_window(kwargs, "the encoder-decoder")
         if self.encoder_vocab_size is not None:
             _check_positive("encoder_vocab_size", self.encoder_vocab_size)
             if self.share_embeddings:
@@ -403,5 +406,12 @@ class ScratchSeq2SeqConfig(ScratchConfigBase):
     def source_vocab_size(self) -> int:
         return self.vocab_size if self.encoder_vocab_size is None else self.encoder_vocab_size
 
+
+# The knobs of each family that are fields there alone or in two (`_refuse_other_families_knobs` names them given to
+# another family). `decoder_start_token_id` is generation's as much as the seq2seq family's: any config may hold it.
+FAMILY_KNOBS = {
+    config_class: own_fields(config_class) - own_fields(ScratchConfigBase) - {"decoder_start_token_id"}
+    for config_class in (ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig)
+}
 
 __all__ = ["ScratchConfigBase", "ScratchDecoderConfig", "ScratchEncoderConfig", "ScratchSeq2SeqConfig"]

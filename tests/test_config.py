@@ -64,6 +64,15 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("decoder", dict(position_embedding_type="rope", rope_parameters={"rope_type": "linear"}), "rope_parameters"),
         # `num_hidden_layers` is the seq2seq decoder's depth (`attribute_map`), set after the checks: 0 was accepted
         ("seq2seq", dict(num_hidden_layers=0), "decoder_layers"),
+        # Another family's knob was kept as an extra attribute that did nothing: a decoder given `type_vocab_size`
+        # (as its error for `token_type_ids` advises) still refused token types; an encoder kept `share_embeddings`.
+        ("decoder", dict(type_vocab_size=2), "type_vocab_size.*ScratchEncoderConfig"),
+        ("decoder", dict(sparse_prediction=True), "sparse_prediction"),
+        ("decoder", dict(encoder_layers=2), "encoder_layers.*ScratchSeq2SeqConfig"),
+        ("encoder", dict(share_embeddings=False), "share_embeddings"),
+        ("encoder", dict(output_bias=True), "output_bias"),
+        ("seq2seq", dict(mlm_transform=True), "mlm_transform"),
+        ("seq2seq", dict(classifier_dropout=0.2), "classifier_dropout"),
     ],
 )
 def test_invalid_family_knob_names_the_field(family, overrides, field):
@@ -192,6 +201,7 @@ def test_config_round_trips_through_auto_config(family, tmp_path):
         ("decoder", dict(is_encoder_decoder=True), "is_encoder_decoder"),
         ("encoder", dict(type_vocab_size=-1), "type_vocab_size"),
         ("encoder", dict(sliding_window=4), "sliding_window"),
+        ("decoder", dict(type_vocab_size=2), "type_vocab_size"),  # kept as an attribute, and no token types
         ("seq2seq", dict(num_hidden_layers=0), "decoder_layers"),
         ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
         ("seq2seq", dict(head_dim=16), "head_dim"),  # an AttributeError: "property 'head_dim' ... has no setter"
