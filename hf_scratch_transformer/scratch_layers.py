@@ -286,6 +286,7 @@ class ScratchEmbeddings(nn.Module):
         self.embed_tokens = nn.Embedding(vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         self.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
+        self.family_has_token_types = hasattr(config, "type_vocab_size")  # the encoder's knob; the others have none
         self.embed_positions = None
         if config.position_embedding_type == "learned":
             self.embed_positions = ScratchLearnedPositionalEmbedding(config.max_position_embeddings, config.hidden_size)
@@ -338,8 +339,8 @@ class ScratchEmbeddings(nn.Module):
             return
         if not type_vocab_size:
             raise ValueError(
-                "`token_type_ids` were given, but this model has no token types (`type_vocab_size=0`); "
-                "leave them out or build the model with `type_vocab_size`."
+                "`token_type_ids` were given, but this model has no token types; leave them out"
+                + (" or build the model with `type_vocab_size`." if self.family_has_token_types else ".")
             )
         raise ValueError(
             f"`token_type_ids` must lie in [0, {type_vocab_size - 1}] (`type_vocab_size={type_vocab_size}`), got "

@@ -177,6 +177,16 @@ def test_token_types_outside_type_vocab_size_are_a_clear_error(wrong):
     model(input_ids=ids, token_type_ids=torch.tensor([[0, 1, 1, 0]]))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_token_types_to_a_model_without_them_are_refused_with_advice_its_family_can_take(family):
+    """Only the encoder has `type_vocab_size`: the decoder and seq2seq families, whose configs refuse it, are told to
+    leave the types out (they were told to build the model with it)."""
+    model = tiny_lm(family, **({"type_vocab_size": 0} if family == "encoder" else {}))
+    advice = r" or build the model with `type_vocab_size`\." if family == "encoder" else r"\.$"
+    with pytest.raises(ValueError, match=r"this model has no token types; leave them out" + advice):
+        model(**lm_inputs(family), token_type_ids=torch.ones_like(lm_inputs(family)["input_ids"]))
+
+
 # ---------------------------------------------------------------------------------------------- config types
 
 
