@@ -171,11 +171,11 @@ def _with_validation(raw: DatasetDict, validation_split: float, seed: int, sourc
 
 
 def keep_the_inputs_the_model_reads(tokenizer, config) -> None:
-    """A model without a token-type table (`type_vocab_size` 0, e.g. the bert-prenorm preset) refuses segment ids other
-    than 0, which an encoder's tokenizer gives the second text of a pair (pipelines' `text_pair`, zero-shot
-    classification, cross-encoders): its tokenizer then gives none, as ModernBERT's does. Saved with it
-    (`model_input_names` in tokenizer_config.json)."""
-    if getattr(config, "type_vocab_size", None) == 0 and "token_type_ids" in tokenizer.model_input_names:
+    """A model without a token-type table (`type_vocab_size` 0, e.g. the bert-prenorm preset; the decoder and seq2seq
+    families have none) refuses segment ids other than 0, which an encoder's tokenizer gives the second text of a pair
+    (pipelines' `text_pair`, zero-shot classification, cross-encoders): its tokenizer then gives none, as ModernBERT's
+    does. Saved with it (`model_input_names` in tokenizer_config.json)."""
+    if getattr(config, "type_vocab_size", 0) == 0 and "token_type_ids" in tokenizer.model_input_names:
         tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
 
 

@@ -408,6 +408,19 @@ def test_tokenizing_with_truncation_leaves_no_truncation_in_the_saved_tokenizer(
     assert len(Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode("to be or not " * 10).ids) > 8
 
 
+@pytest.mark.parametrize("family,config", [("decoder", {}), ("seq2seq", {}), ("encoder", {"type_vocab_size": 0}),
+                                           ("encoder", {"type_vocab_size": 2})])
+def test_a_wordpiece_tokenizer_gives_segment_ids_only_to_a_model_with_token_types(family, config):
+    """A pair's second text gets segment ids 1, which a model without a token-type table refuses: the decoder and
+    seq2seq families (no such knob) kept them, so a pair given to their tokenizer failed in the model."""
+    tokenizer = copy.deepcopy(wordpiece())
+    model = tiny_lm(family, vocab_size=len(tokenizer), **config)
+    training_data.keep_the_inputs_the_model_reads(tokenizer, model.config)
+    pair = tokenizer("a dog", "a horse", return_tensors="pt")
+    assert ("token_type_ids" in pair) == bool(config.get("type_vocab_size"))
+    model(**pair, **({"decoder_input_ids": pair["input_ids"]} if family == "seq2seq" else {}))  # read as given
+
+
 def test_text_files_are_read_by_paragraph_and_split(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"Speaker {i}:\nline one\nline two" for i in range(40)))
