@@ -1,6 +1,7 @@
-"""Options and defaults shared by the two training entry points, `train.py` (Trainer) and `train_accelerate.py`
-(Accelerate), so that both take the same data, model and tokenizer arguments, and how a run stops. Beside it: the
-data a run reads (`run_data`), the output folder it owns (`output_folder`), how it says a problem (`run_errors`)."""
+"""Options and defaults shared by the training commands, `train.py` (Trainer) and `train_accelerate.py` (Accelerate),
+so that both take the same data, model and tokenizer arguments, and with `finetune.py` the model checks, the Trainer's
+model folder and how a run stops. Beside it: the data a run reads (`run_data`), the output folder it owns
+(`output_folder`), how it says a problem (`run_errors`)."""
 
 import argparse
 import json
