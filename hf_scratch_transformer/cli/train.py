@@ -71,7 +71,6 @@ from hf_scratch_transformer.cli.run_options import (
     train_until_stopped,
     trainer_model_folder,
 )
-from hf_scratch_transformer.configuration_scratch import own_fields
 from hf_scratch_transformer.presets import get_preset
 from hf_scratch_transformer.sharding import ShardedTrainer
 from hf_scratch_transformer.trainer_checkpoints import CrashSafeSeq2SeqTrainer, CrashSafeTrainer
@@ -333,11 +332,10 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
                                  title=f"{preset or 'model'} {task}")
         files = run_data_files(args)
         dataset_name = run_data_name(args, files)
-        knobs = own_fields(type(model.config))
         hub.write_model_card(
             written, task=task, preset=preset,
             model_name=args.model_name or hub.default_repo_name(preset or "scratch", dataset_name),
-            config={key: value for key, value in model.config.to_dict().items() if key in knobs},
+            config=model.config.to_dict(),
             num_parameters=model.num_parameters(),
             dataset=dataset_name,
             dataset_on_hub=run_data_on_hub(args, files),
