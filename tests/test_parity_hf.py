@@ -17,6 +17,8 @@ from transformers import (
     Cache,
     DynamicCache,
     GPT2Model,
+    MistralConfig,
+    MistralForCausalLM,
 )
 from transformers.utils import ModelOutput
 
@@ -361,6 +363,28 @@ def test_generate_gives_the_native_models_outputs(name, attn_implementation, pad
             return_dict_in_generate=True, output_scores=True, output_logits=True, **strategy, **processors,
             **internals))
     _assert_same_generation(*outputs)
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static", "sliding_window"])
+def test_windowed_generation_gives_the_native_mistral_outputs(cache_implementation):
+    """A sliding window of 4 over a left-padded batch of 9-token prompts, through greedy, beam and seeded sampling,
+    with each cache that keeps a window (a static one rolls its window's layers): Mistral's sequences, scores and
+    logits. Eager attention differs from Mistral's only at padding whose window holds only padding (a query row
+    with no key: nothing reads it), so sdpa here; Mistral records no attentions."""
+    torch.manual_seed(0)
+    native = MistralForCausalLM(MistralConfig(**llama(initializer_range=0.3).config.to_dict(), sliding_window=4))
+    ours = from_hf(native.eval())
+    ids = _ids(batch=3, length=9)
+    mask = (torch.arange(9)[None] >= torch.tensor([[0], [3], [6]])).long()
+    ids = ids.masked_fill(mask == 0, native.config.pad_token_id)
+    for strategy in (dict(do_sample=False), dict(num_beams=3, num_return_sequences=2), dict(do_sample=True)):
+        outputs = []
+        for model in (native, ours):
+            torch.manual_seed(1)
+            outputs.append(model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=8, cache_implementation=cache_implementation,
+                return_dict_in_generate=True, output_scores=True, output_logits=True, **strategy))
+        _assert_same_generation(*outputs)
 
 
 # ---------------------------------------------------------------------------------------------- saving
