@@ -1249,3 +1249,53 @@ def test_a_file_given_twice_is_refused(hf_scratch, corpus, tmp_path):
     with pytest.raises(ReachedModelWork):
         hf_scratch("train", "--task", "seq2seq", "--source-files", source, source, "--target-files", target, other,
                    "--validation-source", source, "--validation-target", target, "--output-dir", tmp_path / "pairs")
+
+
+class KilledWhileSaving(BaseException):
+    """A kill, as far as the code under it can tell: nothing of it runs after."""
+
+
+def half_saved_tokenizer(monkeypatch, folder: Path) -> Path:
+    """`folder` as a kill leaves it while `hf-scratch tokenizer` saves there: tokenizer_config.json moved in, the
+    process killed before tokenizer.json (moved last, so that no new config is read over an earlier vocabulary)."""
+    from tokenizer_training.saving import save_in_place
+
+    folder.mkdir(parents=True, exist_ok=True)
+    move = Path.replace
+
+    def killed_before_the_vocabulary(source, target):
+        if Path(target).name == "tokenizer.json":
+            raise KilledWhileSaving
+        return move(source, target)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "replace", killed_before_the_vocabulary)
+        with pytest.raises(KilledWhileSaving):
+            save_in_place(byte_level_bpe(), folder, [])
+    assert (folder / "tokenizer_config.json").is_file() and not (folder / "tokenizer.json").exists()
+    return folder
+
+
+@pytest.mark.parametrize("command", [["train"], ["train-accelerate"], ["finetune", "--task", "text-classification"]])
+def test_a_tokenizer_folder_a_kill_left_half_saved_is_refused_by_name(monkeypatch, capsys, corpus, tmp_path, command):
+    """A tokenizer save killed between its two last moves leaves a folder that `AutoTokenizer` refuses, on purpose;
+    given as --tokenizer (or as the tokenizer of a --model folder), it stopped the command with the traceback of
+    "Couldn't instantiate the backend tokenizer". It is named now, with the way out (found by randomized kills)."""
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    if command[0] == "finetune":
+        folder = half_saved_tokenizer(monkeypatch, tmp_path / "model")
+        tiny_lm("decoder", vocab_size=320).save_pretrained(folder)
+        data = tmp_path / "train.csv"
+        data.write_text("text,label\n" + "".join(f"a {animal} runs,{animal}\n" for animal in ("dog", "horse") * 5))
+        arguments = ["--model", folder, "--train-file", data]
+    else:
+        folder = half_saved_tokenizer(monkeypatch, tmp_path / "tokenizer")
+        arguments = ["--tokenizer", folder, "--train-files", corpus, "--max-length", "32"]
+    with pytest.raises(SystemExit) as stopped:
+        main([*command, *map(str, arguments), "--output-dir", str(tmp_path / "out")])
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2, stderr
+    assert f"error: the tokenizer in {folder} cannot be loaded: " in stderr, stderr
+    assert "It has tokenizer_config.json but no tokenizer.json, as a tokenizer save stopped midway leaves it" in stderr

@@ -25,7 +25,6 @@ from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
-    AutoTokenizer,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
     TrainingArguments,
@@ -44,6 +43,7 @@ from hf_scratch_transformer.cli.run_options import (
     absolute_positions,
     check_model_fits,
     check_model_folder,
+    load_tokenizer,
     local_path,
     model_tokenizer,
     positive_float,
@@ -138,7 +138,7 @@ if args.resume:
 # --model of the same shapes (a base trained with another vocabulary) went on under them, tokenizing the data with its
 # own ids, and its tokenizer was saved into the model folder, without a word.
 if resumed is not None and (resumed / "tokenizer_config.json").is_file():
-    refuse_another_tokenizer(parser, model_tokenizer(args.model), AutoTokenizer.from_pretrained(resumed), resumed,
+    refuse_another_tokenizer(parser, model_tokenizer(args.model), load_tokenizer(parser, resumed), resumed,
                              remedy="resume with the run's own --model")
 
 # ----------------------------------------------------------------------------------------------- data
@@ -335,7 +335,7 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
         say(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
             f"classifier is left out and {args.task} trains a new head")
-tokenizer = AutoTokenizer.from_pretrained(model_tokenizer(args.model))
+tokenizer = load_tokenizer(parser, model_tokenizer(args.model))
 if tokenizer.pad_token is None:
     tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no padding token
 # A decoder's tokenizer pads on the left for batched generation; with absolute positions, a left-padded text's tokens

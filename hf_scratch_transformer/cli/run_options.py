@@ -293,11 +293,24 @@ def model_tokenizer(folder: Path | None) -> Path | None:
     return folder
 
 
-def load_run_tokenizer(folder: Path, max_length: int):
+def load_tokenizer(parser: argparse.ArgumentParser, folder: Path):
+    """`AutoTokenizer`'s tokenizer of `folder`; one it cannot load stops the command with exit status 2, naming the
+    folder (it was a traceback). A kill while `hf-scratch tokenizer` saves leaves tokenizer_config.json without
+    tokenizer.json, on purpose (`tokenizer_training.saving`: never the new config over the earlier vocabulary)."""
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as error:  # no backend tokenizer to build; a JSONDecodeError of a cut file
+        half_saved = (folder / "tokenizer_config.json").is_file() and not (folder / "tokenizer.json").exists()
+        fail(parser, f"the tokenizer in {folder} cannot be loaded: {str(error).splitlines()[0]}" + (
+            " It has tokenizer_config.json but no tokenizer.json, as a tokenizer save stopped midway leaves it: save "
+            "the tokenizer there again (`hf-scratch tokenizer ... --overwrite-output-dir`)." if half_saved else ""))
+
+
+def load_run_tokenizer(parser: argparse.ArgumentParser, folder: Path, max_length: int):
     """The tokenizer of `folder` (--tokenizer, --model or a checkpoint), cutting texts at the run's --max-length
     (`model_max_length`, saved with it), as the one a run trains does: one from `hf-scratch tokenizer` has none unless
     asked, and the saved folder's `truncation=True` and pipelines passed texts past the model's positions on to it."""
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(parser, folder)
     tokenizer.model_max_length = max_length
     return tokenizer
 

@@ -185,11 +185,11 @@ given = model_tokenizer(args.model) or args.tokenizer
 # does not), and another one given would change the ids under the weights.
 saved = resumed is not None and (resumed / "tokenizer_config.json").is_file()
 if saved:
-    tokenizer = load_run_tokenizer(resumed, args.max_length)
+    tokenizer = load_run_tokenizer(parser, resumed, args.max_length)
     refuse_another_tokenizer(parser, given, tokenizer, resumed)
     say(f"tokenizer: the run's own, from {resumed}")
 elif given:
-    tokenizer = load_run_tokenizer(given, args.max_length)
+    tokenizer = load_run_tokenizer(parser, given, args.max_length)
 elif resumed is not None:
     fail(parser, f"{resumed} holds no tokenizer: pass the one the run was trained with as --tokenizer.")
 else:

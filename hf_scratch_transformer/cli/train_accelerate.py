@@ -238,7 +238,7 @@ def tokenizer_of(files: dict[str, bytes]):
 
 if resume:
     tokenizer_source = resumed_tokenizer_folder(Path(resume))
-    tokenizer = load_run_tokenizer(tokenizer_source or given, args.max_length)
+    tokenizer = load_run_tokenizer(parser, tokenizer_source or given, args.max_length)
     if tokenizer_source:  # else the tokenizer is the given one
         refuse_another_tokenizer(parser, given, tokenizer, resume, tokenizer_source)
 else:
@@ -252,7 +252,7 @@ else:
             problem = str(error)
     fail_together(parser, accelerator, problem)  # the others stopped with a gloo traceback as the main one left
     if given:
-        tokenizer = load_run_tokenizer(given, args.max_length)
+        tokenizer = load_run_tokenizer(parser, given, args.max_length)
 checkpoint_files = tokenizer_files(tokenizer_source) if accelerator.is_main_process else {}
 trained = not resume and not given
 if trained:  # its files reach the other processes from the main one's memory, not from OUTPUT_DIR/tokenizer (below)
