@@ -221,8 +221,9 @@ def test_compile_compiles_decoding_on_the_cpu_with_the_answers_of_generate(folde
 def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(folder, expected, tmp_path):
     """A base model's tokenizer has no chat template (none that `hf-scratch` trains has one): chat and Responses
     requests, streamed or not, were answered a bare 500 with `apply_chat_template`'s traceback in the server's log,
-    and so were `max_tokens` 0 or negative (streamed: an error event). Each gets a 400 giving the reason, and the
-    server answers on."""
+    and so were `max_tokens` 0 or negative (streamed: an error event), and settings that could not be read (a
+    request's own `generation_config` that `GenerationConfig` rejects or that is no JSON object, a `temperature` that
+    is no number). Each gets a 400 giving the reason, and the server answers on."""
     base = tmp_path / "base"
     shutil.copytree(folder, base)
     (base / "chat_template.jinja").unlink()
@@ -241,6 +242,17 @@ def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(
             with pytest.raises(openai.BadRequestError) as refusal:
                 client.completions.create(model=str(base), prompt="Hi", max_tokens=max_tokens)
             assert "`max_new_tokens` must be greater than 0" in refusal.value.response.json()["detail"]
+        # The same settings in the request's own `generation_config`, one that is no JSON object, a value that is no
+        # number: bare 500s, as they failed while the settings were read.
+        unreadable = [({"generation_config": '{"max_new_tokens": 0}'}, "`max_new_tokens` must be greater than 0"),
+                      ({"generation_config": "{not json"}, "Expecting property name"),
+                      ({"generation_config": "[1]"}, "must be a mapping"),
+                      ({"temperature": "hot"}, "could not convert string to float")]
+        for given, reason in unreadable:
+            for stream in (False, True):
+                with pytest.raises(openai.BadRequestError) as refusal:
+                    client.completions.create(model=str(base), prompt="Hi", stream=stream, extra_body=given)
+                assert reason in refusal.value.response.json()["detail"]
         question = QUESTIONS[0]
         answer = client.completions.create(model=str(base), prompt=question, max_tokens=NEW_TOKENS, temperature=0)
         assert answer.choices[0].text == expected["plain"][question]

@@ -190,16 +190,19 @@ def needing_a_chat_template(resolve):
 def refusing_invalid_generation(build):
     """A handler's `_build_generation_config` refusing, with a 400 giving the reason, settings that `generate()`
     rejects from the config alone (`max_tokens` 0 or negative): a bare 500, streamed an error event in a 200. Checked
-    before generation starts, with or without continuous batching."""
+    before generation starts, with or without continuous batching. Settings that cannot be read were bare 500s too:
+    a request's own `generation_config` that is no JSON object or that `GenerationConfig` rejects (it validates
+    itself), a `temperature` or `max_tokens` that is no number."""
 
     @functools.wraps(build)
     def build_checked(self, *args, **kwargs):
-        generation_config = build(self, *args, **kwargs)
         try:
+            generation_config = build(self, *args, **kwargs)  # reads the request's values: any error is theirs
             generation_config.validate()  # what `generate()` runs first; minor issues are logged once, as there
-        except ValueError as error:
+        except (ValueError, TypeError) as error:
             raise NotServableError(
-                f"invalid generation settings (`max_tokens` or `max_output_tokens` sets `max_new_tokens`): {error}"
+                "invalid generation settings (`max_tokens` or `max_output_tokens` sets `max_new_tokens`; "
+                f"`generation_config` is a JSON object of `GenerationConfig` fields): {error}"
             ) from error
         return generation_config
 
