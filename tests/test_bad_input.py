@@ -183,8 +183,10 @@ def test_token_types_to_a_model_without_them_are_refused_with_advice_its_family_
     leave the types out (they were told to build the model with it)."""
     model = tiny_lm(family, **({"type_vocab_size": 0} if family == "encoder" else {}))
     advice = r" or build the model with `type_vocab_size`\." if family == "encoder" else r"\.$"
+    inputs = lm_inputs(family)
     with pytest.raises(ValueError, match=r"this model has no token types; leave them out" + advice):
-        model(**lm_inputs(family), token_type_ids=torch.ones_like(lm_inputs(family)["input_ids"]))
+        model(**inputs, token_type_ids=torch.ones_like(inputs["input_ids"]))
+    model(**inputs, token_type_ids=torch.zeros_like(inputs["input_ids"]))  # all-zero types change nothing and pass
 
 
 # ---------------------------------------------------------------------------------------------- config types

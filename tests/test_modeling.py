@@ -688,14 +688,6 @@ def test_seq2seq_reads_given_encoder_outputs_in_every_form_without_encoding_agai
         assert given.encoder_last_hidden_state is encoded.last_hidden_state or form == "tuple", form
 
 
-def test_token_types_on_a_model_without_them_are_a_clear_error():
-    model = tiny_lm("decoder")
-    ids = torch.randint(3, VOCAB, (1, 4))
-    with pytest.raises(ValueError, match="type_vocab_size"):
-        model(input_ids=ids, token_type_ids=torch.ones_like(ids))
-    model(input_ids=ids, token_type_ids=torch.zeros_like(ids))  # all-zero types change nothing and pass
-
-
 def test_seq2seq_loss_makes_no_cache():
     """As Marian and BART: a training step with labels fills no cache (that would copy every layer's keys)."""
     model = tiny_lm("seq2seq")
