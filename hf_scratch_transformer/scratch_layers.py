@@ -76,10 +76,11 @@ class ScratchRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if hidden_states.dtype == weight.dtype == torch.float32 and hidden_states.is_cpu:
+        if hidden_states.dtype == weight.dtype == torch.float32 and hidden_states.is_cpu and not torch.jit.is_tracing():
             # On CPU PyTorch's op runs the lines below in C++: the same ops, so the same values and gradients bit for
             # bit, and 7 Python calls less, each costly between a decoding step's products (docs/performance.md,
             # "Python between the products"). CUDA's is a fused kernel of other rounding than the native models'.
+            # A traced graph (TorchScript, its ONNX export, which has no op for `aten::rms_norm`) takes the lines below.
             return F.rms_norm(hidden_states, weight.shape, weight, self.eps)
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.float()
