@@ -39,15 +39,21 @@ class TokenWeightedEvaluationLoss:
     carry different numbers of labels (masked LM, seq2seq): 5.669, 5.681, 5.691 for the same weights at batches of
     4, 2, 1. Each sequence's summed loss and count are taken from the forward that computes the loss (a hook: the
     seq2seq trainer calls the model itself) and gathered per batch with `gather_for_metrics`, which drops the
-    repeats Accelerate pads the last batch of each process with."""
+    repeats Accelerate pads the last batch of each process with. Under a `compute_loss_func` (label smoothing)
+    Trainer gives the model no labels: they are taken from the batch `compute_loss` was given."""
+
+    _labels_of_the_loss: torch.Tensor | None = None  # the batch's labels while `compute_loss` runs
 
     def evaluation_loop(self, *args, metric_key_prefix: str = "eval", **kwargs):
         self._token_losses, recorded = torch.zeros(2, dtype=torch.float64), []
         shift = getattr(self.accelerator.unwrap_model(self.model), "loss_type", None) == "ForCausalLM"
 
         def record(module, inputs, kwargs, outputs) -> None:  # forwards with labels only: not generate()'s steps
-            if kwargs.get("labels") is not None:
-                recorded.append(summed_token_losses(outputs.logits.detach(), kwargs["labels"], shift))
+            labels = kwargs.get("labels")
+            if labels is None:
+                labels = self._labels_of_the_loss
+            if labels is not None:
+                recorded.append(summed_token_losses(outputs.logits.detach(), labels, shift))
 
         self._recorded_token_losses = recorded
         hook = self.model.register_forward_hook(record, with_kwargs=True)
@@ -59,6 +65,15 @@ class TokenWeightedEvaluationLoss:
         if count:
             output.metrics[f"{metric_key_prefix}_loss"] = summed / count
         return output
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        # Trainer pops the labels before the forward when it has a `compute_loss_func`: without them the hook
+        # recorded nothing, and the loss was Trainer's mean of batch means again (6.38 in two processes, 4.78 in one)
+        self._labels_of_the_loss = inputs.get("labels")
+        try:
+            return super().compute_loss(model, inputs, *args, **kwargs)
+        finally:
+            self._labels_of_the_loss = None
 
     def prediction_step(self, *args, **kwargs):
         result = super().prediction_step(*args, **kwargs)

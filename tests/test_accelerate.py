@@ -33,6 +33,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     DataCollatorForLanguageModeling,
     DataCollatorForTokenClassification,
@@ -120,6 +121,13 @@ def two_cpu_processes(launcher: str) -> tuple[list[str], dict]:
             "--main_process_port", str(free_port())], env
 
 
+def fsdp_launcher() -> list[str]:
+    """2 gloo processes sharded as configs/accelerate/fsdp.yaml shards on GPUs (needs the environment of
+    `two_cpu_processes`)."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp_cpu_2proc.yaml"),
+            "--main_process_port", str(free_port())]
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """The tiny corpus and a tokenizer per family, trained once."""
@@ -194,6 +202,13 @@ def test_exact_resume_for_masked_lm_and_seq2seq_in_bf16(workspace, task):
 # ----------------------------------------------------------------------------------------------- (b) two processes
 
 
+def assert_close_weights(folder: Path, expected: Path) -> None:
+    weights, expected_weights = (load_file(path / "model.safetensors") for path in (folder, expected))
+    assert weights.keys() == expected_weights.keys()
+    for name, tensor in expected_weights.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+
+
 def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
     # No dropout: each process draws its own masks, which one process cannot reproduce.
     # 3 validation sequences: Accelerate fills the second process's last batch with a repeat of the first.
@@ -210,11 +225,7 @@ def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
     assert sorted(two) == sorted(one) == [1, 2, 3]
     for step in one:
         assert two[step] == pytest.approx(one[step], abs=1e-5), step
-    two_weights = load_file(workspace / "ddp/model/model.safetensors")
-    one_weights = load_file(workspace / "single/model/model.safetensors")
-    assert two_weights.keys() == one_weights.keys()
-    for name, tensor in one_weights.items():
-        torch.testing.assert_close(two_weights[name], tensor, rtol=0, atol=1e-5)
+    assert_close_weights(workspace / "ddp/model", workspace / "single/model")
     # The final validation loss counts each sequence once (the repeat counted twice under two processes).
     two, one = (re.search(r"\| Eval loss \| \S+ \| ([\d.]+) \|", (workspace / run_dir / "model/README.md").read_text())
                 for run_dir in ("ddp", "single"))
@@ -222,6 +233,14 @@ def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
     # Two steps were checkpointed by both processes together: one RNG state each.
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (workspace / "ddp/checkpoints/step-3")
                                                               .iterdir()}
+    # Resumed in one process with the same global batch, it takes the same step 3. The script said the changed batch
+    # size and process count "make the steps differ from an uninterrupted run".
+    checkpoint, regrouped = workspace / "ddp/checkpoints/step-2", workspace / "ddp-in-one"
+    stdout = run(*arguments, "--batch-size", 4, "--output-dir", regrouped, "--resume-from", checkpoint, cwd=workspace)
+    assert "split over 2 processes, now over 1: the same batches and steps" in stdout
+    assert "changed settings" not in stdout
+    assert losses(regrouped) == pytest.approx(losses(workspace / "single"), abs=1e-5)
+    assert_close_weights(regrouped / "model", workspace / "single/model")
 
 
 def test_only_the_main_process_writes_the_model_folder(workspace):
@@ -465,6 +484,24 @@ def test_finetune_runs_under_torchrun_with_two_processes(classification_run):
     assert not (folder / "ddp/model.tmp").exists()
     config = json.loads((folder / "ddp/model/config.json").read_text())
     assert config["id2label"] == {"0": "animal", "1": "other"}
+
+
+def test_finetune_under_an_fsdp_launch_shards_and_saves_every_weight(classification_run):
+    """Accelerate ran finetune's FSDP launch on CPU processes as DDP without a word (whole checkpoints), and
+    Trainer's `save_model` writes no weights under the sharded state dict: its trainers shard and save as train's.
+    (2 x batch 2 against 1 x batch 4, by hand: weights within 5e-7, the same evaluation.)"""
+    folder, finetune = classification_run
+    sharded = folder / "fsdp"
+    _, env = two_cpu_processes("torchrun")
+    stdout = run(*finetune, "--batch-size", 2, "--output-dir", sharded, launcher=fsdp_launcher(), env=env, cwd=folder)
+    assert stdout.count("saved a Hub-ready folder:") == 1
+    checkpoint = sharded / "checkpoints/checkpoint-2"
+    assert (checkpoint / "pytorch_model_fsdp_0").is_dir() and not (checkpoint / "model.safetensors").exists()
+    config = json.loads((sharded / "model/config.json").read_text())  # the model's class, not torch's FSDP<Class>
+    assert config["architectures"] == ["ScratchEncoderForSequenceClassification"]
+    reloaded = AutoModelForSequenceClassification.from_pretrained(sharded / "model")
+    assert reloaded.config.id2label == {0: "animal", 1: "other"}
+    assert load_file(sharded / "model/model.safetensors").keys() == reloaded.state_dict().keys()
 
 
 def test_finetune_refuses_launched_processes_that_cannot_join(classification_run):

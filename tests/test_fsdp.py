@@ -13,7 +13,7 @@ import torch
 import yaml
 from accelerate.utils import merge_fsdp_weights
 from safetensors.torch import load_file
-from test_accelerate import CONFIGS, NO_DROPOUT, ROOT, RUN, SCRIPT, free_port, losses, run
+from test_accelerate import CONFIGS, NO_DROPOUT, ROOT, RUN, SCRIPT, fsdp_launcher, losses, run
 from tiny_tokenizers import write_run_corpus
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
@@ -30,11 +30,6 @@ SEQ2SEQ = ["--set", "encoder_layers=1", "decoder_layers=1", "hidden_size=32", "n
            "intermediate_size=64", "dropout=0", "attention_dropout=0", "activation_dropout=0", "embedding_dropout=0"]
 STEPS = ["--gradient-accumulation-steps", 2, "--label-smoothing", 0.1]
 CPU = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-
-
-def fsdp_launcher() -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp_cpu_2proc.yaml"),
-            "--main_process_port", str(free_port())]
 
 
 def assert_same_weights(folder_a, folder_b, atol: float) -> None:

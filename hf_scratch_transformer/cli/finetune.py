@@ -58,6 +58,7 @@ from hf_scratch_transformer.cli.run_options import (
     trainer_model_folder,
 )
 from hf_scratch_transformer.conversion import CONVERTERS, from_hf
+from hf_scratch_transformer.sharding import ShardedTrainer
 from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
 from tokenizer_training import load_data
 
@@ -84,7 +85,13 @@ def step_budget(text: str) -> int:
     return value
 
 
-class TokenClassificationTrainer(evaluation.TokenWeightedEvaluationLoss, CrashSafeTrainer):
+class TextClassificationTrainer(ShardedTrainer, CrashSafeTrainer):
+    """FSDP under an FSDP launch, on CPU processes too, with a final folder of the full weights (`ShardedTrainer`, as
+    `train`'s): Accelerate ran such a launch on CPU as DDP without a word, and `Trainer.save_model` writes no weights
+    under FSDP's sharded state dict."""
+
+
+class TokenClassificationTrainer(evaluation.TokenWeightedEvaluationLoss, TextClassificationTrainer):
     """Its evaluation loss counts each labelled word alike: sentences carry different numbers of words."""
 
 
@@ -398,7 +405,7 @@ collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classificat
 
 # ----------------------------------------------------------------------------------------------- training
 preemption = training.Preemption()
-trainer = (CrashSafeTrainer if args.task == "text-classification" else TokenClassificationTrainer)(
+trainer = (TextClassificationTrainer if args.task == "text-classification" else TokenClassificationTrainer)(
     model=model,
     args=TrainingArguments(
         output_dir=str(output_dir / "checkpoints"), num_train_epochs=args.epochs, max_steps=args.max_steps,

@@ -327,6 +327,24 @@ layout = {key: getattr(args, key) for key in ("task", "batch_size", "gradient_ac
     "warmup_steps": warmup_steps, "num_processes": accelerator.num_processes, "data": data_settings(args),
     "mixed_precision": accelerator.mixed_precision}
 history, start_step = [], 0
+
+
+def regrouped_global_batch(then: dict, changed: dict) -> str:
+    """Take the batch size and process count out of `changed` (setting -> (checkpoint's, now)) when the run splits
+    the checkpoint's global batch over fewer processes (batch x processes the same), and say so; else "". The seedable
+    sampler deals an epoch's batches to the processes in turn, so 1 process x batch 4 takes the sequences 2 x batch 2
+    took, step for step across epoch ends, and each row's MLM masks come from its tokens: the steps are the
+    uninterrupted run's but for dropout, whose masks each process draws from its own stream."""
+    now = args.batch_size * accelerator.num_processes
+    if "num_processes" not in changed or then.get("batch_size", 0) * then["num_processes"] != now:
+        return ""
+    changed.pop("batch_size", None)
+    processes, _ = changed.pop("num_processes")
+    return (f"its global batch of {now} sequences per micro-step, split over {processes} processes, now over "
+            f"{accelerator.num_processes}: the same batches and steps, but for dropout (each process draws its own "
+            "masks)")
+
+
 if resume:
     problem = None  # each process loads its own random state
     try:
@@ -340,8 +358,9 @@ if resume:
     then = manifest["metadata"]  # an older checkpoint's records fewer settings: those are not compared
     changed = {key: (then[key], value) for key, value in layout.items()
                if key in then and then[key] != value}  # (checkpoint's, now)
-    accelerator.print(f"resumed from {resume} at step {start_step}" + (f"; changed settings {changed} make the steps "
-                      "differ from an uninterrupted run" if changed else ""))
+    regrouped = regrouped_global_batch(then, changed)
+    accelerator.print(f"resumed from {resume} at step {start_step}" + (f"; {regrouped}" if regrouped else "") + (
+        f"; changed settings {changed} make the steps differ from an uninterrupted run" if changed else ""))
 else:
     set_seed(args.seed, device_specific=True)  # dropout of its own in each process
 
