@@ -144,6 +144,9 @@ class CrashSafeCheckpoints:
             check_loop(resume_from_checkpoint, TRAINER_PREFIX)
             check_sharding(resume_from_checkpoint, self.is_fsdp_enabled,
                            self.accelerator.state.fsdp_plugin.state_dict_type if self.is_fsdp_enabled else None)
+            finished = self._finished_state(resume_from_checkpoint)
+            if finished is None:  # a run with steps left needs every process's random state: said before any work
+                self._check_random_states(resume_from_checkpoint)
             if self.is_world_process_zero():
                 changed = {key: (then[key], now) for key, now in self._step_settings().items()
                            if key in then and then[key] != now}  # (checkpoint's, now)
@@ -152,9 +155,8 @@ class CrashSafeCheckpoints:
                       " (written before checkpoints had a manifest: taken whole, as it holds every file Trainer "
                       "writes, trainer_state.json last)" if manifest["format"] == 0 else ""))
             resume_from_checkpoint = str(resume_from_checkpoint)
-            finished = self._finished_run(resume_from_checkpoint)
             if finished is not None:
-                return finished
+                return self._finished_run(resume_from_checkpoint, finished)
             window = Path(resume_from_checkpoint) / LOSS_WINDOW
             self._resumed_loss_window = json.loads(window.read_text(encoding="utf-8")) if window.is_file() else None
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
@@ -163,13 +165,15 @@ class CrashSafeCheckpoints:
         settings = {key: getattr(self.args, key) for key in self.STEP_SETTINGS} | self._own_step_settings
         return {key: json.loads(json.dumps(value, default=str)) for key, value in settings.items()}
 
-    def _finished_run(self, checkpoint: str) -> TrainOutput | None:
-        """Trainer tests `max_steps` only after a step, so resuming a checkpoint at or past it would train one step
-        more and save a checkpoint beyond the run's end. Such a run has nothing left to train: the checkpoint's
-        weights and state are loaded, as resuming would, and no step is taken."""
+    def _finished_state(self, checkpoint: str) -> TrainerState | None:
+        """The checkpoint's state if it is at or past `max_steps`, else None. Trainer tests `max_steps` only after a
+        step, so resuming such a checkpoint would train one step more and save a checkpoint beyond the run's end."""
         state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
-        if self.args.max_steps <= 0 or state.global_step < self.args.max_steps:
-            return None
+        return state if 0 < self.args.max_steps <= state.global_step else None
+
+    def _finished_run(self, checkpoint: str, state: TrainerState) -> TrainOutput:
+        """A run with nothing left to train: the checkpoint's weights and state are loaded, as resuming would, and no
+        step is taken."""
         if self.is_world_process_zero():
             print(f"{Path(checkpoint).name} is at step {state.global_step}, --max-steps {self.args.max_steps}: "
                   "nothing left to train")
@@ -209,17 +213,23 @@ class CrashSafeCheckpoints:
         if settings is not None:
             check_same_optimizer(checkpoint, settings, self.optimizer)
 
-    def _load_rng_state(self, checkpoint: str | None) -> None:
-        if checkpoint is None:
-            return
-        names = [f"rng_state_{process}.pth" for process in range(self.args.world_size)] \
-            if self.args.world_size > 1 else ["rng_state.pth"]
+    def _random_state_names(self) -> list[str]:
+        """The random state file of each process, as Trainer names them."""
+        if self.args.world_size == 1:
+            return ["rng_state.pth"]
+        return [f"rng_state_{process}.pth" for process in range(self.args.world_size)]
+
+    def _check_random_states(self, checkpoint: str) -> None:
         # Every process checks the files of all, so that all stop together, none waits for another that stopped.
-        missing = [name for name in names if not (Path(checkpoint) / name).is_file()]
+        missing = [name for name in self._random_state_names() if not (Path(checkpoint) / name).is_file()]
         if missing:
             raise CheckpointError(f"Checkpoint {checkpoint} has no random state {missing[0]}: it was saved by another "
                                   "number of processes, or the file was removed.")
-        name = names[self.args.process_index]
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        if checkpoint is None:
+            return
+        name = self._random_state_names()[self.args.process_index]
         try:
             super()._load_rng_state(checkpoint)
         except Exception as error:

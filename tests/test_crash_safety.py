@@ -502,6 +502,7 @@ def test_a_checkpoint_of_one_process_resumed_by_two_stops_once_and_cleanly(works
     stdout = run_two_processes(command(entry, workspace, output, "--resume"), workspace)
     assert stdout.count("error: Checkpoint") == 1 and "has no random state" in stdout, stdout[-4000:]
     assert "saved by" in stdout
+    assert "resuming from" not in stdout  # refused before: Trainer's said it resumed, with changed settings
 
 
 @pytest.mark.slow
