@@ -1278,6 +1278,18 @@ def half_saved_tokenizer(monkeypatch, folder: Path) -> Path:
     return folder
 
 
+def test_a_half_saved_tokenizer_given_beside_a_resumed_checkpoint_is_refused_by_name(monkeypatch, capsys, tmp_path):
+    """The check that a resumed run's --tokenizer / --model is its checkpoint's loads the given one too: a half-saved
+    folder there stopped the command with the traceback the loading of the run's tokenizer no longer gives."""
+    from hf_scratch_transformer.cli.run_options import RunParser, refuse_another_tokenizer
+
+    folder = half_saved_tokenizer(monkeypatch, tmp_path / "tokenizer")
+    with pytest.raises(SystemExit) as stopped:
+        refuse_another_tokenizer(RunParser(prog="hf-scratch train"), folder, byte_level_bpe(), tmp_path / "step-2")
+    assert stopped.value.code == 2
+    assert f"error: the tokenizer in {folder} cannot be loaded: " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["train"], ["train-accelerate"], ["finetune", "--task", "text-classification"]])
 def test_a_tokenizer_folder_a_kill_left_half_saved_is_refused_by_name(monkeypatch, capsys, corpus, tmp_path, command):
     """A tokenizer save killed between its two last moves leaves a folder that `AutoTokenizer` refuses, on purpose;

@@ -449,7 +449,7 @@ def refuse_another_tokenizer(parser: argparse.ArgumentParser, given: Path | None
     """A resumed run keeps the tokenizer its checkpoint was trained with (`tokenizer`, from `source` when that is
     not the checkpoint itself): a --tokenizer / --model of another vocabulary would change the ids under the
     weights."""
-    if given and AutoTokenizer.from_pretrained(given).get_vocab() != tokenizer.get_vocab():
+    if given and load_tokenizer(parser, given).get_vocab() != tokenizer.get_vocab():
         parser.error(f"the tokenizer of {given} differs from the one {checkpoint} was trained with"
                      f"{f' ({source})' if source else ''}, which a resumed run keeps: {remedy}.")
 
