@@ -221,6 +221,16 @@ def replace_folder(partial: str | Path, final: str | Path) -> None:
     _fsync(final.parent)
 
 
+def place_folder(partial: str | Path, final: str | Path) -> None:
+    """Put the fully written folder `partial` at `final`, which nothing holds (absent, or an empty folder): its files
+    are flushed, then it is renamed, atomically. Where `final` holds something (made meanwhile), an OSError, and
+    `partial` stays as it is."""
+    partial, final = Path(partial), Path(final)
+    _fsync_tree(partial)
+    os.replace(partial, final)
+    _fsync(final.parent)
+
+
 # ----------------------------------------------------------------------------------------------- deleting
 
 

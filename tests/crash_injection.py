@@ -8,6 +8,8 @@ POINT says where the N-th occurrence (counted from 1) kills the process:
     rename   inside the N-th save: manifest written, just before the folder gets its final name
     delete   inside the N-th checkpoint deletion (pruning, or a step the run left): renamed aside, one file removed
     card     as the N-th model card is written: the model folder's weights and tokenizer saved, no card yet
+    tokenizer  as the N-th file of the run's tokenizer folder (OUTPUT_DIR/tokenizer, or where it is written aside) is
+             written, the files before it written (not those that checkpoints carry)
     late     no kill: every process but the main one lists a folder being written (`NAME.tmp`) N seconds late, as a
              slow process would
     exit     every process but the main one aborts as its interpreter ends (SIGABRT, as gloo's teardown once did
@@ -76,6 +78,17 @@ def kill_inside_deletion(count: int) -> None:
     shutil.rmtree = rmtree
 
 
+def kill_inside_the_run_tokenizer(count: int) -> None:
+    """The `count`-th file written into a run's tokenizer folder (`tokenizer/`, `tokenizer.tmp/`), not a checkpoint's,
+    kills the process first."""
+
+    def written_into_the_run_tokenizer(path, *args) -> bool:
+        folder = Path(path).parent
+        return folder.name.startswith("tokenizer") and not checkpointing.is_checkpoint_name(folder.parent)
+
+    kill_on_call(Path, "write_bytes", written_into_the_run_tokenizer, count)
+
+
 def fail_random_state_save(count: int) -> None:
     """The `count`-th `torch.save` of a random state (Accelerate's random_states_N.pkl, Trainer's rng_state_N.pth)
     fails as on a full disk."""
@@ -120,6 +133,8 @@ def main() -> None:
         kill_inside_deletion(count)
     elif point == "card":
         kill_on_call(hub, "write_model_card", lambda *args: True, count)
+    elif point == "tokenizer":
+        kill_inside_the_run_tokenizer(count)
     elif point == "late":
         if int(os.environ.get("RANK", "0")) != 0:
             list_now = os.listdir

@@ -199,6 +199,18 @@ def test_exact_resume_for_masked_lm_and_seq2seq_in_bf16(workspace, task):
         assert "token_type_ids" not in AutoTokenizer.from_pretrained(workspace / f"{task}-part/model")("a", "b")
 
 
+def test_a_step_with_no_labelled_token_logs_none(workspace, tmp_path):
+    """A masked LM's rows of one word each are mostly left unmasked: a step of such rows has no labelled token, and its
+    loss is 0 (divided by 1, not 0). The log said `"tokens": 1` there, the divisor, not the count."""
+    (tmp_path / "words.txt").write_text("\n\n".join("the man dog horse street".split() * 4))
+    run(SCRIPT, "--task", "masked-lm", "--train-files", tmp_path / "words.txt", "--tokenizer", workspace / "encoder",
+        *RUN, *TINY, "--batch-size", 1, "--max-steps", 6, "--output-dir", tmp_path / "out", cwd=workspace)
+    records = [json.loads(line) for line in (tmp_path / "out/loss_curve.jsonl").open()]
+    unmasked = [record for record in records if record["loss"] == 0]
+    assert unmasked and all(record["tokens"] == 0 and record["grad_norm"] == 0 for record in unmasked), records
+    assert all(record["tokens"] >= 1 for record in records if record["loss"] != 0), records
+
+
 # ----------------------------------------------------------------------------------------------- (b) two processes
 
 

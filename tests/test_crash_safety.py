@@ -537,6 +537,24 @@ def test_a_kill_while_the_model_folder_is_written_leaves_the_earlier_one_or_none
     assert sorted(path.name for path in output.iterdir() if path.name.startswith("model")) == ["model"]
 
 
+def test_a_kill_while_the_runs_tokenizer_is_written_leaves_it_whole_or_none(workspace, tmp_path):
+    """train-accelerate's OUTPUT_DIR/tokenizer is written aside and put in place whole. Written file by file, a kill
+    after tokenizer.json left that file alone there: the same command then refused the folder as an earlier run's, a
+    --tokenizer of it was no tokenizer, and --resume of a checkpoint that carries none took it for its run's."""
+    output = tmp_path / "tokenizer-kill"
+    arguments = [*map(str, ["--train-files", workspace / "corpus.txt", "--vocab-size", 300, *COMMON, "--max-steps", 2,
+                            "--output-dir", output])]
+    module = ENTRY_POINTS["accelerate"][0]
+    run([sys.executable, str(HERE / "crash_injection.py"), "tokenizer", "2", module, *arguments], workspace,
+        returncode=-signal.SIGKILL)
+    assert not (output / "tokenizer").exists(), "no half-written tokenizer folder"
+    run([sys.executable, "-m", module, *arguments], workspace)  # the same command, not refused
+    carried = output / "checkpoints" / f"{checkpointing.ACCELERATE_PREFIX}-2" / "tokenizer"
+    assert {path.name: path.read_bytes() for path in (output / "tokenizer").iterdir()} == \
+        {path.name: path.read_bytes() for path in carried.iterdir()}
+    assert not (output / "tokenizer.tmp").exists(), "what the kill left is cleared"
+
+
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     """As on a read-only file system (access(2) says so even to root, whom permission bits do not stop)."""
     read_only = tmp_path / "read-only"

@@ -517,22 +517,77 @@ def test_a_replaced_tokenizer_stopped_midway_is_never_mixed_with_the_earlier_one
     assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder"
 
 
+class Killed(BaseException):
+    """A kill, as far as the code under it can tell: nothing of it runs after."""
+
+
+def killed_at_rename(kill: int, rename=os.replace):
+    """`os.replace` (`rename`) that kills at its `kill`-th call, before renaming."""
+    calls = []
+
+    def replace(source, target):
+        calls.append(target)
+        if len(calls) == kill:
+            raise Killed
+        return rename(source, target)
+
+    return replace
+
+
+def test_a_new_tokenizer_folder_stopped_midway_is_whole_or_absent(corpus_file, tmp_path, monkeypatch, capsys):
+    """A new --output-dir is saved whole beside it and renamed into place. Moved in file by file, a kill before
+    tokenizer.json left tokenizer_config.json alone, which the same command then refused as "a tokenizer" without
+    --overwrite-output-dir. Such a folder from elsewhere is refused, saying what it lacks and what to do."""
+    from hf_scratch_transformer.cli import main
+    from tokenizer_training.saving import tokenizer_files
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    folder = tmp_path / "tokenizer"
+    command = ["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(corpus_file), "--vocab-size",
+               str(VOCAB), "--output-dir", str(folder)]
+    rename = os.replace
+    for kill in range(1, 10):  # killed before the first rename, the second ..., until none is left to kill at
+        monkeypatch.setattr(os, "replace", killed_at_rename(kill, rename))
+        try:
+            main(command)  # the same command each time, never refused
+            break
+        except Killed:
+            assert tokenizer_files(folder) == [], f"killed before rename {kill}: nothing of the tokenizer in place"
+    assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "decoder"
+    assert [path.name for path in tmp_path.iterdir()] == ["tokenizer"], "what the kills left is cleared"
+    monkeypatch.setattr(os, "replace", rename)
+    (folder / "tokenizer.json").unlink()  # as a copy in part, or a save into an existing folder stopped midway
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(command)
+    assert stopped.value.code == 2 and (
+        f"--output-dir {folder} holds part of a tokenizer (tokenizer_config.json) without its vocabulary "
+        "(tokenizer.json, or a slow tokenizer's vocab.txt ...), which no tokenizer loads from: pass "
+        "--overwrite-output-dir to replace it") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("while_this_one", ["trained", "was saved aside"])
 def test_a_tokenizer_saved_into_the_folder_while_this_one_trained_is_kept(corpus_file, trained, tmp_path,
-                                                                          monkeypatch, capsys):
+                                                                          monkeypatch, capsys, while_this_one):
     """Two commands into one new folder, the second finishing while the first trained (or any tokenizer saved there
     meanwhile): the folder held none when checked, and the last to save replaced the other's tokenizer without
-    --overwrite-output-dir, both saying "saved to"."""
+    --overwrite-output-dir, both saying "saved to". Saved there as this one was saved aside, the folder is no longer
+    new, and this one's is not renamed into its place."""
     import tokenizer_training
+    from hf_scratch_transformer import checkpointing
     from hf_scratch_transformer.cli import main
 
     monkeypatch.setattr("sys.argv", ["hf-scratch"])
-    folder, train = tmp_path / "tokenizer", tokenizer_training.train_tokenizer
+    folder = tmp_path / "tokenizer"
+    owner, name = (tokenizer_training, "train_tokenizer") if while_this_one == "trained" else \
+        (checkpointing, "place_folder")
+    then = getattr(owner, name)
 
-    def trained_while_the_other_saved(*args, **kwargs):
+    def while_the_other_saved(*args, **kwargs):
         trained("wordpiece", "encoder").save_pretrained(folder)  # the other command's
-        return train(*args, **kwargs)
+        return then(*args, **kwargs)
 
-    monkeypatch.setattr(tokenizer_training, "train_tokenizer", trained_while_the_other_saved)
+    monkeypatch.setattr(owner, name, while_the_other_saved)
     with pytest.raises(SystemExit) as stopped:
         main(["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(corpus_file), "--vocab-size",
               str(VOCAB), "--output-dir", str(folder)])
@@ -541,6 +596,7 @@ def test_a_tokenizer_saved_into_the_folder_while_this_one_trained_is_kept(corpus
             in capsys.readouterr().err)
     assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder", "the other command's, kept"
     assert sorted(path.name for path in folder.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    assert [path.name for path in tmp_path.iterdir()] == ["tokenizer"], "nothing of this one's left beside it"
 
 
 @pytest.mark.parametrize("held, message", [("vocab.txt", "holds a tokenizer (vocab.txt)"),

@@ -20,7 +20,7 @@ from hf_scratch_transformer.cli.run_data import files_given_twice
 from hf_scratch_transformer.cli.run_errors import fail
 from hf_scratch_transformer.cli.run_options import non_negative_int, positive_int
 from tokenizer_training import load_data, padded_vocab_size, train_tokenizer
-from tokenizer_training.saving import save_in_place, tokenizer_files
+from tokenizer_training.saving import held_tokenizer, save_in_place, tokenizer_files
 from tokenizer_training.trainers import FAMILIES, KINDS
 
 # -----------------------------------------------------------------------------------------------
@@ -60,8 +60,8 @@ if args.files and (problem := files_given_twice({"files": args.files})):
 # A model folder's tokenizer replaced without a word would put other ids under its weights (a slow one too: vocab.txt).
 held = tokenizer_files(args.output_dir)
 if held and not args.overwrite_output_dir:
-    parser.error(f"--output-dir {args.output_dir} holds a tokenizer ({', '.join(held)}): pass --overwrite-output-dir "
-                 "to replace it, or choose another --output-dir")
+    parser.error(f"--output-dir {args.output_dir} holds {held_tokenizer(held)}: pass --overwrite-output-dir to "
+                 "replace it, or choose another --output-dir")
 if folders := [name for name in held if not (args.output_dir / name).is_file()]:  # failed after training, half saved
     parser.error(f"--output-dir {args.output_dir}: {', '.join(folders)} is a folder, where the tokenizer's file goes")
 # `save_pretrained` only logs that a file is in the way and writes nothing: refuse before training.

@@ -6,10 +6,16 @@ vocabulary, and a full disk left the earlier tokenizer.json cut short. A tokeniz
 while this one trained (the folder held none, or another, when checked) is kept, and this one is not saved: the last
 to save replaced it without --overwrite-output-dir.
 
-The new tokenizer is saved aside (`FOLDER/.tokenizer.tmp`, which publishing skips as hidden); the earlier one's files
-are removed, its tokenizer.json first; then the new files are moved in, tokenizer.json last: `AutoTokenizer` loads a
-fast tokenizer from tokenizer.json, and fails on a folder that has its config without it."""
+A folder that does not exist yet is saved whole beside it (`.FOLDER.tokenizer.tmp`) and renamed into place: a kill
+leaves it whole or absent. (Saved file by file, a kill left a new folder holding tokenizer_config.json alone, which
+the same command then refused as "a tokenizer" without --overwrite-output-dir.) Into a folder that exists (a model's,
+whose other files stay), the new tokenizer is saved aside (`FOLDER/.tokenizer.tmp`, which publishing skips as
+hidden); the earlier one's files are removed, its tokenizer.json first; then the new files are moved in,
+tokenizer.json last: `AutoTokenizer` loads a fast tokenizer from tokenizer.json, and fails on a folder that has its
+config without it. Such a folder, a tokenizer's settings without a vocabulary, is refused as part of a tokenizer
+(`held_tokenizer`)."""
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -17,6 +23,8 @@ from hf_scratch_transformer import checkpointing
 from tokenizer_training import TOKENIZER_FILES
 
 VOCABULARY = "tokenizer.json"  # what the folder's tokenizer loads from: removed first, moved in last
+# The files of a tokenizer's settings, saved beside its vocabulary (tokenizer.json, or a slow one's vocab.txt ...)
+SETTINGS_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
 
 
 def tokenizer_files(folder: Path) -> list[str]:
@@ -24,16 +32,31 @@ def tokenizer_files(folder: Path) -> list[str]:
     return [name for name in TOKENIZER_FILES if (folder / name).exists()]
 
 
+def held_tokenizer(held: list[str]) -> str:
+    """What a folder whose `tokenizer_files` are `held` holds, in words: a tokenizer, or its settings without a
+    vocabulary (a save into an existing folder stopped midway, a copy in part)."""
+    if any(name not in SETTINGS_FILES for name in held):
+        return f"a tokenizer ({', '.join(held)})"
+    return (f"part of a tokenizer ({', '.join(held)}) without its vocabulary ({VOCABULARY}, or a slow tokenizer's "
+            "vocab.txt ...), which no tokenizer loads from")
+
+
 def save_in_place(tokenizer, folder: Path, replaced: list[str]) -> list[str]:
     """Save `tokenizer` into `folder` in place of the files `replaced` (the earlier tokenizer's); returns those of
     them the new tokenizer does not write. A write error is a `CheckpointError` naming it, the earlier files kept."""
-    aside = checkpointing.folder_aside(folder / ".tokenizer")  # emptied of what an interrupted save left
+    new = not folder.exists()
+    # emptied of what an interrupted save left
+    aside = checkpointing.folder_aside(folder.parent / f".{folder.name}.tokenizer" if new else folder / ".tokenizer")
     try:
-        with checkpointing.write_error_named("The tokenizer", folder, f"The files in {folder} are untouched."):
+        with checkpointing.write_error_named("The tokenizer", aside.parent, f"{folder} is as it was."):
             written = sorted(Path(path).name for path in tokenizer.save_pretrained(aside))
     except checkpointing.CheckpointError:
         shutil.rmtree(aside, ignore_errors=True)  # a partial copy, on a disk that may be full
         raise
+    if new:
+        with contextlib.suppress(OSError):  # else a folder made meanwhile: its files are checked and moved into it
+            checkpointing.place_folder(aside, folder)
+            return []
     if meanwhile := [name for name in tokenizer_files(folder) if name not in replaced]:
         shutil.rmtree(aside)
         raise checkpointing.CheckpointError(

@@ -228,11 +228,17 @@ def tokenizer_files(folder: Path | None) -> dict[str, bytes]:
                 if file.is_file()}
 
 
+def write_tokenizer_files(files: dict[str, bytes], folder: Path) -> None:
+    """`tokenizer_files`' files into `folder`, made here if need be."""
+    folder.mkdir(exist_ok=True)
+    for name, content in files.items():
+        (folder / Path(name).name).write_bytes(content)
+
+
 def tokenizer_of(files: dict[str, bytes]):
     """The tokenizer of `tokenizer_files`' files."""
     with tempfile.TemporaryDirectory() as folder:
-        for name, content in files.items():
-            (Path(folder) / Path(name).name).write_bytes(content)
+        write_tokenizer_files(files, Path(folder))
         return AutoTokenizer.from_pretrained(folder)
 
 
@@ -428,11 +434,12 @@ if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
         # written once every check has passed, as the earlier run's checkpoints and tokenizer are removed (none of its
         # files left among this one's). Written as it was trained, a run then refused (the model's checks, too little
         # data) had replaced the earlier run's tokenizer, or left a folder that looked like an earlier run, and the
-        # corrected command was refused over it.
+        # corrected command was refused over it. Written aside and put in place whole: killed between its files, it
+        # held tokenizer.json alone, which the same command refused as an earlier run, and --tokenizer as no tokenizer.
         if trained or resume and not continues_run(resume, output_dir):
-            tokenizer_dir.mkdir(exist_ok=True)
-            for name, content in checkpoint_files.items():
-                (output_dir / name).write_bytes(content)
+            written = checkpointing.folder_aside(tokenizer_dir)
+            write_tokenizer_files(checkpoint_files, written)
+            checkpointing.replace_folder(written, tokenizer_dir)
         log_file.write_text("".join(json.dumps(record) + "\n" for record in history))
 stream = micro_batches(start_step * accumulation)
 # Each checkpoint carries the model's config, which a resumed run's must equal (shapes alone let a changed activation
@@ -444,7 +451,10 @@ with training.Preemption() as preemption:  # a SIGTERM stops after the step unde
     for step in range(start_step + 1, stop + 1):
         batches = [masked_to_device(next(stream), step) for _ in range(accumulation)]
         # Labelled tokens in the whole global batch (all micro-steps, all processes), as Trainer's num_items_in_batch.
-        num_items = accelerator.reduce(sum(count_labels(batch["labels"]) for batch in batches), "sum").clamp(min=1)
+        labelled = accelerator.reduce(sum(count_labels(batch["labels"]) for batch in batches), "sum")
+        # The loss's divisor: a step with none (a masked LM that masked no token) has a loss of 0, not 0 / 0. The log
+        # records the count itself: it said 1 there.
+        num_items = labelled.clamp(min=1)
         step_loss = torch.zeros((), device=accelerator.device)
         for batch in batches:
             with accelerator.accumulate(model):
@@ -465,7 +475,7 @@ with training.Preemption() as preemption:  # a SIGTERM stops after the step unde
         # launcher's SIGTERM reaches the processes at different steps, and all stop after the same one.
         requested = torch.tensor(float(preemption.requested), device=accelerator.device)
         loss, preempted = accelerator.reduce(torch.stack([step_loss, requested]), "sum").tolist()
-        record = {"step": step, "loss": loss, "lr": lr, "tokens": num_items.item(),
+        record = {"step": step, "loss": loss, "lr": lr, "tokens": labelled.item(),
                   "grad_norm": None if grad_norm is None else float(grad_norm)}
         history.append(record)
         if accelerator.is_main_process:
