@@ -19,10 +19,10 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import _add_variant
 from transformers.processing_utils import Unpack
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, TransformersKwargs
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, ModelOutput, TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -469,9 +469,23 @@ class ScratchTransformer(ScratchPreTrainedModel):
                 encoder_attention_mask=encoder_attention_mask,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=self.final_norm(hidden_states), **cache_output(past_key_values if use_cache else None)
-        )
+        return self._stack_output(self.final_norm(hidden_states), past_key_values if use_cache else None)
+
+    def _stack_output(self, last_hidden_state: torch.Tensor, cache: Cache | None) -> ModelOutput:
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=last_hidden_state, **cache_output(cache))
+
+
+class ScratchSourceEncoder(ScratchTransformer):
+    """The encoder half of the encoder-decoder: the bidirectional stack, returning a `BaseModelOutput` as Marian's and
+    BART's encoders do. `generate()` hands the encoder's output to every step, so an exported step's program takes
+    exactly that class (its input tree holds it): with the stack's own class, a hand-built
+    `BaseModelOutput(last_hidden_state=...)`, which native Marian's program takes, failed to flatten."""
+
+    def __init__(self, config, *, vocab_size: int):
+        super().__init__(config, layers_field="encoder_layers", vocab_size=vocab_size, is_causal=False)
+
+    def _stack_output(self, last_hidden_state: torch.Tensor, cache: Cache | None) -> BaseModelOutput:
+        return BaseModelOutput(last_hidden_state=last_hidden_state)  # a bidirectional stack makes no cache
 
 
 class ScratchCrossAttentionTransformer(ScratchTransformer):

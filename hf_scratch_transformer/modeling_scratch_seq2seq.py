@@ -20,7 +20,7 @@ from .modeling_scratch_common import (
     ScratchCrossAttentionTransformer,
     ScratchGenerationMixin,
     ScratchPreTrainedModel,
-    ScratchTransformer,
+    ScratchSourceEncoder,
     check_labels_shape,
 )
 
@@ -89,9 +89,7 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
         if config.share_embeddings:
             # Declared so that `save_pretrained` stores the shared matrix once, under the decoder's name.
             self._tied_weights_keys = self._shared_embeddings_keys
-        self.encoder = ScratchTransformer(
-            config, layers_field="encoder_layers", vocab_size=config.source_vocab_size, is_causal=False
-        )
+        self.encoder = ScratchSourceEncoder(config, vocab_size=config.source_vocab_size)
         self.decoder = ScratchCrossAttentionTransformer(config, vocab_size=config.vocab_size)
         self.post_init()
 
@@ -147,8 +145,8 @@ class ScratchSeq2SeqModel(ScratchSeq2SeqPreTrainedModel):
                 return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
                 **kwargs,
             )
-        # Any output object is read by name (ours is the stack's `BaseModelOutputWithPastAndCrossAttentions`, which
-        # `generate()` passes back at every step); a tuple, from `return_dict=False`, is named here.
+        # Any output object is read by name (the encoder's `BaseModelOutput`, which `generate()` passes back at every
+        # step, or another class); a tuple, from `return_dict=False`, is named here.
         elif not isinstance(encoder_outputs, ModelOutput):
             encoder_outputs = BaseModelOutput(
                 last_hidden_state=encoder_outputs[0],

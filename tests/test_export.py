@@ -19,6 +19,7 @@ from transformers.integrations.executorch import (
     TorchExportableModuleWithStaticCache,
     convert_and_export_with_cache,
 )
+from transformers.modeling_outputs import BaseModelOutput
 
 from hf_scratch_transformer.conversion import from_hf
 
@@ -133,3 +134,35 @@ def test_seq2seq_exportable_module_exports_with_its_defaults_and_decodes_as_eage
         expected = native(input_ids=source, decoder_input_ids=torch.tensor([tokens[:-1]])).logits
     torch.testing.assert_close(torch.stack(steps, dim=1), expected, atol=ATOL, rtol=0)
 
+
+def _seq2seq_decode_step(model):
+    """`generate()`'s decode step of Marian-like `model` on a batch with padding: its exported program and inputs."""
+    source = _ids(2, 7)
+    mask = torch.ones_like(source)
+    mask[-1, -2:] = 0
+    inputs = {"input_ids": source, "attention_mask": mask}
+    config = GenerationConfig(do_sample=False, decoder_start_token_id=VOCAB - 1, pad_token_id=VOCAB - 1,
+                              eos_token_id=0)
+    _, step_inputs = decompose_for_generation(model, inputs, generation_config=config)["decode"]
+    program = DynamoExporter().export_for_generation(model, inputs, DynamoConfig(dynamic=True),
+                                                     generation_config=config).components["decode"].program.module()
+    return program, {key: value for key, value in step_inputs.items() if key not in ("use_cache", "return_dict")}
+
+
+def test_seq2seq_decode_program_takes_a_hand_built_base_model_output_as_marian_does():
+    """An exported program's inputs have the tree structure they were traced with, output classes included, and
+    `generate()`'s steps carry `encoder_outputs` as the encoder returned them. Marian's encoder returns a
+    `BaseModelOutput`, so its decode program takes a hand-built `BaseModelOutput(last_hidden_state=...)`; ours
+    returned the stack's `BaseModelOutputWithPastAndCrossAttentions`, and the same call failed ("Trying to flatten
+    user inputs with exported input tree spec"). Both give the eager model's logits, which are Marian's."""
+    native = marian()
+    ours = from_hf(native)
+    for name, model in (("native", native), ("ours", ours)):
+        program, step_inputs = _seq2seq_decode_step(model)
+        step_inputs["encoder_outputs"] = BaseModelOutput(
+            last_hidden_state=step_inputs["encoder_outputs"].last_hidden_state
+        )
+        with torch.no_grad():
+            expected = native(**copy.deepcopy(step_inputs)).logits
+        torch.testing.assert_close(program(**step_inputs).logits, expected, atol=ATOL, rtol=0,
+                                   msg=lambda message, name=name: f"{name}: {message}")

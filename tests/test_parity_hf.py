@@ -20,6 +20,7 @@ from transformers import (
     MistralConfig,
     MistralForCausalLM,
 )
+from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
 import hf_scratch_transformer as hst
@@ -304,6 +305,32 @@ def test_marian_greedy_and_beam_tokens_match():
         expected = native.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kwargs)
         actual = ours.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kwargs)
         assert torch.equal(actual, expected), kwargs
+
+
+
+def test_marian_given_encoder_outputs_give_the_native_logits_and_tokens():
+    """`encoder_outputs` given as a hand-built `BaseModelOutput` or a tuple `(hidden,)`: a forward's logits and
+    `generate()`'s tokens are Marian's, which are those from the source ids. Beside a tuple, as on Marian,
+    `generate()` needs the ids (without them it asks for a `bos_token_id`) and searches greedily only (transformers'
+    beam expansion indexes the tuple by name: TypeError)."""
+    native, ours = _native_and_ours("marian", "sdpa")
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    with torch.no_grad():
+        hidden = native.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    greedy, beams = dict(num_beams=1, do_sample=False), dict(num_beams=4, length_penalty=0.6)
+    forms = {  # fresh each call: beam search expands the encoder output it is given in place
+        "BaseModelOutput": (lambda: {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden)}, [greedy, beams]),
+        "tuple": (lambda: {"encoder_outputs": (hidden,), "input_ids": ids}, [greedy]),
+    }
+    for form, (encoder_inputs, searches) in forms.items():
+        _assert_logits_match(native, ours, attention_mask=mask, decoder_input_ids=ids[:, :4], **encoder_inputs())
+        for kwargs in searches:
+            expected = native.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, **kwargs)
+            for model in (native, ours):
+                actual = model.generate(attention_mask=mask, max_new_tokens=10, **encoder_inputs(), **kwargs)
+                assert torch.equal(actual, expected), (form, type(model).__name__, kwargs)
 
 
 @functools.cache
