@@ -15,9 +15,11 @@ must be used exactly once (tied copies count as their source) and every target p
 a mismatch is an error, never a silently half-converted model. No model file imports this module.
 """
 
+import copy
+
 import torch
 import transformers
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .modeling_scratch_decoder import ScratchDecoderForCausalLM
@@ -667,7 +669,10 @@ def _finish(source: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel
     model. Computed tables take the precision of the source's own, not its dtype: `from_pretrained(dtype=bfloat16)`
     keeps Llama's rotary frequencies in float32 (ours too), and bf16 ones turn far positions by visibly wrong angles."""
     if source.can_generate() and target.can_generate():
-        target.generation_config = GenerationConfig.from_dict(source.generation_config.to_dict())
+        # A copy, not rebuilt from its dict: loaded, a generation config remembers it is unchanged since, and
+        # `save_pretrained` then only warns about flags the validation dislikes (a `temperature` without `do_sample`,
+        # common on the Hub), where a new one refuses to save, as the native model would not.
+        target.generation_config = copy.deepcopy(source.generation_config)
     source_tables = _computed_tables(source)
     tables = _computed_tables(target)
     target.to(device=source.device, dtype=source.dtype)

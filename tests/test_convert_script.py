@@ -397,6 +397,30 @@ def _gpt2_with_a_corrupt_bin(path: Path) -> Path:
     return path
 
 
+def _with_config_values(make_native, **values):
+    """A source folder whose config.json is edited by hand after saving."""
+    def make_source(path: Path) -> Path:
+        make_native().save_pretrained(path)
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps(config | values))
+        return path
+    return make_source
+
+
+def _gpt2_sharded_with_a_broken_index(path: Path) -> Path:
+    gpt2().save_pretrained(path, max_shard_size="50KB")
+    (path / "model.safetensors.index.json").write_text('{"weight_map": ')
+    return path
+
+
+def _llama_with_a_generation_config(text: str):
+    def make_source(path: Path) -> Path:
+        _llama().save_pretrained(path)
+        (path / "generation_config.json").write_text(text)
+        return path
+    return make_source
+
+
 def _config_that_is_a_list(path: Path) -> Path:
     (path / "config.json").write_text("[1, 2]")
     return path
@@ -417,6 +441,8 @@ def _folder_without_config(path: Path) -> Path:
     (_unsupported_folder, [], ["model_type='opt'", "OPTForCausalLM", "supported: gpt2 (GPT2LMHeadModel)",
                                "llama (LlamaForCausalLM)", "scratch_decoder (ScratchDecoderForCausalLM)"]),
     (lambda path: path / "missing", [], ["does not exist", "local folders only, never the Hub", "hf download"]),
+    (lambda path: gpt2().save_pretrained(path) or path / "config.json", [], [  # it said the file does not exist
+        "config.json is a file: give the folder that `save_pretrained` wrote"]),
     (_folder_without_config, [], ["no config.json"]),
     (_gpt2_without_a_weight, [], ["lacks weights", "transformer.h.1.mlp.c_fc.weight"]),
     (_gpt2_with_a_resized_weight, [], ["shapes its config.json does not give",
@@ -441,10 +467,23 @@ def _folder_without_config(path: Path) -> Path:
     (_gpt2_with_a_corrupt_bin, [], ["cannot load", "a PyTorch weights file of it is corrupt or no weights file"]),
     (_config_that_is_a_list, [], ["config.json is not a model's config: a JSON object whose model_type is a string"]),
     (_config_with_a_list_model_type, [], ["config.json is not a model's config"]),
-], ids=["unsupported-model", "missing-folder", "missing-config", "missing-weight", "resized-weight", "no-weights",
-          "broken-config", "no-model-type", "tokenizer-too-large",
+    # These four ended in a traceback (a KeyError or TypeError from the native class's own code, a JSONDecodeError
+    # naming no file); a generation config that does not parse was replaced by one made from config.json.
+    (_with_config_values(gpt2, activation_function="gelu_typo"), [], [
+        "cannot load", "as a GPT2LMHeadModel: KeyError: 'gelu_typo'"]),
+    (_with_config_values(_llama, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}), [], [
+        "as a LlamaForCausalLM: KeyError", "Missing required keys in `rope_parameters`", "'factor'"]),
+    (_gpt2_sharded_with_a_broken_index, [], ["model.safetensors.index.json is not valid JSON"]),
+    (_llama_with_a_generation_config("{oops"), [], [
+        "generation_config.json is not a generation config that loads", "not a valid JSON file", "correct or remove"]),
+    (_llama_with_a_generation_config("[1, 2]"), [], [
+        "generation_config.json is not a generation config that loads", "correct or remove it"]),
+], ids=["unsupported-model", "missing-folder", "source-is-a-file", "missing-config", "missing-weight",
+        "resized-weight", "no-weights", "broken-config", "no-model-type", "tokenizer-too-large",
         "knob-without-native-equivalent", "contradicting-direction", "bitsandbytes-without-the-library",
-        "torchao-int8", "broken-card", "truncated-safetensors", "corrupt-bin", "config-list", "model-type-list"])
+        "torchao-int8", "broken-card", "truncated-safetensors", "corrupt-bin", "config-list", "model-type-list",
+        "unknown-activation", "incomplete-rope-parameters", "broken-shard-index", "broken-generation-config",
+        "generation-config-list"])
 def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expected, tmp_path, monkeypatch, capsys):
     """Run in this process, as the command's module (each refusal comes before the conversion: no process start per
     case); anything but the command's own exit, a traceback say, fails the test."""
@@ -457,6 +496,21 @@ def test_bad_sources_are_refused_with_a_clear_message(make_source, options, expe
     for fragment in expected:
         assert fragment in stderr
     assert not (tmp_path / "output").exists()
+
+
+def test_a_source_whose_own_logits_are_not_finite_is_named_as_such(tmp_path, monkeypatch, capsys):
+    """A NaN in the source's weights made its logits NaN, and the check said the two models' logits "differ by up
+    to nan", blaming the conversion. With --no-check it converts as it is."""
+    native = gpt2()
+    with torch.no_grad():
+        native.transformer.h[0].ln_1.weight[0] = float("nan")
+    native.save_pretrained(tmp_path / "native")
+    said = convert_refused(monkeypatch, capsys, tmp_path / "native", tmp_path / "scratch")
+    assert "the source's own logits on the check batch are not all finite" in said.err and "--no-check" in said.err
+    assert not (tmp_path / "scratch").exists()
+    convert_here(monkeypatch, tmp_path / "native", tmp_path / "scratch", "--no-check")
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "scratch")
+    assert converted.model.layers[0].attn_norm.weight[0].isnan()
 
 
 def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path):

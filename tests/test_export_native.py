@@ -149,6 +149,22 @@ def test_export_keeps_generation_config_dtype_and_mode():
     assert native.generation_config.eos_token_id == EOS
 
 
+@pytest.mark.parametrize("convert, make_source", [(from_hf, llama), (to_hf, lambda: _ours("llama-gqa-untied"))],
+                         ids=["from_hf", "to_hf"])
+def test_a_loaded_generation_config_that_validation_dislikes_is_saved_as_the_source_saves_it(convert, make_source,
+                                                                                             tmp_path):
+    """Hub checkpoints often set `temperature` / `top_p` without `do_sample`: transformers warns about such a loaded
+    config and saves it back unchanged, but refused to save the converted model's (rebuilt, so "modified"), which
+    failed `hf-scratch convert` after all its work."""
+    make_source().save_pretrained(tmp_path / "source")
+    written = {"temperature": 0.6, "top_p": 0.9, "eos_token_id": EOS}
+    (tmp_path / "source" / "generation_config.json").write_text(json.dumps(written))
+    source = type(make_source()).from_pretrained(tmp_path / "source")
+    convert(source).save_pretrained(tmp_path / "converted")
+    saved = json.loads((tmp_path / "converted" / "generation_config.json").read_text())
+    assert saved == written | {"transformers_version": saved["transformers_version"]}
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied", "mistral-window", "bert", "marian-shared"])
 def test_use_cache_off_is_carried_both_ways(name):
     """`use_cache=False` (a config saved from gradient-checkpointed training) came back True both ways: the

@@ -132,6 +132,8 @@ def recover_from_stopped_conversions(output: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------- source
 # Checked before anything is loaded, so that a wrong path or model fails before any work.
+if args.source.is_file():  # a file of the folder, config.json or the weights, say
+    fail(f"the source {args.source} is a file: give the folder that `save_pretrained` wrote, {args.source.parent}")
 if not args.source.is_dir():
     fail(f"source folder {args.source} does not exist (convert reads local folders only, never the Hub: download a "
          "Hub model into one first, `hf download REPO_ID --local-dir FOLDER`)")
@@ -205,12 +207,24 @@ try:  # the source's card goes with the converted model: one whose metadata does
     hub.load_card(args.source)
 except ValueError as error:
     fail(f"{error}; correct or remove it")
+# One that does not parse, `from_pretrained` replaced without a word by one made from config.json (or failed with a
+# traceback): the converted model would generate otherwise than its source. An encoder has none to carry.
+generation_file = args.source / "generation_config.json"
+if CARD_TASKS[model_type] != "masked-lm" and generation_file.is_file():
+    try:
+        transformers.GenerationConfig.from_pretrained(args.source)
+    except (OSError, ValueError, TypeError) as error:
+        fail(f"{generation_file} is not a generation config that loads ({error}); correct or remove it")
 # Converted and checked in float32; saved in the source's dtype at the end.
 loader = getattr(transformers if to_scratch else hf_scratch_transformer, source_class)
 try:  # a folder without weights (OSError), or a config value its class refuses (ValueError)
     # Mismatched shapes are reported below, naming them, rather than raised by transformers.
     source, loading_info = loader.from_pretrained(args.source, dtype=torch.float32, output_loading_info=True,
                                                   ignore_mismatched_sizes=True)
+except json.JSONDecodeError as error:  # config.json and generation_config.json parsed above: the weights' index
+    indexes = ", ".join(path.name for path in sorted(args.source.glob("*.index.json"))) or "a JSON file of it"
+    fail(f"cannot load {args.source} as a {source_class}: {indexes} is not valid JSON ({error}). Save or download "
+         "it again.")
 except (OSError, ValueError) as error:
     fail(f"cannot load {args.source} as a {source_class}: {error}")
 except pickle.UnpicklingError as error:  # a corrupt .bin: its advice to load with weights_only=False is not for it
@@ -225,11 +239,10 @@ except ImportError as error:  # a quantizer's library (bitsandbytes, GPTQ, AWQ, 
     fail(f"{args.source} holds weights quantized with {quantization.get('quant_method')} (config.json's "
          f"quantization_config), which cannot be loaded here ({error}); quantized weights do not convert: convert "
          "the full-precision folder, then quantize the result")
-except Exception:  # a truncated or corrupt safetensors file fails in safetensors, naming no file
+except Exception as error:  # a truncated or corrupt safetensors file fails in safetensors, naming no file; a config
+    # value that the class's own code cannot build from (an unknown activation or RoPE type: KeyError)
     corrupt = next(filter(None, map(safetensors_error, sorted(args.source.glob("*.safetensors")))), None)
-    if corrupt is None:
-        raise
-    fail(f"cannot load {args.source} as a {source_class}: {corrupt}")
+    fail(f"cannot load {args.source} as a {source_class}: {corrupt or f'{type(error).__name__}: {error}'}")
 if loading_info["missing_keys"]:
     fail(f"the checkpoint lacks weights of a {source_class}: {sorted(loading_info['missing_keys'])}")
 if loading_info["mismatched_keys"]:
@@ -270,7 +283,11 @@ if args.check:
     if config.model_type == "marian":
         inputs["decoder_input_ids"] = torch.randint(config.decoder_vocab_size, (batch, length), generator=generator)
     with torch.no_grad():
-        diff = (converted(**inputs).logits - source(**inputs).logits).abs().max().item()
+        expected = source(**inputs).logits
+        diff = (converted(**inputs).logits - expected).abs().max().item()
+    if not expected.isfinite().all():  # no difference to measure: a NaN in the source's weights, say
+        fail("parity check impossible: the source's own logits on the check batch are not all finite (NaN or "
+             "infinite; its weights?); nothing was written. --no-check converts it as it is")
     if not diff <= args.atol:  # also catches NaN
         fail(f"parity check failed: logits differ by up to {diff:.3g} (> --atol {args.atol:g}); nothing was written")
     print(f"parity check passed: max |logit difference| {diff:.3g} <= {args.atol:g}")
