@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cli.serving import utils as serving_utils
 
 from hf_scratch_transformer import ScratchDecoderForCausalLM, ScratchSeq2SeqForConditionalGeneration
+from hf_scratch_transformer.conversion import to_hf
 from tokenizer_training import padded_vocab_size, special_token_ids
 
 pytestmark = pytest.mark.slow
@@ -67,6 +68,13 @@ def saved_decoder(path, **config_fields):
     model.generation_config.do_sample = False
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return path
+
+
+def exported_to_native(folder, path):
+    """`folder`'s model exported to its native class (`hf-scratch convert`), saved with its tokenizer in `path`."""
+    to_hf(AutoModelForCausalLM.from_pretrained(folder)).save_pretrained(path)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(path)
     return path
 
 
@@ -185,6 +193,41 @@ def test_plain_completions_equal_generate(server, folder, expected):
         assert response.choices[0].text == expected["plain"][question]
 
 
+def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_does(server, folder):
+    """A request's own `generation_config` may give its length as `max_length` (prompt included) or give none
+    (`generate()`: 20 new tokens). Continuous batching reads a count only: on this RoPE model (no positions to end
+    the answer) it ignored both, and the answer took the first request's count; without it `finish_reason` said
+    "stop" for the answers that the length ended. `/v1/responses` said status "completed" for an answer ended by
+    `max_output_tokens`, where OpenAI's API says "incomplete" with the reason (streamed: a last
+    `response.incomplete` event); an answer that stopped at EOS before its limit stays "completed"."""
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    question = QUESTIONS[1]
+    prompt = tokenizer(question, return_tensors="pt")
+    length = prompt["input_ids"].shape[1]
+    greedy = model.generate(**prompt, max_new_tokens=20, do_sample=False)[0, length:]
+    for settings, new_tokens in [({"max_length": length + 7}, 7), ({}, 20)]:
+        given = {"generation_config": json.dumps({**settings, "do_sample": False})}
+        answer = server.completions.create(model=str(folder), prompt=question, extra_body=given)
+        assert answer.choices[0].text == tokenizer.decode(greedy[:new_tokens], skip_special_tokens=True)
+        assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == new_tokens
+
+    answer = server.responses.create(model=str(folder), input=question, max_output_tokens=5, stream=False)
+    assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+    assert answer.usage.output_tokens == 5
+    *_, last = server.responses.create(model=str(folder), input=question, max_output_tokens=5, stream=True)
+    assert last.type == "response.incomplete" and last.response.status == "incomplete"
+    assert last.response.incomplete_details.reason == "max_output_tokens" and last.response.usage.output_tokens == 5
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)
+    third_token = model.generate(**chat, max_new_tokens=3, do_sample=False)[0, -1].item()
+    stopping = {"generation_config": json.dumps({"max_new_tokens": 12, "eos_token_id": third_token,
+                                                 "do_sample": False})}
+    answer = server.responses.create(model=str(folder), input=question, stream=False, extra_body=stopping)
+    assert answer.status == "completed" and answer.incomplete_details is None and answer.usage.output_tokens <= 3
+    *_, last = server.responses.create(model=str(folder), input=question, stream=True, extra_body=stopping)
+    assert last.type == "response.completed" and last.response.status == "completed"
+
+
 def test_memory_stays_flat_over_prompts_of_new_lengths(server, folder):
     """Each new prompt length is a new shape of product, for which oneDNN builds and keeps a kernel (about 0.5 MB,
     1024 of them by default): the server grew by about 1 MB a request where native GPT-2's stays flat. Bounded
@@ -208,14 +251,33 @@ def test_memory_stays_flat_over_prompts_of_new_lengths(server, folder):
 def test_compile_compiles_decoding_on_the_cpu_with_the_answers_of_generate(folder, expected, tmp_path):
     """`--compile` on a CPU: transformers alone would decode eagerly over a static cache; ours compiles the decoding
     step (inductor writes its kernels into the server's own cache folder), and the answers stay greedy `generate()`'s.
-    One prompt, streamed and not: one compilation."""
+    One prompt, streamed and not: one compilation.
+    `generate()` allocates the static cache for the prompt and the whole answer, and keeps the largest it allocated:
+    on this RoPE model (no positions to end the answer) a huge `max_tokens` (or a request's own `max_cache_len`)
+    failed to allocate it, a bare 500, and so did every later request. A static cache holds the model's
+    `max_position_embeddings` (128) at most: the answer ends there (`finish_reason` "length"), a longer prompt is a
+    400, and the server answers on."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     inductor_cache = tmp_path / "inductor"
-    with _running(folder, ["--compile"], tmp_path / "server.log", {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}
-                  ) as client:
+    log = tmp_path / "server.log"
+    with _running(folder, ["--compile"], log, {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}) as client:
         question = QUESTIONS[0]
         assert _chat(client, str(folder), question, stream=False) == expected["chat"][question]
         assert _chat(client, str(folder), question, stream=True) == expected["chat"][question]
+        answer = client.completions.create(model=str(folder), prompt=question, max_tokens=10**9, temperature=0)
+        assert answer.choices[0].text.startswith(expected["plain"][question])
+        assert answer.choices[0].finish_reason == "length" and answer.usage.total_tokens == 128
+        given = {"generation_config": json.dumps({"max_new_tokens": 4, "max_cache_len": 10**9, "do_sample": False})}
+        answer = client.completions.create(model=str(folder), prompt=question, extra_body=given)
+        assert expected["plain"][question].startswith(answer.choices[0].text) and answer.usage.completion_tokens == 4
+        long_prompt = " ".join(QUESTIONS * 10)
+        assert len(tokenizer(long_prompt)["input_ids"]) > 128
+        with pytest.raises(openai.BadRequestError) as refusal:
+            client.completions.create(model=str(folder), prompt=long_prompt, max_tokens=2)
+        assert "reads at most 128 positions" in refusal.value.response.json()["detail"]
+        assert _chat(client, str(folder), question, stream=False) == expected["chat"][question]
     assert any(inductor_cache.rglob("*.py")), "nothing was compiled"
+    assert "Traceback" not in log.read_text()
 
 
 def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(folder, expected, tmp_path):
@@ -259,15 +321,21 @@ def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["scratch", "native-gpt2"])
 @pytest.mark.parametrize("options", [[], ["--continuous-batching", "--cb-num-blocks", "16"]], ids=["generate", "cb"])
-def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_answered_400(options, tmp_path):
+def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_answered_400(options, native, tmp_path):
     """A model of 32 learned positions: a request without `max_tokens` asks for 1024 new tokens, and one that
     reached the last position failed part-way (a bare 500, streamed an error event; under continuous batching the
     worker stopped for good), and so did one whose own `generation_config` gave a `max_length` past them under
-    continuous batching (without: `finish_reason` "stop"), or gave no length at all (a bare 500). The answer now ends
-    where the positions do, as `generate()` with the room left, with `finish_reason` "length", on every route; a
-    prompt that leaves no room is a 400, and the server answers on."""
+    continuous batching (without: `finish_reason` "stop"), or gave no length at all (a bare 500; batching then ran to
+    the last position where `generate()` gives 20 new tokens). The answer now ends where the positions do, as
+    `generate()` with the room left, with `finish_reason` "length", on every route; a prompt that leaves no room is a
+    400, and the server answers on. The same model exported to GPT-2 (`hf-scratch convert`), whose positions are its
+    `wpe` table, had no check at all: each such request failed with an IndexError (a bare 500), and under continuous
+    batching the first one stopped the worker for good (503 "CB worker is dead")."""
     folder = saved_decoder(tmp_path / "learned", max_position_embeddings=32, position_embedding_type="learned")
+    if native:
+        folder = exported_to_native(folder, tmp_path / "gpt2")
     model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     question = QUESTIONS[0]
     prompt = tokenizer(question, return_tensors="pt")
@@ -296,13 +364,14 @@ def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_ans
         given = {"generation_config": json.dumps({"max_length": 100, "do_sample": False})}
         answer = client.completions.create(model=str(folder), prompt=longer, extra_body=given)
         assert answer.choices[0].text == longer_filled and answer.choices[0].finish_reason == "length"
-        given = {"generation_config": json.dumps({"do_sample": False})}  # generate(): 20 new tokens; batching: all
+        given = {"generation_config": json.dumps({"do_sample": False})}  # generate()'s 20 new tokens, batching too
         answer = client.completions.create(model=str(folder), prompt=question, extra_body=given)
-        assert tokenizer.decode(filled, skip_special_tokens=True).startswith(answer.choices[0].text)
-        assert answer.usage.completion_tokens >= 20
+        assert answer.choices[0].text == tokenizer.decode(filled[:20], skip_special_tokens=True)
+        assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 20
         assert _chat(client, str(folder), question, stream=True, max_tokens=None) == chat_filled
         answer = client.responses.create(model=str(folder), input=question, stream=False)
         assert answer.output_text == chat_filled and answer.usage.total_tokens == 32
+        assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as refusal:
                 client.completions.create(model=str(folder), prompt=" ".join(QUESTIONS * 4), max_tokens=2,

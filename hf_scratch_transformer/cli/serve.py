@@ -15,11 +15,14 @@ exported to a native family (`hf-scratch convert FOLDER NATIVE_FOLDER`) needs ne
 `--trust-remote-code`: plain `transformers serve NATIVE_FOLDER` serves it.
 """
 
+import contextlib
 import functools
+import json
 import sys
 import time
 from pathlib import Path
 
+import torch
 import transformers
 import typer
 from huggingface_hub import is_offline_mode, try_to_load_from_cache
@@ -27,6 +30,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import AutoModelForCausalLM
 from transformers.cli.serve import Serve
 from transformers.cli.serving.utils import split_model_id
+from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS as STATIC_CACHES
 from transformers.utils.import_utils import is_serve_available
 
 try:  # transformers 5.24: an existing folder's '@' is part of its path
@@ -46,6 +50,8 @@ if not is_serve_available():
         'hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')))
 
 from fastapi import HTTPException
+from fastapi.responses import JSONResponse
+from openai.types.responses import ResponseIncompleteEvent
 from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
 from transformers.cli.serving.model_manager import ModelManager
@@ -216,36 +222,81 @@ for handler in (ChatCompletionHandler, CompletionHandler, ResponseHandler):
 
 
 def within_the_models_positions(generate):
-    """A generation manager's `generate_streaming` / `generate_non_streaming` keeping each request within the
-    positions of a model whose positions end (learned or sinusoidal tables, at `max_position_embeddings`): a request
-    without `max_tokens` asks for 1024 new tokens (transformers serve's default), one with a `generation_config` of
-    its own may give a `max_length` past them, and one that ran past the last position failed part-way with our
-    error, a bare 500 (streamed: an error event), and stopped the continuous batching worker for good. The new
-    tokens now end where the positions do (`finish_reason` "length"), and a prompt that leaves no room for one is
-    answered 400 before it reaches the model."""
+    """A generation manager's `generate_streaming` / `generate_non_streaming` giving each request the new tokens that
+    `generate()` gives it, as a count (`new_tokens_asked`), and keeping it within the positions of a model whose
+    positions end (`position_limit`): a request without `max_tokens` asks for 1024 new tokens (transformers serve's
+    default), one with a `generation_config` of its own may give a `max_length` past them, and one that ran past the
+    last position failed part-way with an IndexError, a bare 500 (streamed: an error event), and stopped the
+    continuous batching worker for good. The new tokens now end where the positions do (`finish_reason` "length"),
+    and a prompt that leaves no room for one is answered 400 before it reaches the model."""
 
     @functools.wraps(generate)
     def generate_within(self, model, processor, inputs, gen_config, *args, **kwargs):
-        if getattr(model.config, "position_embedding_type", None) in ABSOLUTE_POSITIONS:
-            positions, ids = model.config.max_position_embeddings, inputs["input_ids"]
-            prompt = len(ids) if isinstance(ids, list) else ids.shape[-1]  # continuous batching: a list of ids
-            if prompt >= positions:
-                raise NotServableError(f"the prompt is {prompt} tokens, and this model reads at most {positions} "
-                                       "positions, its answer included: shorten the prompt")
-            if gen_config.max_new_tokens is None and gen_config.max_length is not None:
-                # A request's own generation config may give `max_length` (prompt included) instead, which
-                # continuous batching does not read (it ran on to the last position and stopped the worker).
-                if gen_config.max_length <= prompt:
-                    raise NotServableError(f"the prompt is {prompt} tokens, and the request's `max_length` "
-                                           f"({gen_config.max_length}) leaves no room for an answer")
-                gen_config.max_new_tokens = gen_config.max_length - prompt
-            if gen_config.max_new_tokens is not None or isinstance(self, CBGenerateManager):
-                gen_config.max_new_tokens = min(gen_config.max_new_tokens or positions, positions - prompt)
-            # Neither (a request's generation config without lengths): `generate()` keeps its 20 new tokens within
-            # the positions, where continuous batching took its first request's count, without end if that had none.
+        ids = inputs["input_ids"]
+        prompt = len(ids) if isinstance(ids, list) else ids.shape[-1]  # continuous batching: a list of ids
+        static_cache = gen_config.use_cache is not False and gen_config.cache_implementation in STATIC_CACHES
+        positions = position_limit(model, static_cache)
+        if positions is not None and prompt >= positions:
+            sized = " (a static cache, as under --compile, holds its max_position_embeddings)" if static_cache else ""
+            raise NotServableError(f"the prompt is {prompt} tokens, and this model reads at most {positions} "
+                                   f"positions, its answer included{sized}: shorten the prompt")
+        gen_config.max_new_tokens = new_tokens_asked(model, gen_config, prompt)
+        if positions is not None:
+            gen_config.max_new_tokens = min(gen_config.max_new_tokens, positions - prompt)
+            if getattr(gen_config, "max_cache_len", None) is not None:  # a static cache size of its own (5.24)
+                gen_config.max_cache_len = min(gen_config.max_cache_len, positions)
         return generate(self, model, processor, inputs, gen_config, *args, **kwargs)
 
     return generate_within
+
+
+def position_limit(model, static_cache: bool) -> int | None:
+    """How many positions a request may take, prompt and answer together, or None where they do not end: a learned
+    or sinusoidal table's (ours, by `position_embedding_type`; a native model's learned table, as GPT-2's `wpe`) and,
+    over a static cache, any model's `max_position_embeddings`: `generate()` allocates that cache for the prompt and
+    the whole answer at once, and keeps the largest it has allocated, so one request with a huge `max_tokens` (RoPE,
+    ALiBi: no table to end it) failed to allocate it, and every later request with it, a bare 500 each."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    return positions if positions is not None and (static_cache or has_a_position_table(model, positions)) else None
+
+
+def has_a_position_table(model, positions: int) -> bool:
+    """Whether `model` reads its positions from a table of `positions` rows: ours with learned or sinusoidal
+    positions, or a native model with a learned table besides its token embeddings."""
+    if getattr(model.config, "position_embedding_type", None) in ABSOLUTE_POSITIONS:
+        return True
+    tokens = model.get_input_embeddings()
+    return any(isinstance(table, torch.nn.Embedding) and table is not tokens and table.num_embeddings == positions
+               for table in model.modules())
+
+
+GENERATE_DEFAULT_NEW_TOKENS = 20  # what `generate()` gives where nothing sets a count or a length
+
+
+def new_tokens_asked(model, gen_config, prompt: int) -> int:
+    """The new tokens that `generate()` gives a request of `prompt` tokens: its `max_new_tokens`, else its
+    `max_length` less the prompt, each the request's or, where a request's own `generation_config` leaves it unset, the
+    folder's (as `generate()` fills it in), else 20 within `max_position_embeddings` (as `generate()` bounds them).
+    Continuous batching reads a count only: a length given otherwise was ignored there (the answer took the first
+    request's count, or ran on to the end of the positions), and `finish_reason` read "stop" for an answer that
+    it ended (transformers compares the answer with `max_new_tokens` alone)."""
+    folder = model.generation_config
+    new_tokens = first_set(gen_config.max_new_tokens, folder.max_new_tokens)
+    if new_tokens is not None:
+        return new_tokens
+    max_length = first_set(gen_config.max_length, folder.max_length)
+    if max_length is None:
+        positions = getattr(model.config, "max_position_embeddings", None) or prompt + GENERATE_DEFAULT_NEW_TOKENS
+        max_length = min(prompt + GENERATE_DEFAULT_NEW_TOKENS, positions)
+    if max_length <= prompt:
+        raise NotServableError(f"the prompt is {prompt} tokens, and the request ends at {max_length} (its "
+                               "`max_length`, or `max_position_embeddings` where it gives none): no room for an answer")
+    return max_length - prompt
+
+
+def first_set(*values):
+    """The first of `values` that is not None (None if all are)."""
+    return next((value for value in values if value is not None), None)
 
 
 def within_the_paged_cache(generate):
@@ -274,19 +325,83 @@ def within_the_paged_cache(generate):
                                        f"holds {capacity} tokens for a request, its answer included: shorten the "
                                        "prompt, or start the server with a larger --cb-num-blocks or --cb-block-size")
             room = capacity + 1 - prompt  # the last new token is never written to the cache
-            asked = gen_config.max_new_tokens or cb.generation_config.max_new_tokens  # None: the manager's own count
-            gen_config.max_new_tokens = min(asked or room, room)
+            gen_config.max_new_tokens = min(gen_config.max_new_tokens, room)
         return generate(self, model, processor, inputs, gen_config, *args, **kwargs)
 
     return generate_within
 
 
-# Inside the positions' check, which runs first: it reads a request's `max_length`, given where no count is.
+# Inside the positions' check, which runs first: it gives every request its count of new tokens.
 CBGenerateManager.generate_streaming = within_the_paged_cache(CBGenerateManager.generate_streaming)
 CBGenerateManager.generate_non_streaming = within_the_paged_cache(CBGenerateManager.generate_non_streaming)
 for manager in (GenerateManager, CBGenerateManager):
     manager.generate_streaming = within_the_models_positions(manager.generate_streaming)
     manager.generate_non_streaming = within_the_models_positions(manager.generate_non_streaming)
+
+
+def reported_as_cut(response: dict, gen_config) -> dict:
+    """A Responses API `response` (a dict) as OpenAI's API reports an answer that ended at its length (the
+    request's `max_output_tokens`, or the room left by the positions or the paged cache): status "incomplete", with
+    `incomplete_details` {"reason": "max_output_tokens"}; transformers said "completed" (its chat completions say
+    `finish_reason` "length", by the same count). Any other response as it is."""
+    if response["usage"]["output_tokens"] < gen_config.max_new_tokens:  # set by `within_the_models_positions`
+        return response
+    return {**response, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+
+
+def reporting_a_cut_answer(respond):
+    """`ResponseHandler._non_streaming` answering with `reported_as_cut`."""
+
+    @functools.wraps(respond)
+    async def respond_reporting(self, request_id, model, processor, model_id, body, inputs, gen_config, **kwargs):
+        reply = await respond(self, request_id, model, processor, model_id, body, inputs, gen_config, **kwargs)
+        response = json.loads(reply.body)
+        reported = reported_as_cut(response, gen_config)
+        return reply if reported is response else JSONResponse(reported)
+
+    return respond_reporting
+
+
+def streaming_a_cut_answer_as_incomplete(respond):
+    """`ResponseHandler._streaming` ending with a `response.incomplete` event where `reported_as_cut` says so, in
+    place of `response.completed`, as OpenAI's stream of such an answer ends."""
+
+    @functools.wraps(respond)
+    def respond_reporting(self, request_id, model, processor, model_id, body, inputs, gen_config, **kwargs):
+        reply = respond(self, request_id, model, processor, model_id, body, inputs, gen_config, **kwargs)
+        reply.body_iterator = ending_as_reported(reply.body_iterator, gen_config)
+        return reply
+
+    return respond_reporting
+
+
+async def ending_as_reported(chunks, gen_config):
+    """The chunks of a Responses stream (events `data: {...}`, each ended by a blank line), each event as
+    `reported_event` gives it; closing it closes the stream (a client that leaves cancels the generation there)."""
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            yield "\n\n".join(reported_event(event, gen_config) for event in chunk.split("\n\n"))
+
+
+COMPLETED_EVENT = '"type":"response.completed"'  # as the event's JSON writes it (a quote in any text is escaped)
+
+
+def reported_event(event: str, gen_config) -> str:
+    """One event of a Responses stream: `response.completed` as `response.incomplete` where `reported_as_cut` says
+    so, any other as it is."""
+    if COMPLETED_EVENT not in event:
+        return event
+    completed = json.loads(event.removeprefix("data: "))
+    response = reported_as_cut(completed["response"], gen_config)
+    if response is completed["response"]:
+        return event
+    incomplete = ResponseIncompleteEvent(type="response.incomplete", sequence_number=completed["sequence_number"],
+                                         response=response)
+    return f"data: {incomplete.model_dump_json(exclude_none=True)}"
+
+
+ResponseHandler._non_streaming = reporting_a_cut_answer(ResponseHandler._non_streaming)
+ResponseHandler._streaming = streaming_a_cut_answer_as_incomplete(ResponseHandler._streaming)
 
 
 @functools.wraps(Serve, updated=())  # typer reads `Serve`'s options and help through the wrapper
