@@ -805,6 +805,10 @@ BAD_FINETUNE_DATA = {
                         '{"text": "a dog", "label": ["animal", "pet"]}\n{"text": "a man", "label": ["person"]}\n',
                         "(lists: text classification reads one class per text, multi-label classification is not "
                         "offered; a label per word is --task token-classification) in rows 1, 2"),
+    # a blank label was trained as a class named "" (or " "), which the pipeline then gave as the label
+    "blank_label.json": ("text-classification",
+                         '{"text": "a dog", "label": "animal"}\n{"text": "a man", "label": " "}\n'
+                         '{"text": "a horse", "label": ""}\n', "the label column 'label' has no value in rows 2, 3"),
     # an upper-case suffix (Windows tools) was an "unsupported format '.CSV'"
     "MISSING.CSV": ("text-classification", "text,label\na dog,animal\na man,other\nsome text,\nmore,\n",
                     "the label column 'label' has no value in rows 3, 4"),
@@ -908,6 +912,73 @@ def test_finetune_fits_its_texts_in_the_models_positions(monkeypatch, capsys, sh
     assert stopped.value.code == 2
     assert "--max-length 32 is longer than the model's 16 learned positions" in capsys.readouterr().err
     assert not (folder / "refused").exists()
+
+
+def _stop_at_training(monkeypatch) -> list:
+    """Patches finetune's Trainer to stop as training starts; the returned list then holds that Trainer."""
+    from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
+
+    trainers = []
+
+    def train(self, *args, **kwargs):
+        trainers.append(self)
+        raise ReachedTraining
+
+    monkeypatch.setattr(CrashSafeTrainer, "train", train)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    return trainers
+
+
+def test_finetune_reads_whole_float_labels_as_their_integer_ids(monkeypatch, short_positions_model):
+    """A label column of floats (pandas writes 0.0, 1.0 for a float column) was refused as "neither class names nor
+    integer ids", though whole floats are integer ids, as the validation file's 0, 1 are."""
+    from hf_scratch_transformer.cli import main
+
+    folder = short_positions_model
+    (folder / "floats.csv").write_text("text,label\n" + "\n".join(f"text {i},{i % 3}.0" for i in range(12)))
+    (folder / "dev.csv").write_text("text,label\na dog,2\na man,0\n")
+    trainers = _stop_at_training(monkeypatch)
+    with pytest.raises(ReachedTraining):
+        main([str(argument) for argument in [
+            "finetune", "--model", folder / "model", "--task", "text-classification", "--train-file",
+            folder / "floats.csv", "--validation-file", folder / "dev.csv", "--output-dir", folder / "out"]])
+    trainer = trainers[0]
+    assert trainer.model.config.id2label == {0: "0", 1: "1", 2: "2"}
+    assert trainer.train_dataset["labels"] == [i % 3 for i in range(12)]
+    assert trainer.eval_dataset["labels"] == [2, 0]
+
+
+def test_finetune_refuses_a_tokenizer_with_nothing_to_pad_with_before_converting(monkeypatch, capsys, tmp_path):
+    """A tokenizer with neither a padding nor an end-of-text token (GPT-2's pads with its end-of-text token) failed
+    at the first batch, after converting the model and tokenizing the data: "Asking to pad but the tokenizer does
+    not have a padding token", a traceback."""
+    import tiny_native
+
+    from hf_scratch_transformer import conversion
+    from hf_scratch_transformer.cli import main
+
+    tokenizer = byte_level_bpe()
+    tiny_native.gpt2(vocab_size=len(tokenizer), pad_token_id=None).save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    settings = json.loads((tmp_path / "gpt2/tokenizer_config.json").read_text())
+    for role in ("pad_token", "eos_token"):
+        settings.pop(role, None)
+    (tmp_path / "gpt2/tokenizer_config.json").write_text(json.dumps(settings))
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(f"text {i},{i % 2}" for i in range(10)))
+
+    def tripwire(*args, **kwargs):
+        raise ReachedModelWork("the model was converted for a tokenizer that cannot pad its batches")
+
+    monkeypatch.setattr(conversion, "from_hf", tripwire)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(SystemExit) as stopped:
+        main([str(argument) for argument in [
+            "finetune", "--model", tmp_path / "gpt2", "--task", "text-classification", "--train-file",
+            tmp_path / "train.csv", "--output-dir", tmp_path / "out"]])
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in stderr
+    assert f"the tokenizer in {tmp_path / 'gpt2'} has no pad_token, nor an eos_token to pad with" in stderr, stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_finetune_names_unlabelled_rows_of_a_class_label_column(hf_scratch, tmp_path):

@@ -242,6 +242,8 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     assert {result.metric_name for result in card.data.eval_results} == {"Accuracy", "Macro F1", "Eval loss"}
     assert card.data.datasets is None  # a local file: not linked as the Hub dataset "train"
     assert "(`ScratchEncoderForSequenceClassification`)" in card.text and "| steps_trained | 4 |" in card.text
+    # The figures' data: the card's "Dataset" column names the training file, which they were not measured on
+    assert "| evaluated_on | 10% of the training data, held out: 8 examples |" in card.text
     assert "# scratch-text-classification-train\n" in card.text and str(tmp_path / "train.csv") not in card.text
 
 

@@ -230,11 +230,13 @@ def check_labels(where: str, data) -> set[str]:
     values = [[value] for value in labels] if args.task == "text-classification" else labels
     for index, row in enumerate(values):
         for value in row:
-            if value is None or (isinstance(value, float) and value != value):  # None, or NaN
+            # None, NaN, or a blank name (JSON's ""), which trained as a class named ""
+            if value is None or (isinstance(value, float) and value != value) or (
+                    isinstance(value, str) and not value.strip()):
                 missing.append(index)
             elif isinstance(value, float) and not value.is_integer():
                 fractional.append(index)
-            elif not isinstance(value, str | int):
+            elif not isinstance(value, str | int | float):  # whole floats are ids (`label_key`): a column of 0.0, 1.0
                 malformed.append(index)
     if missing:
         fail(parser, f"{where}: the label column {args.label_column!r} has no value in {rows(sorted(set(missing)))}")
@@ -307,6 +309,9 @@ else:  # ClassLabel ids: -1 marks a row without a label (a test set's), which th
             fail(parser, f"{where[name]}: the label column {args.label_column!r} has no value (id -1) in "
                          f"{rows(unlabelled)}")
 names = class_names or names
+# What the card's figures were measured on: its "Dataset" column names the training data, whatever was evaluated
+evaluated_on = (f"`{Path(args.validation_file).name}`" if args.validation_file
+                else "its 'validation' split" if "validation" in raw else "10% of the training data, held out")
 if "validation" not in raw:
     if raw["train"].num_rows < 2:
         fail(parser, f"{where['train']}: holds {raw['train'].num_rows} row(s), too few to split off a validation "
@@ -332,6 +337,13 @@ def label_id(value) -> int:
     return label2id[label_key(value)]
 
 
+tokenizer_folder = model_tokenizer(args.model)
+tokenizer = load_tokenizer(parser, tokenizer_folder)  # before any model work: it may not pad batches
+if tokenizer.pad_token is None:
+    tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no padding token
+if tokenizer.pad_token is None:  # else "Asking to pad but the tokenizer does not have a padding token" at a batch
+    fail(parser, f"the tokenizer in {tokenizer_folder} has no pad_token, nor an eos_token to pad with, "
+                 "which batches of texts need: set one (tokenizer.pad_token = ..., then save_pretrained)")
 base = None
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
     # In memory: written to a temporary folder and loaded from there, a copy of the base model's size stayed on disk
@@ -342,9 +354,6 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     if heads := [name for name in config.architectures or [] if "Classification" in name]:
         say(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
             f"classifier is left out and {args.task} trains a new head")
-tokenizer = load_tokenizer(parser, model_tokenizer(args.model))
-if tokenizer.pad_token is None:
-    tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no padding token
 # A decoder's tokenizer pads on the left for batched generation; with absolute positions, a left-padded text's tokens
 # then take positions that depend on the longest text of its batch. Classifiers find the last real token on either
 # side, so they pad on the right (as GPT-2's tokenizer does), in training and in the saved folder's pipelines.
@@ -448,7 +457,8 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
             hyperparameters={"base_model": str(args.model), "epochs": args.epochs, "max_steps": args.max_steps,
                              "steps_trained": trainer.state.global_step,
                              "global_batch_size": args.batch_size * trainer.args.world_size,
-                             "learning_rate": args.learning_rate},
+                             "learning_rate": args.learning_rate,
+                             "evaluated_on": f"{evaluated_on}: {len(datasets['validation'])} examples"},
             eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
             model_class=type(model).__name__,
         )
