@@ -27,7 +27,7 @@ from transformers.generation.continuous_batching.cache import PagedAttentionCach
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .scratch_attention_kernel import causal_mask, takes_eager_math
+from .scratch_attention_kernel import causal_mask, keyless_queries_zeroed, takes_eager_math
 from .scratch_dropout import dropout as scratch_dropout
 from .scratch_linear import ScratchLinear
 from .scratch_positions import apply_rotary
@@ -127,9 +127,11 @@ def sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, cache=cache, **kwargs
         )
     if module.training and takes_eager_math(query, key, dropout):  # sdpa's own math, or its flash the slower here
-        if attention_mask is None and module.is_causal and query.shape[2] > 1:
-            attention_mask = causal_mask(query.shape[2], key.shape[2], query.device)
-        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)[0], None
+        mask = attention_mask
+        if mask is None and module.is_causal and query.shape[2] > 1:
+            mask = causal_mask(query.shape[2], key.shape[2], query.device)
+        output = eager_attention_forward(module, query, key, value, mask, scaling, dropout)[0]
+        return keyless_queries_zeroed(output, attention_mask), None  # causality alone leaves each query a key
     if module.num_key_value_groups > 1:
         key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
     # A `None` mask on a causal layer means "plain causal": let the kernel build it. With one query token

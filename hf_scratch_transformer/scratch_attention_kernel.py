@@ -103,3 +103,18 @@ def takes_eager_math(query: torch.Tensor, key: torch.Tensor, dropout: float) -> 
     if torch.compiler.is_compiling() or inside_torch_func():
         return False
     return dropout > 0 or (key.shape[2] <= EAGER_MAX_KEYS and bf16_training_kernel() == "eager")
+
+
+def keyless_queries_zeroed(output: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The eager math's output (B, T, H, D) as PyTorch's sdpa gives it for a query that a boolean mask lets attend to
+    no key (the pad positions of a left-padded causal batch): zero, and no gradient through it. The eager math's
+    softmax over the masked minimum spreads such a query evenly over every key, later ones included, and in a
+    left-padded causal LM the last pad position predicts the first real token: the loss and gradients moved with the
+    kernel taken (the timed bf16 choice, attention dropout), where the native model's sdpa gives zeros. An additive
+    mask is softmaxed alike by both, so is left as it is."""
+    if mask is None or mask.dtype != torch.bool:
+        return output
+    keyless = ~mask.any(-1, keepdim=True)  # (..., T, 1)
+    if not keyless.any():  # the usual batch: one read of the mask, no copy of the output
+        return output
+    return output.transpose(1, 2).masked_fill(keyless, 0).transpose(1, 2)

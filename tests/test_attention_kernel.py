@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tiny_models import FAMILIES, lm_inputs, tiny_lm
+from tiny_native import llama
 
 from hf_scratch_transformer import scratch_attention, scratch_attention_kernel
+from hf_scratch_transformer.conversion import from_hf
 from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS, bf16_training_kernel
 
 
@@ -60,7 +62,8 @@ def assert_equal_to_bf16_rounding(actual: torch.Tensor, expected: torch.Tensor) 
     torch.testing.assert_close(actual, expected, rtol=0, atol=2**-4 * max(1.0, expected.abs().max().item()))
 
 
-MASKS = ("causal, no mask (sdpa's own flag)", "causal over a cached prefix", "causal and padded", "padded", "none")
+MASKS = ("causal, no mask (sdpa's own flag)", "causal over a cached prefix", "causal and padded", "padded", "none",
+         "causal and padded past the first queries' keys")
 
 
 @pytest.mark.parametrize("masking", MASKS)
@@ -89,7 +92,9 @@ def test_both_kernels_give_the_same_attention_and_gradients(
         mask = torch.ones(batch, 1, query_length, key_length, dtype=torch.bool)
         if causal:
             mask &= scratch_attention_kernel.causal_mask(query_length, key_length, query.device)
-        if "padded" in masking:
+        if masking == MASKS[-1]:  # the first queries attend to no key: sdpa gives them zeros
+            mask[0, ..., : prefix + (query_length + 1) // 2] = False
+        elif "padded" in masking:
             mask[0, ..., : torch.randint(0, key_length, (), generator=generator)] = False  # left padding
             mask[..., -1] = True  # every query keeps a key
     layer = Layer(heads, heads // groups, causal)
@@ -123,10 +128,23 @@ def test_eager_math_only_where_the_choice_applies(attention, eager_calls):
     assert len(eager_calls) == 2
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def left_padded(inputs: dict) -> dict:
+    """`inputs` of a decoder with the second sequence's first 3 tokens padding (masked; the last pad position
+    predicts the first real token, as transformers' collators label a left-padded batch)."""
+    attention_mask = torch.ones_like(inputs["input_ids"])
+    attention_mask[1, :3] = 0
+    labels = inputs["labels"].masked_fill(attention_mask == 0, -100)
+    return inputs | {"attention_mask": attention_mask, "labels": labels}
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "decoder, left-padded"])
 def test_a_bf16_training_step_is_the_same_with_either_kernel(family, attention, eager_calls):
+    """Left-padded, the pad positions attend to no key: the eager math spread them over every key (the future
+    included), and the loss moved with the timed kernel; it gives them sdpa's zeros."""
+    padded = family.endswith("left-padded")
+    family = family.split(",")[0]
     model = tiny_lm(family).train()
-    inputs = lm_inputs(family)
+    inputs = left_padded(lm_inputs(family)) if padded else lm_inputs(family)
     results = {}
     for choice in ("sdpa", "eager"):
         attention(choice)
@@ -246,3 +264,19 @@ def test_a_training_step_with_attention_dropout_is_the_same_under_sdpa_and_eager
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
     for grad, expected in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_a_left_padded_bf16_step_gives_the_native_sdpa_logits(attention, kernel):
+    """Either kernel of our sdpa back-end, against native Llama's sdpa on the same weights, both in bf16
+    (`.to(torch.bfloat16)`; under autocast its rotated queries are fp32, which takes sdpa), in training mode over a
+    left-padded batch: through the eager math the pad positions' logits (the last one predicts the first real token)
+    were up to 0.13 off, each pad position attending to every key, the future included; real positions differ by
+    0.002."""
+    native = llama(attn_implementation="sdpa").to(torch.bfloat16).train()
+    ours = from_hf(native)
+    attention(kernel)
+    inputs = left_padded(lm_inputs("decoder", batch=3, length=12))
+    expected, actual = (model(**inputs) for model in (native, ours))
+    torch.testing.assert_close(actual.logits, expected.logits, atol=1e-2, rtol=0)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-3, rtol=0)
