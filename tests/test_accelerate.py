@@ -842,6 +842,31 @@ def test_fp16_without_a_gpu_fails_clearly(workspace):
     assert "fp16 mixed precision needs a GPU" in output and "use bf16 on CPU" in output
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
+def test_the_trainer_commands_refuse_a_launch_configs_fp16_without_a_gpu(workspace, classification_run):
+    """Trainer follows the launch config's mixed_precision (ACCELERATE_MIXED_PRECISION), and with fp16 on a CPU
+    Accelerate leaves autocast off: `train` and `finetune` trained in fp32 without a word, where train-accelerate
+    refused fp16."""
+    folder, finetune = classification_run
+    for command, output in (((ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY), workspace / "fp16-train"),
+                            (finetune, folder / "fp16-finetune")):
+        stdout = run(*command, "--output-dir", output, cwd=workspace, env={"ACCELERATE_MIXED_PRECISION": "fp16"},
+                     expect_failure=True)
+        assert "fp16 mixed precision needs a GPU" in stdout and "use bf16 on CPU" in stdout, stdout[-2000:]
+        assert "Traceback" not in stdout and not output.exists()
+
+
+def test_the_trainer_commands_card_names_the_launch_configs_bf16(workspace):
+    """`train` under a launch config's bf16 trains in bf16 autocast (the run's check says the launch config asked,
+    not --bf16); its card said `bf16: False`, the option's value, not the run's."""
+    output = workspace / "bf16-launch"
+    run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 1, "--batch-size", 4,
+        "--force-bf16", "--output-dir", output, cwd=workspace, env={"ACCELERATE_MIXED_PRECISION": "bf16"})
+    card = (output / "model/README.md").read_text()
+    assert "| mixed_precision | bf16 |" in card and "\n| bf16 |" not in card, card
+    assert json.loads((output / "model/config.json").read_text())["dtype"] == "float32"  # autocast, fp32 weights
+
+
 # ----------------------------------------------------------------------------------------------- (e) the saved model
 
 

@@ -50,6 +50,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     read_config_file,
     refuse_another_tokenizer,
+    refuse_fp16_on_cpu,
     refuse_lone_processes,
     repo_id,
     sequence_length,
@@ -433,6 +434,7 @@ trainer = (TextClassificationTrainer if args.task == "text-classification" else 
                      else evaluation.token_classification_metrics(names)),
     callbacks=[training.StopAfterStep(preemption=preemption)],
 )
+refuse_fp16_on_cpu(parser, trainer.args.mixed_precision, trainer.args.device)  # from the launch config
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_rank_zero())
 train_until_stopped(parser, trainer, resumed, preemption)
@@ -457,7 +459,7 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
             hyperparameters={"base_model": str(args.model), "epochs": args.epochs, "max_steps": args.max_steps,
                              "steps_trained": trainer.state.global_step,
                              "global_batch_size": args.batch_size * trainer.args.world_size,
-                             "learning_rate": args.learning_rate,
+                             "learning_rate": args.learning_rate, "mixed_precision": trainer.args.mixed_precision,
                              "evaluated_on": f"{evaluated_on}: {len(datasets['validation'])} examples"},
             eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
             model_class=type(model).__name__,

@@ -142,6 +142,14 @@ def refuse_lone_processes(parser: argparse.ArgumentParser, trainer) -> None:
                      "on: on CPU set ACCELERATE_USE_CPU=1")
 
 
+def refuse_fp16_on_cpu(parser: argparse.ArgumentParser, mixed_precision: str, device) -> None:
+    """fp16 mixed precision (an option, or the `accelerate launch` config's, which Trainer follows) on a CPU: there
+    Accelerate leaves autocast off and the run trained in fp32 while it said fp16 (Trainer's loop without a word)."""
+    if mixed_precision == "fp16" and device.type == "cpu":
+        parser.error("fp16 mixed precision needs a GPU (Accelerate pairs it with a GradScaler there; on a CPU it "
+                     "leaves autocast off, and the run would train in fp32); use bf16 on CPU.")
+
+
 @contextmanager
 def main_process_first(accelerator):
     """`accelerator.main_process_first()` that lets the other processes go on also when the main one stops inside

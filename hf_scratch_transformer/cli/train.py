@@ -65,6 +65,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    refuse_fp16_on_cpu,
     refuse_lone_processes,
     repo_id,
     stop_cleanly_on_ctrl_c,
@@ -300,8 +301,10 @@ else:
                                preprocess_logits_for_metrics=evaluation.argmax_logits)
     trainer_class = MaskedLMTrainer if task == "masked-lm" else ShardedCrashSafeTrainer
     trainer = trainer_class(args=TrainingArguments(**arguments), **trainer_kwargs)
+refuse_fp16_on_cpu(parser, trainer.args.mixed_precision, trainer.args.device)  # from the launch config
+bf16_option = "--bf16" if args.bf16 else "the launch config's mixed_precision bf16"
 if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16,
-                                                "--bf16"):
+                                                bf16_option):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_main_process, tokenizer=given)
@@ -344,7 +347,8 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
             hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,
                              "global_batch_size":
                                  args.batch_size * args.gradient_accumulation_steps * trainer.args.world_size,
-                             "learning_rate": args.learning_rate, **optimisation, "bf16": args.bf16,
+                             "learning_rate": args.learning_rate, **optimisation,
+                             "mixed_precision": trainer.args.mixed_precision,  # --bf16's, or the launch config's
                              "eval_sequences": len(datasets["validation"])},  # all, or the first --max-eval-samples
             eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
         )

@@ -93,6 +93,7 @@ from hf_scratch_transformer.cli.run_options import (
     positive_int,
     refuse_another_family,
     refuse_another_tokenizer,
+    refuse_fp16_on_cpu,
     repo_id,
     run_file_written,
     stop_after_sigterm,
@@ -161,8 +162,7 @@ if sharding.fsdp_launched_on_cpu(accelerator):
 if accelerator.num_processes != int(os.environ.get("WORLD_SIZE", 1)):  # else each process would train alone
     parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but Accelerate found no device to join them on: "
                  "on CPU pass --cpu (or set ACCELERATE_USE_CPU=1).")
-if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-    parser.error("fp16 mixed precision needs a GPU (Accelerate pairs it with a GradScaler there); use bf16 on CPU.")
+refuse_fp16_on_cpu(parser, accelerator.mixed_precision, accelerator.device)
 if refusal := mixed_precision.slow_bf16_refusal(accelerator.mixed_precision, accelerator.device, args.force_bf16,
                                          "--mixed-precision bf16"):
     parser.error(refusal)
