@@ -822,6 +822,20 @@ def test_bf16_where_it_is_slow_is_refused_with_the_rates(workspace, script, bf16
     assert not (workspace / "slow-bf16").exists(), "a refused run leaves no output folder behind"
 
 
+@pytest.mark.skipif(torch.cuda.is_available() or platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the CPU's bf16 is made slow by limiting oneDNN to AVX2 (x86), and GPUs are not checked")
+def test_finetune_refuses_a_launch_configs_bf16_where_it_is_slow(classification_run):
+    """`finetune` has bf16 from the launch config only (Trainer follows it): on a CPU without native bf16 it trained
+    a hundred times slower than fp32 without a word, where train and train-accelerate refuse."""
+    folder, finetune = classification_run
+    output = folder / "slow-bf16"
+    stdout = run(*finetune, "--output-dir", output, cwd=folder, expect_failure=True,
+                 env={"ONEDNN_MAX_CPU_ISA": "AVX2", "ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert "bf16 mixed precision would slow training down" in stdout and "Traceback" not in stdout, stdout[-2000:]
+    assert "without the launch config's mixed_precision bf16" in stdout and "--force-bf16" in stdout
+    assert not output.exists(), "a refused run leaves no output folder behind"
+
+
 @pytest.mark.parametrize(("main_bf16", "force"), [(900, []), (70, ["--force-bf16"])])
 def test_the_main_process_times_bf16_for_every_process(workspace, main_bf16, force):
     """Each process timed bf16 on its own: where another process's timing alone said slow, it refused alone, without

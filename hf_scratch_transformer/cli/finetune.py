@@ -33,7 +33,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help, is_rank_zero
-from hf_scratch_transformer import evaluation, hub, training, training_data
+from hf_scratch_transformer import evaluation, hub, mixed_precision, training, training_data
 from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, checkpoint_to_resume
 from hf_scratch_transformer.cli.output_folder import add_run_safety_arguments, claim_output_dir, remove_the_earlier_run
 from hf_scratch_transformer.cli.run_data import data_settings, dataset_name, on_the_hub
@@ -117,6 +117,8 @@ parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides
 parser.add_argument("--batch-size", type=positive_int, default=16, help="default 16")
 parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="default 5e-5")
 parser.add_argument("--seed", type=int, default=42, help="default 42")
+parser.add_argument("--force-bf16", action="store_true",
+                    help="the launch config's bf16 even on a CPU where it is slower than fp32")
 parser.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: scratch-<task>-<data>)")
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
 add_run_safety_arguments(parser)
@@ -435,6 +437,9 @@ trainer = (TextClassificationTrainer if args.task == "text-classification" else 
     callbacks=[training.StopAfterStep(preemption=preemption)],
 )
 refuse_fp16_on_cpu(parser, trainer.args.mixed_precision, trainer.args.device)  # from the launch config
+if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, trainer.args.device, args.force_bf16,
+                                                "the launch config's mixed_precision bf16"):
+    parser.error(refusal)  # trained a hundred times slower without a word on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_rank_zero())
 train_until_stopped(parser, trainer, resumed, preemption)
