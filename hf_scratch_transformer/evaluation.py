@@ -17,8 +17,11 @@ def summed_token_losses(logits: torch.Tensor, labels: torch.Tensor, shift: bool)
     """logits (batch, length, vocab), labels (batch, length) -> (batch, 2): each sequence's summed cross-entropy
     over its labelled tokens (-100 ignored) and their count. `shift=True` for a causal LM (its `loss_type`
     "ForCausalLM"), whose position t predicts label t + 1. With `sparse_prediction` a masked LM gives (N, vocab)
-    logits for its N labelled positions only, in order. In fp32 a sequence at a time, as the models' losses upcast:
-    no fp32 copy of a whole batch of bf16 logits."""
+    logits for its N labelled positions only, in order. A single-label sequence classifier's logits (batch, classes)
+    and labels (batch,) are one labelled token per sequence. In fp32 a sequence at a time, as the models' losses
+    upcast: no fp32 copy of a whole batch of bf16 logits."""
+    if labels.dim() == 1:
+        logits, labels = logits[:, None], labels[:, None]
     if shift:
         labels = next_token_labels(labels)
     labels = labels.to(logits.device)
@@ -39,7 +42,9 @@ class TokenWeightedEvaluationLoss:
     carry different numbers of labels (masked LM, seq2seq): 5.669, 5.681, 5.691 for the same weights at batches of
     4, 2, 1. Each sequence's summed loss and count are taken from the forward that computes the loss (a hook: the
     seq2seq trainer calls the model itself) and gathered per batch with `gather_for_metrics`, which drops the
-    repeats Accelerate pads the last batch of each process with. Under a `compute_loss_func` (label smoothing)
+    repeats Accelerate pads the last batch of each process with: Trainer's own kept the mean of such a batch for its
+    real sequences, and a text classifier's loss moved with the number of processes (0.6905 in two processes of
+    batch 2 for the 5 texts' 0.6977). Under a `compute_loss_func` (label smoothing)
     Trainer gives the model no labels: they are taken from the batch `compute_loss` was given."""
 
     _labels_of_the_loss: torch.Tensor | None = None  # the batch's labels while `compute_loss` runs
@@ -114,16 +119,22 @@ def mlm_accuracy(eval_prediction) -> dict:
     return {"mlm_accuracy": float((predictions[masked] == labels[masked]).mean()), "masked_tokens": int(masked.sum())}
 
 
-def translation_metrics(tokenizer) -> Callable:
-    """`Seq2SeqTrainer(compute_metrics=...)` with `predict_with_generate`: corpus BLEU and chrF (sacrebleu)."""
+def translation_metrics(tokenizer, references: list[str]) -> Callable:
+    """`Seq2SeqTrainer(compute_metrics=...)` with `predict_with_generate`: corpus BLEU and chrF (sacrebleu's defaults,
+    as `evaluate`'s "sacrebleu" and "chrf") of the generated translations, decoded without special tokens, against
+    `references`, the evaluation set's target texts in its order: one reference each, as sacrebleu scores a system's
+    output against a reference file. The labels decoded (run_translation.py's references) are not those texts: cut
+    at --max-length, and told apart by the tokenizer's decoding (WordPiece's "U - Bahn" for "U-Bahn", an `<unk>`
+    dropped, a lower-casing normalizer), they moved the scores."""
     import sacrebleu
 
     def compute(eval_prediction) -> dict:
-        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
+        predictions = eval_prediction.predictions
+        if len(predictions) != len(references):
+            raise ValueError(f"{len(predictions)} translations for {len(references)} references: the metrics score "
+                             "the evaluation set they were made for")
         predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
-        labels = np.where(labels == -100, tokenizer.pad_token_id, labels)
         hypotheses = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
-        references = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
         return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
                 "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
 

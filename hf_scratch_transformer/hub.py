@@ -94,6 +94,9 @@ METRICS = {
     "entity_recall": ("recall", "Entity recall (seqeval)"),
     "entity_f1": ("f1", "Entity F1 (seqeval)"),
 }
+# eval_results key -> the model-index `args` of its metric (what `evaluate`'s compute() would be given): the macro-F1
+# of words or texts and seqeval's entity F1 are both of type "f1" in a token classifier's card.
+METRIC_ARGS = {"f1": {"average": "macro"}}
 
 # The config fields shown in the card's architecture table, when the family has them.
 ARCHITECTURE_KNOBS = (
@@ -219,7 +222,7 @@ def write_model_card(
         metric_type, metric_name = METRICS.get(key, (key, key))
         results.append(EvalResult(
             task_type=spec["hub_task"], dataset_type=dataset, dataset_name=dataset, metric_type=metric_type,
-            metric_value=value, metric_name=metric_name,
+            metric_value=value, metric_name=metric_name, metric_args=METRIC_ARGS.get(key),
         ))
     card_data = ModelCardData(
         model_name=model_name,

@@ -484,10 +484,16 @@ def classification_run(tmp_path_factory) -> tuple[Path, list]:
 
 def test_finetune_runs_under_torchrun_with_two_processes(classification_run):
     """Every process wrote the model folder (each put its own folder aside in place of `model`): a run ended with a
-    folder holding only README.md. The main process writes it; the others wait for it, then end."""
+    folder holding only README.md. The main process writes it; the others wait for it, then end. Its evaluation loss
+    is the mean over the 5 validation texts: Accelerate fills the second process's last batch with repeats, and
+    Trainer's loss took the mean of a batch of one text and one repeat for that text's."""
     folder, finetune = classification_run
+    texts = ["a dog runs far", "the man walks home", "a big horse", "the red house stands", "a dog sleeps"]
+    labels = ["animal", "other", "animal", "other", "other"]
+    (folder / "valid.csv").write_text("\n".join(["text,label", *map(",".join, zip(texts, labels, strict=True))]))
     launcher, env = two_cpu_processes("torchrun")
-    stdout = run(*finetune, "--output-dir", folder / "ddp", launcher=launcher, env=env, cwd=folder)
+    stdout = run(*finetune, "--validation-file", folder / "valid.csv", "--batch-size", 2, "--output-dir",
+                 folder / "ddp", launcher=launcher, env=env, cwd=folder)
     assert stdout.count("saved a Hub-ready folder:") == 1
     assert stdout.count("model: ScratchEncoderForSequenceClassification") == stdout.count("evaluation: ") == 1
     assert UNUSED_SEARCH not in stdout
@@ -496,6 +502,12 @@ def test_finetune_runs_under_torchrun_with_two_processes(classification_run):
     assert not (folder / "ddp/model.tmp").exists()
     config = json.loads((folder / "ddp/model/config.json").read_text())
     assert config["id2label"] == {"0": "animal", "1": "other"}
+    model = AutoModelForSequenceClassification.from_pretrained(folder / "ddp/model").eval()
+    inputs = AutoTokenizer.from_pretrained(folder / "ddp/model")(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        every_text = model(**inputs, labels=torch.tensor([config["label2id"][label] for label in labels])).loss
+    results = json.loads((folder / "ddp/model/eval_results.json").read_text())
+    assert results["loss"] == pytest.approx(every_text.item(), abs=1e-5)
 
 
 def test_finetune_under_an_fsdp_launch_shards_and_saves_every_weight(classification_run):

@@ -130,6 +130,18 @@ def test_local_data_is_named_but_not_linked_as_a_hub_dataset(tmp_path):
     assert [(result.dataset_name, result.metric_value) for result in card.data.eval_results] == [("train", 2.5)]
 
 
+def test_a_token_classifiers_two_f1_scores_are_told_apart_in_the_model_index(tmp_path):
+    """Words' macro-F1 and seqeval's entity F1 are both of the Hub's type "f1": the macro one says how it averaged
+    (`args`, what `evaluate.load("f1").compute` takes), so that a reader of the metadata need not go by names."""
+    hub.write_model_card(
+        tmp_path, task="token-classification", model_name="someone/ner", preset=None, config={}, num_parameters=10,
+        dataset="conll2003", hyperparameters={}, eval_results={"accuracy": 0.9, "f1": 0.8, "entity_f1": 0.7},
+    )
+    metrics = metadata_load(tmp_path / "README.md")["model-index"][0]["results"][0]["metrics"]
+    assert [(metric["type"], metric.get("args"), metric["value"]) for metric in metrics] == [
+        ("accuracy", None, 0.9), ("f1", {"average": "macro"}, 0.8), ("f1", None, 0.7)]
+
+
 def test_unknown_task_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="causal-lm, masked-lm, seq2seq"):
         hub.write_model_card(

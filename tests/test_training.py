@@ -23,6 +23,7 @@ from transformers.testing_utils import CaptureLogger
 from transformers.tokenization_utils_base import logger as tokenization_logger
 
 from hf_scratch_transformer import (
+    ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
     evaluation,
     mixed_precision,
@@ -94,8 +95,13 @@ def token_classifier():
     return ScratchEncoderForTokenClassification(tiny_config("encoder", num_labels=5)).eval()
 
 
+def text_classifier():
+    torch.manual_seed(0)
+    return ScratchEncoderForSequenceClassification(tiny_config("encoder", num_labels=3)).eval()
+
+
 @pytest.mark.parametrize("family, overrides, smoothing", [
-    ("decoder", {}, 0.0), ("encoder", {}, 0.0), ("token-classification", {}, 0.0),
+    ("decoder", {}, 0.0), ("encoder", {}, 0.0), ("token-classification", {}, 0.0), ("text-classification", {}, 0.0),
     ("encoder", {"sparse_prediction": True}, 0.0), ("seq2seq", {}, 0.0),
     ("decoder", {}, 0.1), ("encoder", {"sparse_prediction": True}, 0.1), ("seq2seq", {}, 0.1)])
 def test_evaluation_loss_is_the_mean_over_every_labelled_token_at_any_batch_size(family, overrides, smoothing,
@@ -104,15 +110,20 @@ def test_evaluation_loss_is_the_mean_over_every_labelled_token_at_any_batch_size
     token counted alike), whatever the evaluation batch; Trainer's mean of batch means moved with the batch size.
     The seq2seq trainer evaluates by generating, and computes the loss with a forward of its own. Also under label
     smoothing (`train --label-smoothing`), where Trainer gives the model no labels: the loss was Trainer's mean of
-    batch means again, a masked LM's 6.38 in two processes where one process said 4.78 for the same weights."""
+    batch means again, a masked LM's 6.38 in two processes where one process said 4.78 for the same weights. A text
+    classifier's texts carry one label each (`finetune`'s trainer: Trainer's loss moved with the processes)."""
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-    model = token_classifier() if family == "token-classification" else tiny_lm(family, **overrides)
-    inputs = lm_inputs("encoder" if family == "token-classification" else family, batch=5)
+    classifiers = {"token-classification": token_classifier, "text-classification": text_classifier}
+    model = classifiers[family]() if family in classifiers else tiny_lm(family, **overrides)
+    inputs = lm_inputs("encoder" if family in classifiers else family, batch=5)
     if family == "token-classification":
         inputs["labels"] %= 5
-    for row, labels in enumerate(inputs["labels"]):
-        labels[row + 2:] = -100  # the causal LM's label 0 is never predicted: 1 to 5 labels
+    if family == "text-classification":
+        inputs["labels"] = torch.tensor([0, 2, 1, 1, 0])
+    else:
+        for row, labels in enumerate(inputs["labels"]):
+            labels[row + 2:] = -100  # the causal LM's label 0 is never predicted: 1 to 5 labels
     if family == "seq2seq":
         inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(inputs["labels"])
     with torch.no_grad():
@@ -666,15 +677,54 @@ def test_token_metrics_score_entities_as_conlleval_over_the_labelled_words():
     assert set(words) == {"accuracy", "f1"}  # word classes: no entities to score
 
 
-def test_translation_metrics_score_a_perfect_and_a_wrong_output():
+def test_translation_metrics_score_the_translations_against_the_references_as_written():
+    """sacrebleu's corpus BLEU and chrF of the translations decoded (special tokens and padding left out) against the
+    evaluation set's targets as written. The labels cut at --max-length were the references: a translation of the
+    whole sentence then scored 5.5 BLEU against "a ma" and "two", where it is the reference (100)."""
+    import sacrebleu
+
     tokenizer = byte_level_bpe(family="seq2seq")
-    labels = np.array(tokenizer(["a man rides a horse", "two dogs play"], padding=True).input_ids)
+    references = ["a man rides a horse in the street", "two dogs play"]
+    labels = np.array(tokenizer(references, padding=True, truncation=True, max_length=4).input_ids)
     labels = np.where(labels == tokenizer.pad_token_id, -100, labels)
-    perfect = evaluation.translation_metrics(tokenizer)(SimpleNamespace(predictions=labels, label_ids=labels))
+    metrics = evaluation.translation_metrics(tokenizer, references)
+    whole = np.array(tokenizer(references, padding=True).input_ids)
+    whole[1, -1] = -100  # Trainer pads the generations of several batches with -100
+    perfect = metrics(SimpleNamespace(predictions=whole, label_ids=labels))
     assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
-    wrong = np.array(tokenizer(["the sky", "water"], padding=True).input_ids)
-    scores = evaluation.translation_metrics(tokenizer)(SimpleNamespace(predictions=wrong, label_ids=labels))
-    assert scores["bleu"] < 10
+    hypotheses = ["a man rides the horse", "water"]
+    scores = metrics(SimpleNamespace(predictions=np.array(tokenizer(hypotheses, padding=True).input_ids),
+                                     label_ids=labels))
+    assert scores == {"bleu": pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score),
+                      "chrf": pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)}
+    assert 0 < scores["bleu"] < 30
+    with pytest.raises(ValueError, match="1 translations for 2 references"):
+        metrics(SimpleNamespace(predictions=whole[:1], label_ids=labels[:1]))
+
+
+def test_seq2seq_training_scores_bleu_against_the_validation_targets_as_written(monkeypatch, tmp_path):
+    """`train --task seq2seq` gives sacrebleu the validation target file's lines as the references, whole, as
+    sacrebleu scores a system against a reference file: they were the labels decoded, cut at --max-length here."""
+    import sacrebleu
+    from tiny_tokenizers import write_run_corpus
+
+    from hf_scratch_transformer.cli import main
+
+    write_run_corpus(tmp_path, families=("seq2seq",))
+    sources = (tmp_path / "train.src").read_text().splitlines()[:3]
+    targets = [f"{line} and then {line}" for line in (tmp_path / "train.tgt").read_text().splitlines()[:3]]
+    (tmp_path / "valid.src").write_text("\n".join(sources))
+    (tmp_path / "valid.tgt").write_text("\n".join(targets))
+    scored, corpus_bleu = [], sacrebleu.corpus_bleu
+    monkeypatch.setattr(sacrebleu, "corpus_bleu", lambda hypotheses, references: scored.append(references) or
+                        corpus_bleu(hypotheses, references))
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    main(["train", "--task", "seq2seq", "--source-files", str(tmp_path / "train.src"), "--target-files",
+          str(tmp_path / "train.tgt"), "--validation-source", str(tmp_path / "valid.src"), "--validation-target",
+          str(tmp_path / "valid.tgt"), "--tokenizer", str(tmp_path / "seq2seq"), "--max-steps", "1", "--max-length",
+          "8", "--batch-size", "4", "--num-beams", "1", "--output-dir", str(tmp_path / "out"), "--set",
+          "encoder_layers=1", "decoder_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"])
+    assert scored and all(references == [targets] for references in scored)
 
 
 def test_loss_curve_is_a_png(tmp_path):

@@ -86,14 +86,11 @@ def step_budget(text: str) -> int:
     return value
 
 
-class TextClassificationTrainer(ShardedTrainer, CrashSafeTrainer):
+class ClassificationTrainer(evaluation.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeTrainer):
     """FSDP under an FSDP launch, on CPU processes too, with a final folder of the full weights (`ShardedTrainer`, as
     `train`'s): Accelerate ran such a launch on CPU as DDP without a word, and `Trainer.save_model` writes no weights
-    under FSDP's sharded state dict."""
-
-
-class TokenClassificationTrainer(evaluation.TokenWeightedEvaluationLoss, TextClassificationTrainer):
-    """Its evaluation loss counts each labelled word alike: sentences carry different numbers of words."""
+    under FSDP's sharded state dict. Its evaluation loss counts each labelled word (sentences carry different numbers
+    of them) or text alike, in any number of processes."""
 
 
 # ----------------------------------------------------------------------------------------------- arguments
@@ -417,7 +414,7 @@ collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classificat
 
 # ----------------------------------------------------------------------------------------------- training
 preemption = training.Preemption()
-trainer = (TextClassificationTrainer if args.task == "text-classification" else TokenClassificationTrainer)(
+trainer = ClassificationTrainer(
     model=model,
     args=TrainingArguments(
         output_dir=str(output_dir / "checkpoints"), num_train_epochs=args.epochs, max_steps=args.max_steps,

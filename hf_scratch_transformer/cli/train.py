@@ -293,8 +293,11 @@ if optimisation["label_smoothing"] > 0:
 if task == "seq2seq":
     arguments |= dict(predict_with_generate=True, generation_num_beams=args.num_beams,
                       generation_max_length=args.max_length)
+    # BLEU and chrF against the validation targets as written (not the labels decoded: cut at --max-length)
+    references = raw["validation"].select(range(len(datasets["validation"])))["target"]
     trainer = ShardedSeq2SeqTrainer(args=Seq2SeqTrainingArguments(**arguments),
-                                    compute_metrics=evaluation.translation_metrics(tokenizer), **trainer_kwargs)
+                                    compute_metrics=evaluation.translation_metrics(tokenizer, list(references)),
+                                    **trainer_kwargs)
 else:
     if task == "masked-lm":
         trainer_kwargs |= dict(compute_metrics=evaluation.mlm_accuracy,
