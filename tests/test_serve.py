@@ -199,7 +199,8 @@ def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_
     the answer) it ignored both, and the answer took the first request's count; without it `finish_reason` said
     "stop" for the answers that the length ended. `/v1/responses` said status "completed" for an answer ended by
     `max_output_tokens`, where OpenAI's API says "incomplete" with the reason (streamed: a last
-    `response.incomplete` event); an answer that stopped at EOS before its limit stays "completed"."""
+    `response.incomplete` event), and so does its message item (it said "completed", in the response and in the
+    stream's `response.output_item.done`); an answer that stopped at EOS before its limit stays "completed"."""
     model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     question = QUESTIONS[1]
     prompt = tokenizer(question, return_tensors="pt")
@@ -213,10 +214,11 @@ def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_
 
     answer = server.responses.create(model=str(folder), input=question, max_output_tokens=5, stream=False)
     assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
-    assert answer.usage.output_tokens == 5
-    *_, last = server.responses.create(model=str(folder), input=question, max_output_tokens=5, stream=True)
+    assert answer.usage.output_tokens == 5 and _message_statuses(answer) == ["incomplete"]
+    *events, last = server.responses.create(model=str(folder), input=question, max_output_tokens=5, stream=True)
     assert last.type == "response.incomplete" and last.response.status == "incomplete"
     assert last.response.incomplete_details.reason == "max_output_tokens" and last.response.usage.output_tokens == 5
+    assert _message_statuses(last.response) == ["incomplete"] == _streamed_message_statuses(events)
     chat = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)
     third_token = model.generate(**chat, max_new_tokens=3, do_sample=False)[0, -1].item()
@@ -224,8 +226,21 @@ def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_
                                                  "do_sample": False})}
     answer = server.responses.create(model=str(folder), input=question, stream=False, extra_body=stopping)
     assert answer.status == "completed" and answer.incomplete_details is None and answer.usage.output_tokens <= 3
-    *_, last = server.responses.create(model=str(folder), input=question, stream=True, extra_body=stopping)
+    assert _message_statuses(answer) == ["completed"]
+    *events, last = server.responses.create(model=str(folder), input=question, stream=True, extra_body=stopping)
     assert last.type == "response.completed" and last.response.status == "completed"
+    assert _message_statuses(last.response) == ["completed"] == _streamed_message_statuses(events)
+
+
+def _message_statuses(response) -> list[str]:
+    """The status of each message item of a Responses API `response`."""
+    return [item.status for item in response.output if item.type == "message"]
+
+
+def _streamed_message_statuses(events) -> list[str]:
+    """The status of each message item that a Responses stream's `response.output_item.done` events give."""
+    return [event.item.status for event in events if event.type == "response.output_item.done"
+            and event.item.type == "message"]
 
 
 def test_memory_stays_flat_over_prompts_of_new_lengths(server, folder):

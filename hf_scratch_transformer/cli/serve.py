@@ -51,7 +51,7 @@ if not is_serve_available():
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
-from openai.types.responses import ResponseIncompleteEvent
+from openai.types.responses import ResponseIncompleteEvent, ResponseOutputItemDoneEvent
 from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
 from transformers.cli.serving.model_manager import ModelManager
@@ -342,11 +342,18 @@ for manager in (GenerateManager, CBGenerateManager):
 def reported_as_cut(response: dict, gen_config) -> dict:
     """A Responses API `response` (a dict) as OpenAI's API reports an answer that ended at its length (the
     request's `max_output_tokens`, or the room left by the positions or the paged cache): status "incomplete", with
-    `incomplete_details` {"reason": "max_output_tokens"}; transformers said "completed" (its chat completions say
-    `finish_reason` "length", by the same count). Any other response as it is."""
+    `incomplete_details` {"reason": "max_output_tokens"}, and its message item "incomplete" too; transformers said
+    "completed" (its chat completions say `finish_reason` "length", by the same count). Any other response as it is."""
     if response["usage"]["output_tokens"] < gen_config.max_new_tokens:  # set by `within_the_models_positions`
         return response
-    return {**response, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    return {**response, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+            "output": [message_as_cut(item) for item in response["output"]]}
+
+
+def message_as_cut(item: dict) -> dict:
+    """An output item of an answer cut by its length: the message "incomplete", as OpenAI's API marks it; any other
+    item (reasoning, a tool call) as it is."""
+    return {**item, "status": "incomplete"} if item["type"] == "message" else item
 
 
 def reporting_a_cut_answer(respond):
@@ -377,13 +384,32 @@ def streaming_a_cut_answer_as_incomplete(respond):
 
 async def ending_as_reported(chunks, gen_config):
     """The chunks of a Responses stream (events `data: {...}`, each ended by a blank line), each event as
-    `reported_event` gives it; closing it closes the stream (a client that leaves cancels the generation there)."""
+    `reported_event` gives it; closing it closes the stream (a client that leaves cancels the generation there).
+    A chunk that ends the message (its `response.output_item.done`) waits for the next: where that one reports the
+    answer cut, the message's item says "incomplete" there too. The last message ends after the generation, just
+    before the final event, so nothing waits for a token."""
+    held = None
     async with contextlib.aclosing(chunks):
         async for chunk in chunks:
-            yield "\n\n".join(reported_event(event, gen_config) for event in chunk.split("\n\n"))
+            chunk = each_event(chunk, reported_event, gen_config)
+            if held is not None:
+                yield each_event(held, message_done_as_cut) if INCOMPLETE_EVENT in chunk else held
+            held = chunk if any(map(ends_the_message, chunk.split("\n\n"))) else None
+            if held is None:
+                yield chunk
+        if held is not None:
+            yield held
 
 
-COMPLETED_EVENT = '"type":"response.completed"'  # as the event's JSON writes it (a quote in any text is escaped)
+def each_event(chunk: str, rewrite, *args) -> str:
+    """The chunk of a Responses stream with each of its events as `rewrite(event, *args)` gives it."""
+    return "\n\n".join(rewrite(event, *args) for event in chunk.split("\n\n"))
+
+
+# As the events' JSON writes them (a quote in any text is escaped).
+COMPLETED_EVENT = '"type":"response.completed"'
+INCOMPLETE_EVENT = '"type":"response.incomplete"'
+ITEM_DONE_EVENT = '"type":"response.output_item.done"'
 
 
 def reported_event(event: str, gen_config) -> str:
@@ -398,6 +424,21 @@ def reported_event(event: str, gen_config) -> str:
     incomplete = ResponseIncompleteEvent(type="response.incomplete", sequence_number=completed["sequence_number"],
                                          response=response)
     return f"data: {incomplete.model_dump_json(exclude_none=True)}"
+
+
+def ends_the_message(event: str) -> bool:
+    """Whether the event of a Responses stream is the `response.output_item.done` of a message."""
+    return ITEM_DONE_EVENT in event and json.loads(event.removeprefix("data: "))["item"]["type"] == "message"
+
+
+def message_done_as_cut(event: str) -> str:
+    """One event of a Responses stream whose answer was cut: the message's `response.output_item.done` with the item
+    as `message_as_cut` gives it, any other event as it is."""
+    if not ends_the_message(event):
+        return event
+    done = json.loads(event.removeprefix("data: "))
+    cut = ResponseOutputItemDoneEvent(**{**done, "item": message_as_cut(done["item"])})
+    return f"data: {cut.model_dump_json(exclude_none=True)}"
 
 
 ResponseHandler._non_streaming = reporting_a_cut_answer(ResponseHandler._non_streaming)
