@@ -199,6 +199,54 @@ def test_exact_resume_for_masked_lm_and_seq2seq_in_bf16(workspace, task):
         assert "token_type_ids" not in AutoTokenizer.from_pretrained(workspace / f"{task}-part/model")("a", "b")
 
 
+def card_hyperparameters(folder: Path) -> dict[str, str]:
+    """The rows of the "Hyper-parameter | Value" table of the card in `folder`."""
+    text = (folder / "README.md").read_text()
+    table = text[text.index("| Hyper-parameter | Value |"):].split("\n\n")[0]
+    return dict(re.findall(r"^\| (\w+) \| (.*) \|$", table, flags=re.MULTILINE))
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, 0])
+def test_train_and_train_accelerate_take_the_same_steps(workspace, tmp_path, max_grad_norm):
+    """Each step over the whole training set (batch 1 x as many micro-steps as blocks, the last one short: the data
+    order cannot matter, the loss normalisation over the global batch's tokens does), no dropout, the same options:
+    `train` (Trainer) and `train-accelerate` take the same steps, loss, learning rate (the step's, before the schedule
+    steps) and gradient norm, and come to the same weights; their cards record the same settings. Without clipping the
+    Accelerate loop logged no gradient norm (Trainer logs the norm anyway), and the cards left out the weight decay
+    (both) and the Adam epsilon (train-accelerate's)."""
+    paragraphs = (workspace / "corpus.txt").read_text().split("\n\n")
+    (tmp_path / "train.txt").write_text("\n\n".join(paragraphs[:10]))
+    (tmp_path / "valid.txt").write_text("\n\n".join(paragraphs[-10:]))
+    texts = training_data.load_texts([str(tmp_path / "train.txt")], validation_files=[str(tmp_path / "valid.txt")])
+    blocks = training_data.pack_for_causal_lm(texts["train"], AutoTokenizer.from_pretrained(workspace / "decoder"), 32)
+    assert 1 < len(blocks) < 10 and -100 in blocks[-1]["labels"]  # the last block short: fewer labels than the others
+    arguments = ["--train-files", tmp_path / "train.txt", "--validation-files", tmp_path / "valid.txt", "--tokenizer",
+                 workspace / "decoder", *RUN, *TINY, *NO_DROPOUT, "--batch-size", 1, "--gradient-accumulation-steps",
+                 len(blocks), "--max-steps", 6, "--learning-rate", 3e-3, "--lr-scheduler", "linear", "--warmup-steps",
+                 2, "--weight-decay", 0.1, "--adam-epsilon", 1e-6, "--label-smoothing", 0.1, "--max-grad-norm",
+                 max_grad_norm, "--model-name", "user/tiny"]
+    run(ROOT / "scripts/train.py", *arguments, "--adam-beta2", 0.98, "--eval-steps", 6, "--output-dir",
+        tmp_path / "trainer", cwd=workspace)
+    run(SCRIPT, *arguments, "--adam-betas", 0.9, 0.98, "--output-dir", tmp_path / "accelerate", cwd=workspace)
+
+    state = json.loads((tmp_path / "trainer/checkpoints/checkpoint-6/trainer_state.json").read_text())
+    trainer_log = [entry for entry in state["log_history"] if "loss" in entry]
+    loop_log = [json.loads(line) for line in (tmp_path / "accelerate/loss_curve.jsonl").open()]
+    assert [entry["step"] for entry in trainer_log] == [record["step"] for record in loop_log] == list(range(1, 7))
+    for logged, record in zip(trainer_log, loop_log, strict=True):
+        assert record["loss"] == pytest.approx(logged["loss"], abs=1e-5), record
+        assert record["lr"] == pytest.approx(logged["learning_rate"], rel=1e-9), record
+        assert record["grad_norm"] == pytest.approx(logged["grad_norm"], rel=1e-5), record
+    assert [record["lr"] for record in loop_log] == pytest.approx([0, 1.5e-3, 3e-3, 2.25e-3, 1.5e-3, 0.75e-3])
+    if max_grad_norm:  # the clipping bites
+        assert all(record["grad_norm"] > max_grad_norm for record in loop_log)
+    assert_close_weights(tmp_path / "accelerate/model", tmp_path / "trainer/model")
+    trainer_card, loop_card = (card_hyperparameters(tmp_path / f"{run_dir}/model") for run_dir in ("trainer",
+                                                                                                   "accelerate"))
+    assert trainer_card == loop_card
+    assert {"weight_decay": "0.1", "adam_betas": "(0.9, 0.98)", "adam_epsilon": "1e-06"}.items() <= loop_card.items()
+
+
 def test_a_step_with_no_labelled_token_logs_none(workspace, tmp_path):
     """A masked LM's rows of one word each are mostly left unmasked: a step of such rows has no labelled token, and its
     loss is 0 (divided by 1, not 0). The log said `"tokens": 1` there, the divisor, not the count."""

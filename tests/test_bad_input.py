@@ -483,6 +483,11 @@ def corpus(tmp_path):
         (["train", "--adam-epsilon", "-0.1"], "argument --adam-epsilon: must be >= 0, got -0.1"),
         (["train", "--weight-decay", "-0.1"], "argument --weight-decay: must be >= 0, got -0.1"),
         (["train", "--max-grad-norm", "-1"], "argument --max-grad-norm: must be >= 0, got -1"),
+        # Schedules that need settings neither command takes were transformers' traceback after the data work; one
+        # stepped with an evaluation loss failed at the Accelerate loop's first step (train's Trainer steps it).
+        (["train", "--lr-scheduler", "cosine_with_min_lr"], "argument --lr-scheduler: invalid choice: 'cosine_with"),
+        (["train-accelerate", "--lr-scheduler", "warmup_stable_decay"], "argument --lr-scheduler: invalid choice"),
+        (["train-accelerate", "--lr-scheduler", "reduce_lr_on_plateau"], "argument --lr-scheduler: invalid choice"),
         (["tokenizer", "--kind", "bpe", "--family", "decoder", "--min-frequency", "-1"],
          "argument --min-frequency: must be >= 0, got -1"),
         (["finetune", "--task", "text-classification", "--max-steps", "0"],

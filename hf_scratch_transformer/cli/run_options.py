@@ -35,6 +35,13 @@ DEFAULTS = {  # task -> (preset, tokenizer kind, tokenizer family)
     "seq2seq": ("transformer-base", "bpe", "seq2seq"),
 }
 TOKENIZER_VOCAB_SIZE = 4096  # --vocab-size of a tokenizer trained by the run
+# --lr-scheduler: transformers' schedules (`get_scheduler`) that need no more than the warmup and the step count. The
+# others need settings neither command takes (`cosine_with_min_lr`'s minimum, `warmup_stable_decay`'s decay steps)
+# and failed with a traceback after the data work. `train` also takes those Trainer steps with the evaluation loss
+# (`reduce_lr_on_plateau`, `greedy`); the Accelerate loop evaluates only once trained, and failed at its first step.
+STEP_SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                  "inverse_sqrt")
+EVALUATION_SCHEDULES = ("reduce_lr_on_plateau", "greedy")
 
 
 # ----------------------------------------------------------------------------------------------- stopping

@@ -48,6 +48,8 @@ from hf_scratch_transformer.cli.run_errors import fail, note, say
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULTS,
+    EVALUATION_SCHEDULES,
+    STEP_SCHEDULES,
     TOKENIZER_VOCAB_SIZE,
     RunParser,
     add_data_and_model_arguments,
@@ -123,7 +125,9 @@ optim.add_argument("--max-steps", type=positive_int, default=600, help="default 
 optim.add_argument("--batch-size", type=positive_int, default=16, help="sequences per device step (default 16)")
 optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1, help="default 1")
 optim.add_argument("--learning-rate", type=positive_float, default=1e-3, help="default 1e-3")
-optim.add_argument("--lr-scheduler", help="transformers scheduler name (default cosine; `inverse_sqrt` = Noam)")
+optim.add_argument("--lr-scheduler", choices=STEP_SCHEDULES + EVALUATION_SCHEDULES, metavar="NAME",
+                   help=f"default cosine (inverse_sqrt = Noam): {', '.join(STEP_SCHEDULES)};\nstepped with the "
+                   f"evaluation loss: {', '.join(EVALUATION_SCHEDULES)}")
 optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
 optim.add_argument("--adam-beta2", type=fraction, help="default 0.99")
 optim.add_argument("--adam-epsilon", type=non_negative_float, help="default 1e-8")
@@ -350,7 +354,11 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
             hyperparameters={"max_steps": args.max_steps, "steps_trained": trainer.state.global_step,
                              "global_batch_size":
                                  args.batch_size * args.gradient_accumulation_steps * trainer.args.world_size,
-                             "learning_rate": args.learning_rate, **optimisation,
+                             "learning_rate": args.learning_rate, "lr_scheduler": optimisation["lr_scheduler"],
+                             "warmup_steps": optimisation["warmup_steps"],
+                             "adam_betas": (0.9, optimisation["adam_beta2"]),
+                             "adam_epsilon": optimisation["adam_epsilon"], "weight_decay": args.weight_decay,
+                             **{key: optimisation[key] for key in ("label_smoothing", "max_grad_norm")},
                              "mixed_precision": trainer.args.mixed_precision,  # --bf16's, or the launch config's
                              "eval_sequences": len(datasets["validation"])},  # all, or the first --max-eval-samples
             eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},

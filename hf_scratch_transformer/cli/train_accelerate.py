@@ -74,6 +74,7 @@ from hf_scratch_transformer.cli.run_errors import fail, fail_together, fail_with
 from hf_scratch_transformer.cli.run_options import (
     AUTO_MODEL,
     DEFAULTS,
+    STEP_SCHEDULES,
     TOKENIZER_VOCAB_SIZE,
     RunParser,
     add_data_and_model_arguments,
@@ -115,7 +116,8 @@ optim.add_argument("--batch-size", type=positive_int, default=16,
 optim.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
                    help="micro-steps per step (default 1)")
 optim.add_argument("--learning-rate", type=positive_float, default=1e-3, help="default 1e-3")
-optim.add_argument("--lr-scheduler", default="cosine", help="transformers' get_scheduler name (default cosine)")
+optim.add_argument("--lr-scheduler", default="cosine", choices=STEP_SCHEDULES, metavar="NAME",
+                   help=f"default cosine (inverse_sqrt = Noam): {', '.join(STEP_SCHEDULES)}")
 optim.add_argument("--warmup-steps", type=non_negative_int, help="default 5%% of the steps")
 optim.add_argument("--adam-betas", type=fraction, nargs=2, default=[0.9, 0.99], help="default 0.9 0.99")
 optim.add_argument("--adam-epsilon", type=non_negative_float, default=1e-8, help="default 1e-8")
@@ -305,7 +307,8 @@ with accelerator.main_process_first():
         eval_collate = DataCollatorForTokenClassification(tokenizer)  # pads the labels with -100
 
 # ----------------------------------------------------------------------------------------------- optimisation
-# nanoGPT's groups: weight decay on matrices and embeddings, none on biases and norms.
+# nanoGPT's groups: weight decay on matrices and embeddings, none on biases and norms (for every preset the tensors
+# Trainer's get_decay_parameter_names picks: docs/training.md, "train and train-accelerate").
 decay = [p for p in model.parameters() if p.dim() >= 2]
 no_decay = [p for p in model.parameters() if p.dim() < 2]
 optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -464,7 +467,9 @@ with training.Preemption() as preemption:  # a SIGTERM stops after the step unde
                 accelerator.backward(loss * accumulation * accelerator.num_processes)
                 step_loss += loss.detach()
         assert accelerator.sync_gradients, "the last micro-step must synchronise the gradients"
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm) if args.max_grad_norm else None
+        # The norm before clipping; without clipping (--max-grad-norm 0) the norm alone, as Trainer logs it (the log
+        # said null there, and a step's inf gradient was caught only by the next step's nan loss).
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or float("inf"))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         if not accelerator.optimizer_step_was_skipped:  # fp16: the GradScaler skips steps with inf/nan gradients
@@ -475,8 +480,7 @@ with training.Preemption() as preemption:  # a SIGTERM stops after the step unde
         # launcher's SIGTERM reaches the processes at different steps, and all stop after the same one.
         requested = torch.tensor(float(preemption.requested), device=accelerator.device)
         loss, preempted = accelerator.reduce(torch.stack([step_loss, requested]), "sum").tolist()
-        record = {"step": step, "loss": loss, "lr": lr, "tokens": labelled.item(),
-                  "grad_norm": None if grad_norm is None else float(grad_norm)}
+        record = {"step": step, "loss": loss, "lr": lr, "tokens": labelled.item(), "grad_norm": float(grad_norm)}
         history.append(record)
         if accelerator.is_main_process:
             with run_file_written(parser, "The loss log", output_dir), log_file.open("a") as log:
@@ -542,10 +546,13 @@ if accelerator.is_main_process:
         files = run_data_files(args)
         dataset = run_data_name(args, files)
         unwrapped = accelerator.unwrap_model(model)
-        hyperparameters = {"global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
-                           "mixed_precision": accelerator.mixed_precision, **{key: getattr(args, key) for key in (
-                               "max_steps", "learning_rate", "lr_scheduler", "adam_betas", "label_smoothing",
-                               "max_grad_norm")}, "steps_trained": steps_trained, "warmup_steps": warmup_steps,
+        hyperparameters = {"max_steps": args.max_steps, "steps_trained": steps_trained,
+                           "global_batch_size": args.batch_size * accumulation * accelerator.num_processes,
+                           "learning_rate": args.learning_rate, "lr_scheduler": args.lr_scheduler,
+                           "warmup_steps": warmup_steps, "adam_betas": tuple(args.adam_betas),
+                           **{key: getattr(args, key) for key in ("adam_epsilon", "weight_decay", "label_smoothing",
+                                                                  "max_grad_norm")},
+                           "mixed_precision": accelerator.mixed_precision,
                            "eval_sequences": len(datasets["validation"])}  # all, or the first --max-eval-samples
         hub.write_model_card(written, task=task,
                              model_name=args.model_name or hub.default_repo_name(preset or "scratch", dataset),
