@@ -79,6 +79,15 @@ def smoothed_loss_function(task: str, epsilon: float) -> Callable:
     return compute_loss
 
 
+def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups: weight decay on matrices and embeddings, none on biases and norms (nanoGPT's rule
+    by shape). For every preset these are the tensors Trainer's `get_decay_parameter_names` picks by name
+    (tests/test_trainer.py), so that `train` and `train-accelerate` optimise alike."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in parameters if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
+
+
 # ---------------------------------------------------------------------------------------------- masked-LM batches
 
 

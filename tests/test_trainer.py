@@ -3,11 +3,13 @@ head the update of one batch."""
 
 import pytest
 import torch
-from tiny_models import VOCAB, tiny_config, tiny_lm
+from tiny_models import LM_CLASSES, VOCAB, tiny_config, tiny_lm
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
 
 import hf_scratch_transformer as hst
+from hf_scratch_transformer.presets import PRESETS, get_preset
+from hf_scratch_transformer.training import weight_decay_groups
 
 
 def _examples(family: str, count: int = 64, length: int = 12) -> list[dict]:
@@ -106,3 +108,21 @@ def test_trainer_label_smoothing_shifts_the_causal_lm_labels(tmp_path):
     logits = model(input_ids=ids).logits
     expected = LabelSmoother(0.1)({"logits": logits}, labels, shift_labels=True)
     torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_train_accelerates_weight_decay_groups_are_trainers(name):
+    """train-accelerate groups AdamW's parameters by shape (`training.weight_decay_groups`), Trainer by name
+    (`get_decay_parameter_names`): for every preset both must decay the same tensors, or `train` and
+    `train-accelerate` optimise otherwise (docs/training.md, "train and train-accelerate")."""
+    config = get_preset(name)
+    with torch.device("meta"):  # the full preset's parameters, none allocated
+        model = LM_CLASSES[PRESETS[name]["family"]](config)
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    decayed, kept = (group["params"] for group in weight_decay_groups(model, 0.1))
+    # The method reads only its model argument: Trainer's own rule, without building a Trainer around a meta model.
+    # It names a tied head's weight too, which `named_parameters` (as Trainer's groups) gives once, as the embedding.
+    by_trainer = set(Trainer.get_decay_parameter_names(None, model)) & set(names.values())
+    assert {names[id(parameter)] for parameter in decayed} == by_trainer
+    assert {names[id(parameter)] for parameter in kept}.isdisjoint(by_trainer)
+    assert len(decayed) + len(kept) == len(names)

@@ -307,13 +307,8 @@ with accelerator.main_process_first():
         eval_collate = DataCollatorForTokenClassification(tokenizer)  # pads the labels with -100
 
 # ----------------------------------------------------------------------------------------------- optimisation
-# nanoGPT's groups: weight decay on matrices and embeddings, none on biases and norms (for every preset the tensors
-# Trainer's get_decay_parameter_names picks: docs/training.md, "train and train-accelerate").
-decay = [p for p in model.parameters() if p.dim() >= 2]
-no_decay = [p for p in model.parameters() if p.dim() < 2]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}],
-                              lr=args.learning_rate, betas=tuple(args.adam_betas), eps=args.adam_epsilon)
+optimizer = torch.optim.AdamW(training.weight_decay_groups(model, args.weight_decay), lr=args.learning_rate,
+                              betas=tuple(args.adam_betas), eps=args.adam_epsilon)
 warmup_steps = args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20)
 scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
                           num_training_steps=args.max_steps)
