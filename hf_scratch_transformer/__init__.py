@@ -3,15 +3,14 @@ Hugging Face model families (decoder-only, encoder-only, encoder-decoder).
 
 Importing the package registers every config and model with the `transformers` Auto classes (from each config's
 `family_auto_map`), marks each class for `register_for_auto_class`, so that `save_pretrained` writes the model
-code next to the weights, and registers the seq2seq pipeline task `scratch-text2text`. Saved folders then load
-with `trust_remote_code=True` where this package is not installed. This file is never copied there.
+code next to the weights; the seq2seq model file registers the pipeline task `scratch-text2text`. Saved folders
+then load with `trust_remote_code=True` where this package is not installed. This file is never copied there.
 """
 
 import importlib
 
 import transformers
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
-from transformers.pipelines import PIPELINE_REGISTRY
+from transformers import AutoConfig
 
 from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
 from .modeling_scratch_decoder import (
@@ -62,9 +61,6 @@ def _register() -> None:
         for auto_class, model_class in models:
             auto_class.register(config_class, model_class, exist_ok=True)
             model_class.register_for_auto_class(auto_class.__name__)
-    PIPELINE_REGISTRY.register_pipeline(
-        TEXT2TEXT_TASK, pipeline_class=ScratchText2TextPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
-    )
 
 
 _register()

@@ -26,7 +26,7 @@ from .modeling_scratch_common import (
 
 # Imported so that `save_pretrained` copies the pipeline file beside the model (it ships the files a model file
 # imports relatively); saved configs declare it in `custom_pipelines`.
-from .pipeline_scratch_text2text import ScratchText2TextPipeline  # noqa: F401
+from .pipeline_scratch_text2text import register_pipeline_task
 from .scratch_attention import CACHE_FIELD, cache_output, resolve_cache
 from .scratch_linear import ScratchLinear
 from .scratch_loss import check_label_ids
@@ -269,6 +269,10 @@ class ScratchSeq2SeqForConditionalGeneration(ScratchSeq2SeqPreTrainedModel, Scra
             encoder_attentions=outputs.encoder_attentions,
         )
 
+
+# Done here, not at package registration, so that a model loaded with `trust_remote_code` where the package is not
+# installed brings the task too: `pipeline("scratch-text2text", model=model)` reads no folder's `custom_pipelines`.
+register_pipeline_task()
 
 __all__ = [
     "ScratchSeq2SeqPreTrainedModel",

@@ -1,18 +1,21 @@
 """`scratch-text2text`: text in, generated text out, for encoder-decoder models (translation, summarisation).
 
 transformers 5 removed its `text2text-generation` and `translation` pipelines, so the seq2seq family ships its
-own task. It is registered with `PIPELINE_REGISTRY` on package import, and saved seq2seq folders carry this file
-and declare it in `config.custom_pipelines`, so that
+own task. The seq2seq model file registers it with `PIPELINE_REGISTRY` when imported (on package import, or when a
+saved folder's model loads with `trust_remote_code`), and saved seq2seq folders carry this file and declare it in
+`config.custom_pipelines`, so that
 
     pipeline("scratch-text2text", model=folder, trust_remote_code=True)
 
-works where this package is not installed. Output: one `{"generated_text": ...}` per returned sequence. Unless the
-call or the model's generation config says otherwise: 4 beams and 256 new tokens at most, or `max_position_embeddings`
-for learned and sinusoidal positions where that is fewer. Sources are cut with `truncation=True` (at the tokenizer's
+works where this package is not installed, as does `pipeline("scratch-text2text", model=model)` for a model loaded
+from such a folder. Output: one `{"generated_text": ...}` per returned sequence. Unless the call or the model's
+generation config says otherwise: 4 beams and 256 new tokens at most, or `max_position_embeddings` for learned and
+sinusoidal positions where that is fewer. Sources are cut with `truncation=True` (at the tokenizer's
 `model_max_length`) or `max_source_length=N`, and uncut otherwise.
 """
 
-from transformers import GenerationConfig, Pipeline
+from transformers import AutoModelForSeq2SeqLM, GenerationConfig, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
 
 TASK = "scratch-text2text"
 # Position tables that end at `max_position_embeddings` (RoPE and ALiBi have no end).
@@ -79,3 +82,12 @@ class ScratchText2TextPipeline(Pipeline):
     def postprocess(self, model_outputs, skip_special_tokens: bool = True):
         texts = self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=skip_special_tokens)
         return [{"generated_text": text.strip()} for text in texts]
+
+
+def register_pipeline_task() -> None:
+    """Registers the task, unless registered already: each saved folder loaded with `trust_remote_code` imports its
+    own copy of this file, and the first registration (the package's, where it is installed) stays."""
+    if TASK not in PIPELINE_REGISTRY.get_supported_tasks():
+        PIPELINE_REGISTRY.register_pipeline(
+            TASK, pipeline_class=ScratchText2TextPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+        )

@@ -80,6 +80,25 @@ def test_every_head_loads_with_trust_remote_code_where_the_package_is_missing(to
     assert seq2seq_pipeline_output[0]["generated_text"] == _text2text_reference(tmp_path, tokenizers)
 
 
+def test_scratch_text2text_takes_a_model_loaded_where_the_package_is_missing(tokenizers, tmp_path):
+    """A Hub user who loads the model first (a dtype, a device) hands the object to `pipeline`, as with transformers'
+    own tasks. Without the package, the task was known only from a folder's `custom_pipelines`, which `pipeline()`
+    reads when given a folder name: with the object it failed with "Unknown task scratch-text2text"."""
+    folder = _save(hst.ScratchSeq2SeqForConditionalGeneration, "seq2seq", tokenizers["seq2seq"], tmp_path / "model")
+    (tmp_path / "example.py").write_text(
+        "import json\n"
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline\n"
+        f"model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True)\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)\n"
+        f"translator = pipeline({hst.TEXT2TEXT_TASK!r}, model=model, tokenizer=tokenizer)\n"
+        f"print(json.dumps(translator({TEXT!r}, max_new_tokens=6)))\n"
+    )
+    completed = run_without_package(tmp_path, "--run", tmp_path / "example.py")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    expected = pipeline(hst.TEXT2TEXT_TASK, model=str(folder), trust_remote_code=True)(TEXT, max_new_tokens=6)
+    assert json.loads(completed.stdout.splitlines()[-1]) == expected
+
+
 def _text2text_reference(tmp_path, tokenizers) -> str:
     folder = next(tmp_path.glob("*-ScratchSeq2SeqForConditionalGeneration"))
     translator = pipeline(hst.TEXT2TEXT_TASK, model=str(folder), trust_remote_code=True)
