@@ -190,6 +190,18 @@ def check_task_token(tokenizer, task: str) -> None:
     if getattr(tokenizer, role, None) is None:
         raise ValueError(f"The tokenizer has no {role}, which {task} data needs: set one "
                          f"(tokenizer.{role} = ..., then save_pretrained), or train one with `hf-scratch tokenizer`.")
+    if task == "seq2seq" and not ends_targets_with_eos(tokenizer):
+        raise ValueError(
+            f"The tokenizer does not end a text with an eos_token ({tokenizer.eos_token!r} is not its last token), "
+            "which seq2seq targets need: the model learns to stop there, and without it generates to its length "
+            "limit. Train one with `hf-scratch tokenizer --family seq2seq`, or give this one a post-processor that "
+            "appends its eos_token (as T5's and BART's tokenizers do).")
+
+
+def ends_targets_with_eos(tokenizer) -> bool:
+    """Whether `tokenizer` ends a seq2seq target with its eos token, as T5's, BART's and Marian's do (ours of the
+    seq2seq family too): GPT-2's appends nothing, and a decoder's template opens a text with `<s>` only."""
+    return tokenizer.eos_token_id is not None and tokenizer(text_target="a").input_ids[-1:] == [tokenizer.eos_token_id]
 
 
 def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
@@ -197,15 +209,17 @@ def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
     packing: every token trains). The tokenizer adds `<s>`; `</s>` ends each document here. The stream is cut as one,
     so blocks run on across documents and batches; only the last block may be short: it is padded on the right,
     with labels -100 there (no attention mask needed: a causal model never attends to later positions), so that even
-    data shorter than one block gives a block rather than an empty split."""
+    data shorter than one block gives a block rather than an empty split. A tokenizer made elsewhere that ends a text
+    with `</s>` itself (BART's, T5's) gets no second one."""
     check_task_token(tokenizer, "causal-lm")  # else None would end each document
+    eos = [tokenizer.eos_token_id]
 
     def tokenize(batch):
         # verbose=False: the blocks below cut the documents, so the tokenizer's warning of one longer than its
         # model_max_length ("... will result in indexing errors") does not apply here; run_clm.py prints it, then
         # "Please ignore the warning above". The tokenizer still warns of any other call's.
         ids = tokenizer(batch["text"], verbose=False).input_ids
-        return {"input_ids": [document + [tokenizer.eos_token_id] for document in ids]}
+        return {"input_ids": [document if document[-1:] == eos else document + eos for document in ids]}
 
     pad = tokenizer.pad_token_id or 0  # any id: labels -100 there, and no real token attends to it
 

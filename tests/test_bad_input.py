@@ -2,6 +2,7 @@
 UnicodeDecodeError, and never a silently wrong result: positions, labels, input shapes, prepared masks, token
 types, config field types, training text files and weights files."""
 
+import copy
 import json
 import os
 import re
@@ -760,6 +761,69 @@ def test_a_tokenizer_of_another_family_is_refused_before_the_model(monkeypatch, 
     needed = {"seq2seq": "seq2seq", "causal-lm": "decoder", "masked-lm": "encoder"}[task]
     assert (f"was trained for the {family} family, but --task {task} needs one for the {needed} family"
             in capsys.readouterr().err)
+
+
+def test_a_seq2seq_tokenizer_that_ends_no_text_with_eos_is_refused_before_the_model(monkeypatch, capsys, corpus,
+                                                                                    tmp_path):
+    # One made elsewhere (GPT-2's appends nothing) records no family: its pad token let it through, and the model
+    # trained on targets without `</s>` never learnt to stop, silently (a translation ran on to --max-length).
+    import transformers
+    from tokenizers import processors
+
+    from hf_scratch_transformer.cli import main
+
+    def tripwire(*args, **kwargs):
+        raise ReachedModelWork("the command built a model for targets without an end")
+
+    ours = byte_level_bpe(family="seq2seq")
+    backend = type(ours.backend_tokenizer).from_str(ours.backend_tokenizer.to_str())
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)  # GPT-2's: no special token added
+    type(ours)(tokenizer_object=backend, **ours.special_tokens_map).save_pretrained(tmp_path / "foreign")
+    monkeypatch.setattr(transformers.AutoModelForSeq2SeqLM, "from_config", tripwire)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--task", "seq2seq", "--source-files", str(corpus), "--target-files", str(corpus),
+              "--tokenizer", str(tmp_path / "foreign"), "--output-dir", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    assert "does not end a text with an eos_token ('</s>' is not its last token)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "train-accelerate"])
+@pytest.mark.parametrize("case", ["tokens-added-to-a-model-folder", "a-smaller-source-vocabulary-set"])
+def test_a_tokenizer_with_ids_past_the_models_vocabulary_is_refused_before_the_data(monkeypatch, capsys, corpus,
+                                                                                   tmp_path, command, case):
+    # Tokens added to a saved model's tokenizer were refused in a line that gave no way on; a seq2seq model's
+    # `--set encoder_vocab_size` below the tokenizer's size was not checked at all: a ValueError traceback at the first
+    # step, after the tokenizing.
+    from hf_scratch_transformer.cli import main
+
+    def tripwire(*args, **kwargs):
+        raise ReachedModelWork("the data was tokenized for a model without rows for some of its ids")
+
+    tokenizer = byte_level_bpe(family="seq2seq" if case.startswith("a-smaller") else "decoder")
+    if case == "tokens-added-to-a-model-folder":
+        tiny_lm("decoder", vocab_size=320).save_pretrained(tmp_path / "model")
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.add_tokens([f"<added {i}>" for i in range(30)])  # 330 tokens
+        tokenizer.save_pretrained(tmp_path / "model")
+        options, refused = ["--model", tmp_path / "model", "--train-files", corpus], "the model's vocabulary only 320"
+        ids = "ids 320 to 329 have no embedding row"
+    else:
+        tokenizer.save_pretrained(tmp_path / "tokenizer")
+        options = ["--task", "seq2seq", "--tokenizer", tmp_path / "tokenizer", "--source-files", corpus,
+                   "--target-files", corpus, "--preset", "transformer-xavier", "--set", "encoder_layers=1",
+                   "decoder_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64",
+                   "encoder_vocab_size=100"]
+        refused = "the model's source vocabulary only 100"
+        ids = f"ids 100 to {len(tokenizer) - 1} have no embedding row"
+    for preparation in ("pack_for_causal_lm", "tokenize_for_seq2seq"):
+        monkeypatch.setattr(training_data, preparation, tripwire)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(SystemExit) as stopped:
+        main([command, *map(str, options), "--max-length", "32", "--output-dir", str(tmp_path / "out")])
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2
+    assert refused in stderr and ids in stderr and "model.resize_token_embeddings(len(tokenizer))" in stderr
 
 
 def test_tokenizer_refuses_an_output_dir_that_is_a_file(tmp_path, corpus):

@@ -528,6 +528,39 @@ def test_a_given_tokenizer_cuts_texts_at_the_runs_max_length(monkeypatch, tmp_pa
     assert run.value.args[0].model_max_length == 48
 
 
+class AboutToTrain(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", ["train", "train-accelerate"])
+def test_a_model_folder_takes_its_tokenizers_special_ids_in_both_training_commands(monkeypatch, tmp_path, command):
+    # A --model folder whose config.json and generation_config.json give other pad / bos / eos ids than its tokenizer:
+    # the data is made with the tokenizer's (packing ends each document with its eos). Trainer (`train`) aligns the
+    # configs with the tokenizer, with transformers' warning; train-accelerate kept the folder's, and saved a model
+    # whose `generate()` stops at an eos it never learnt.
+    from hf_scratch_transformer.cli import main
+    from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
+
+    def about_to_train(model):
+        raise AboutToTrain(model)
+
+    # Trainer aligns them as `train()` begins, before its loop
+    monkeypatch.setattr(CrashSafeTrainer, "_inner_training_loop",
+                        lambda self, *args, **kwargs: about_to_train(self.model))
+    monkeypatch.setattr(training, "weight_decay_groups", lambda model, *args: about_to_train(model))
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    write_run_corpus(tmp_path)  # its tokenizer: <pad> 0, <s> 1, </s> 2
+    tiny_lm("decoder", vocab_size=320, pad_token_id=7, bos_token_id=6, eos_token_id=5).save_pretrained(
+        tmp_path / "decoder")
+    with pytest.raises(AboutToTrain) as run:
+        main([command, "--model", str(tmp_path / "decoder"), "--train-files", str(tmp_path / "corpus.txt"),
+              "--max-length", "32", "--output-dir", str(tmp_path / "run")])
+    model = run.value.args[0]
+    assert (model.config.pad_token_id, model.config.bos_token_id, model.config.eos_token_id) == (0, 1, 2)
+    generation = model.generation_config
+    assert (generation.pad_token_id, generation.bos_token_id, generation.eos_token_id) == (0, 1, [2, 5])
+
+
 @pytest.mark.parametrize("task, auto_class", [("causal-lm", "AutoModelForCausalLM"),
                                               ("seq2seq", "AutoModelForSeq2SeqLM")])
 def test_a_tokenizer_made_elsewhere_gives_the_new_model_its_special_ids(monkeypatch, tmp_path, task, auto_class):

@@ -449,6 +449,20 @@ def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_a_folder_whose_tokenizer_has_tokens_past_the_models_vocabulary_is_refused_at_start(tmp_path):
+    """Tokens added to the tokenizer after the model was saved, its embeddings not resized: a prompt holding one was
+    answered a bare 500, and under continuous batching it stopped the generation loop (every later request 503)."""
+    tokenizer = copy.deepcopy(byte_level_bpe())
+    tokenizer.add_tokens([f"<added {i}>" for i in range(30)])  # 330 tokens
+    ScratchDecoderForCausalLM(tiny_config("decoder", vocab_size=320)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = run_python(_serve_command(tmp_path, _free_port()), cwd=tmp_path, env=env, timeout=START_TIMEOUT)
+    assert result.returncode == 2, result.stderr
+    assert "its tokenizer has 330 tokens but the model only 320 embedding rows" in result.stderr, result.stderr
+    assert "resize_token_embeddings" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_it(tmp_path):
     """A server started without a folder loads what each request names: a seq2seq folder was refused in the server's
     log only, and the client got a bare 500 'Internal Server Error'. It gets a 400 that names the class."""

@@ -235,6 +235,17 @@ def test_packing_documents_longer_than_the_tokenizers_maximum_does_not_warn(bpe)
     assert "Token indices sequence length is longer than the specified maximum" in captured.out
 
 
+def test_packing_ends_each_document_with_one_eos_also_where_the_tokenizer_appends_it():
+    # A tokenizer made elsewhere that ends a text with `</s>` (BART's, T5's; it records no family) got a second one:
+    # the model learnt `</s> </s>` between documents.
+    appending = byte_level_bpe(family="seq2seq")  # `$A </s>`
+    foreign = type(appending)(tokenizer_object=appending.backend_tokenizer, **appending.special_tokens_map)
+    documents = ["To be, or not to be.", "That is the question."]
+    packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), foreign, block_size=64)
+    assert packed_stream(packed) == [token for text in documents for token in foreign(text).input_ids]
+    assert packed_stream(packed).count(foreign.eos_token_id) == 2
+
+
 def test_packing_needs_an_eos_token(bpe):
     # A tokenizer without one (made elsewhere) put None into the blocks, where the first batch failed to collate.
     without_eos = type(bpe)(tokenizer_object=bpe.backend_tokenizer, bos_token="<s>")

@@ -493,11 +493,18 @@ def absolute_positions(config) -> int | None:
 
 
 def check_model_fits(parser: argparse.ArgumentParser, model, tokenizer, max_length: int) -> None:
-    """Before any data work: the model has a row for every token id, and absolute positions (learned or sinusoidal)
-    for --max-length tokens; else the first training step would fail, after tokenizing."""
+    """Before any data work: the model has a row for every token id, in each vocabulary (a seq2seq model's source
+    vocabulary too, which `--set encoder_vocab_size` may make the smaller), and absolute positions (learned or
+    sinusoidal) for --max-length tokens; else the first training step would fail, after tokenizing."""
     config = model.config
-    if config.vocab_size < len(tokenizer):
-        fail(parser, f"The tokenizer has {len(tokenizer)} tokens but the model only {config.vocab_size}.")
+    vocabularies = {"": config.vocab_size, "source ": getattr(config, "source_vocab_size", config.vocab_size)}
+    for which, size in vocabularies.items():
+        if size < len(tokenizer):
+            fail(parser, f"The tokenizer has {len(tokenizer)} tokens but the model's {which}vocabulary only {size}: "
+                         f"ids {size} to {len(tokenizer) - 1} have no embedding row. Tokens added to a model's "
+                         "tokenizer need rows (`model.resize_token_embeddings(len(tokenizer))`, then "
+                         "`save_pretrained`, as transformers' examples do); a new model takes the tokenizer's size "
+                         "unless --set gives a smaller one.")
     if max_length > (absolute_positions(config) or max_length):
         fail(parser, f"--max-length {max_length} is longer than the model's {config.max_position_embeddings} "
                      f"{config.position_embedding_type} positions (max_position_embeddings): pass --max-length "

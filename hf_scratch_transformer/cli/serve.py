@@ -159,15 +159,31 @@ def model_problem(model: str, gguf_file: str | None = None) -> str | None:
 def refusing_what_would_fail(load):
     """`ModelManager.load_model_and_processor` refusing, with a 400 naming it, a model that `model_problem` finds
     fault with: a server started without a folder loads what each request names, and a missing folder, one without
-    a tokenizer or a file was answered with a bare 500 (the reason in the server's log only)."""
+    a tokenizer or a file was answered with a bare 500 (the reason in the server's log only). So is one, once
+    loaded, whose tokenizer has tokens past its vocabulary (`tokens_without_rows`); at start, the folder given."""
 
     @functools.wraps(load)
     def load_checked(self, model_id_and_revision: str, *args, gguf_file: str | None = None, **kwargs):
         if problem := model_problem(model_id_and_revision, gguf_file):
             raise NotServableError(problem)
-        return load(self, model_id_and_revision, *args, gguf_file=gguf_file, **kwargs)
+        model, processor = load(self, model_id_and_revision, *args, gguf_file=gguf_file, **kwargs)
+        if problem := tokens_without_rows(model, processor):
+            raise NotServableError(f"{model_id_and_revision}: {problem}")
+        return model, processor
 
     return load_checked
+
+
+def tokens_without_rows(model, processor) -> str | None:
+    """The problem when the tokenizer has more tokens than the model has embedding rows (tokens added after the
+    model was trained, its embeddings not resized), or None: a prompt holding one of them was answered a bare 500,
+    and under continuous batching it stopped the generation loop, every later request answered 503."""
+    tokens, rows = len(getattr(processor, "tokenizer", processor)), model.get_input_embeddings().num_embeddings
+    if tokens <= rows:
+        return None
+    return (f"its tokenizer has {tokens} tokens but the model only {rows} embedding rows: ids {rows} to {tokens - 1} "
+            "have none. Resize the model's embeddings to its tokenizer (`model.resize_token_embeddings(len(tokenizer))`"
+            ", then `save_pretrained`) or save the tokenizer it was trained with into the folder.")
 
 
 ModelManager.load_model_and_processor = refusing_what_would_fail(ModelManager.load_model_and_processor)

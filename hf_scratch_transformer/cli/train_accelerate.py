@@ -53,6 +53,7 @@ from transformers import (
     default_data_collator,
     get_scheduler,
 )
+from transformers.trainer_utils import align_special_tokens
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help
@@ -285,6 +286,10 @@ else:
         accelerator.print(replaced)
     model = AUTO_MODEL[task].from_config(config)
 check_model_fits(parser, model, tokenizer, args.max_length)
+# The tokenizer's pad, bos and eos ids into the config and generation config, as Trainer does (`train`, `finetune`):
+# the data is made with the tokenizer's, and a --model folder whose config says others was saved so, its `generate()`
+# stopping at an eos the model never learnt, where `train` saved the tokenizer's with transformers' warning.
+align_special_tokens(model, tokenizer)
 training_data.keep_the_inputs_the_model_reads(tokenizer, model.config)
 accelerator.print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters; "
                   f"{accelerator.num_processes} x {accelerator.distributed_type.value}, {accelerator.mixed_precision}")
