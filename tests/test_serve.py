@@ -449,18 +449,28 @@ def test_a_folder_that_is_not_a_causal_lm_is_refused_at_start(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_a_folder_whose_tokenizer_has_tokens_past_the_models_vocabulary_is_refused_at_start(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--continuous-batching", "--cb-num-blocks", "16"]],
+                         ids=["generate", "continuous-batching"])
+def test_a_prompt_holding_a_token_past_the_models_vocabulary_is_answered_400(options, tmp_path):
     """Tokens added to the tokenizer after the model was saved, its embeddings not resized: a prompt holding one was
-    answered a bare 500, and under continuous batching it stopped the generation loop (every later request 503)."""
+    answered a bare 500, and under continuous batching it stopped the generation loop (every later request 503).
+    It is a 400 naming both counts; prompts of the model's own tokens are served on."""
     tokenizer = copy.deepcopy(byte_level_bpe())
     tokenizer.add_tokens([f"<added {i}>" for i in range(30)])  # 330 tokens
-    ScratchDecoderForCausalLM(tiny_config("decoder", vocab_size=320)).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = run_python(_serve_command(tmp_path, _free_port()), cwd=tmp_path, env=env, timeout=START_TIMEOUT)
-    assert result.returncode == 2, result.stderr
-    assert "its tokenizer has 330 tokens but the model only 320 embedding rows" in result.stderr, result.stderr
-    assert "resize_token_embeddings" in result.stderr and "Traceback" not in result.stderr
+    folder = tmp_path / "model"
+    ScratchDecoderForCausalLM(tiny_config("decoder", vocab_size=320)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    log = tmp_path / "server.log"
+    with _running(folder, options, log) as client:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refusal:
+                client.completions.create(model=str(folder), prompt="to be <added 29>", max_tokens=2, stream=stream)
+            reason = refusal.value.response.json()["detail"]
+            assert "token id 329, and the model has 320 embedding rows" in reason and "330 tokens" in reason, reason
+            assert "resize_token_embeddings" in reason
+        answer = client.completions.create(model=str(folder), prompt="to be", max_tokens=3, temperature=0)
+        assert answer.usage.completion_tokens == 3
+    assert "Traceback" not in log.read_text()
 
 
 def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_it(tmp_path):

@@ -159,31 +159,15 @@ def model_problem(model: str, gguf_file: str | None = None) -> str | None:
 def refusing_what_would_fail(load):
     """`ModelManager.load_model_and_processor` refusing, with a 400 naming it, a model that `model_problem` finds
     fault with: a server started without a folder loads what each request names, and a missing folder, one without
-    a tokenizer or a file was answered with a bare 500 (the reason in the server's log only). So is one, once
-    loaded, whose tokenizer has tokens past its vocabulary (`tokens_without_rows`); at start, the folder given."""
+    a tokenizer or a file was answered with a bare 500 (the reason in the server's log only)."""
 
     @functools.wraps(load)
     def load_checked(self, model_id_and_revision: str, *args, gguf_file: str | None = None, **kwargs):
         if problem := model_problem(model_id_and_revision, gguf_file):
             raise NotServableError(problem)
-        model, processor = load(self, model_id_and_revision, *args, gguf_file=gguf_file, **kwargs)
-        if problem := tokens_without_rows(model, processor):
-            raise NotServableError(f"{model_id_and_revision}: {problem}")
-        return model, processor
+        return load(self, model_id_and_revision, *args, gguf_file=gguf_file, **kwargs)
 
     return load_checked
-
-
-def tokens_without_rows(model, processor) -> str | None:
-    """The problem when the tokenizer has more tokens than the model has embedding rows (tokens added after the
-    model was trained, its embeddings not resized), or None: a prompt holding one of them was answered a bare 500,
-    and under continuous batching it stopped the generation loop, every later request answered 503."""
-    tokens, rows = len(getattr(processor, "tokenizer", processor)), model.get_input_embeddings().num_embeddings
-    if tokens <= rows:
-        return None
-    return (f"its tokenizer has {tokens} tokens but the model only {rows} embedding rows: ids {rows} to {tokens - 1} "
-            "have none. Resize the model's embeddings to its tokenizer (`model.resize_token_embeddings(len(tokenizer))`"
-            ", then `save_pretrained`) or save the tokenizer it was trained with into the folder.")
 
 
 ModelManager.load_model_and_processor = refusing_what_would_fail(ModelManager.load_model_and_processor)
@@ -315,6 +299,29 @@ def first_set(*values):
     return next((value for value in values if value is not None), None)
 
 
+def within_the_models_vocabulary(generate):
+    """A generation manager's `generate_streaming` / `generate_non_streaming` answering 400 to a prompt holding a
+    token id past the model's embedding rows (tokens added to the folder's tokenizer after the model was saved, its
+    embeddings not resized): it was a bare 500, and under continuous batching it stopped the generation loop, every
+    later request answered 503. Prompts of the model's own tokens are served as before."""
+
+    @functools.wraps(generate)
+    def generate_within(self, model, processor, inputs, gen_config, *args, **kwargs):
+        ids, rows = inputs["input_ids"], model.get_input_embeddings().num_embeddings
+        ids = ids if isinstance(ids, list) else ids.flatten().tolist()  # continuous batching: a list of ids
+        highest = max(ids, default=-1)
+        if highest >= rows:
+            raise NotServableError(
+                f"the prompt holds token id {highest}, and the model has {rows} embedding rows (ids 0 to {rows - 1}): "
+                f"its tokenizer has {len(getattr(processor, 'tokenizer', processor))} tokens, some added after the "
+                "model was saved. Resize the model's embeddings to its tokenizer "
+                "(`model.resize_token_embeddings(len(tokenizer))`, then `save_pretrained`), or save the tokenizer "
+                "it was trained with into the folder.")
+        return generate(self, model, processor, inputs, gen_config, *args, **kwargs)
+
+    return generate_within
+
+
 def within_the_paged_cache(generate):
     """The continuous batching manager's `generate_streaming` / `generate_non_streaming` keeping each request within
     its paged cache (`--cb-num-blocks` x `--cb-block-size` tokens, rounded up to whole memory sectors), which holds a
@@ -351,8 +358,8 @@ def within_the_paged_cache(generate):
 CBGenerateManager.generate_streaming = within_the_paged_cache(CBGenerateManager.generate_streaming)
 CBGenerateManager.generate_non_streaming = within_the_paged_cache(CBGenerateManager.generate_non_streaming)
 for manager in (GenerateManager, CBGenerateManager):
-    manager.generate_streaming = within_the_models_positions(manager.generate_streaming)
-    manager.generate_non_streaming = within_the_models_positions(manager.generate_non_streaming)
+    for method in ("generate_streaming", "generate_non_streaming"):
+        setattr(manager, method, within_the_models_vocabulary(within_the_models_positions(getattr(manager, method))))
 
 
 def reported_as_cut(response: dict, gen_config) -> dict:
