@@ -3,6 +3,7 @@ environment (its dependencies are the test environment's, reached through a `.pt
 main job through the installed `hf-scratch` command from a folder outside the checkout, and the folder it writes
 is complete (weights, model card from the packaged template, loss plot) and reloads; `publish --dry-run` accepts it."""
 
+import ast
 import os
 import shutil
 import subprocess
@@ -13,6 +14,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+
+from hf_scratch_command import COMMANDS, command_help
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,3 +110,19 @@ def test_the_wheel_declares_its_license_as_an_spdx_expression(installed, tmp_pat
                   tmp_path, env)
     expression, text = license.split("\n", 1)
     assert expression == "Apache-2.0" and "Apache License" in text and "Version 2.0" in text
+
+
+@pytest.mark.slow
+def test_the_installed_help_examples_name_no_file_outside_the_users_folder(installed, tmp_path):
+    """`hf-scratch train --help` named ../shared/data/multi30k/train.en, a file of the project's own workspace that no
+    installed user has. Each command's help (its installed module's docstring, read without importing torch) names
+    no path above the folder the command runs in."""
+    bin_dir, env = installed
+    site = Path(run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], tmp_path,
+                    env).strip())
+    for name, (module, _) in COMMANDS.items():
+        path = site.joinpath(*module.split("."))
+        source = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__main__.py"
+        help_text = command_help(ast.get_docstring(ast.parse(source.read_text())))
+        assert "hf-scratch" in help_text or "python -m" in help_text, f"{name}: no examples in {source}"
+        assert "../" not in help_text, f"hf-scratch {name} --help:\n{help_text}"

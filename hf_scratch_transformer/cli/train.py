@@ -4,8 +4,7 @@ and loss curve, then a reload through the Auto classes and a sample. The main jo
     hf-scratch train                                   # causal LM on the embedded Tiny Shakespeare
     hf-scratch train --task masked-lm --train-files my.txt --preset bert-prenorm --set num_hidden_layers=4
     hf-scratch train --task seq2seq --preset transformer-base --recipe vaswani \\
-        --source-files ../shared/data/multi30k/train.en --target-files ../shared/data/multi30k/train.de \\
-        --validation-source ../shared/data/multi30k/val.en --validation-target ../shared/data/multi30k/val.de
+        --source-files train.en --target-files train.de --validation-source val.en --validation-target val.de
     hf-scratch train --model outputs/causal-lm/model --output-dir outputs/causal-lm-more \\
         --max-steps 200               # continue a saved folder, into a new --output-dir (not its run's own)
     hf-scratch train ... --resume                        # pick up the last checkpoint of an interrupted run
