@@ -159,10 +159,11 @@ def check_verdicts(stdout: str, intervals: dict[str, tuple[float, float]]) -> No
             assert low >= 1.0, name
 
 
-def run_benchmark(*options: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_benchmark(*options: str, cwd: Path = ROOT, timeout: int = 300, env: dict | None = None
+                  ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), *options], cwd=cwd,
-                          env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+                          env=(env or os.environ) | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 @pytest.mark.slow
@@ -447,11 +448,22 @@ def test_write_refuses_to_replace_a_full_record_with_a_partial_run(options, tmp_
     assert not any(tmp_path.iterdir())
 
 
+def test_write_refuses_a_folder_it_cannot_write_its_record_in_before_measuring_anything(tmp_path):
+    """--write found a docs/benchmarks it could not write in (an installed package's folder, a read-only checkout)
+    only after the whole run, half an hour: now before the first measurement, in one line."""
+    (tmp_path / "docs").write_text("a file where the record's folder would be\n")
+    unforced = {name: value for name, value in os.environ.items() if not name.startswith("HF_SCRATCH_CPU_")}
+    result = run_benchmark("--write", cwd=tmp_path, timeout=120, env=unforced)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "The benchmark record could not be written in ." in result.stderr
+    assert "leave --write out" in result.stderr and result.stdout == ""
+
+
 RECORDED_MACHINE = {"gpu": None, "cpu": "AMD EPYC 7B13 64-Core Processor", "cpu_capability": "AVX512"}
 WRITE_A_RECORD = """import json, sys
 sys.argv = ["hf-scratch benchmark"]
 from hf_scratch_transformer.cli import benchmark
-benchmark.write_record_or_stop(json.loads(sys.argv_record), "| new table |\\n" * 2000)
+benchmark.or_stop(benchmark.write_record, json.loads(sys.argv_record), "| new table |\\n" * 2000)
 """
 
 

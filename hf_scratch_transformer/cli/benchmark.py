@@ -125,6 +125,7 @@ from hf_scratch_transformer.cli.benchmark_report import (
     SIDES,
     capability_limited_from,
     markdown,
+    take_a_record_here,
     write_record,
 )
 from hf_scratch_transformer.cli.paired_ratios import median_interval
@@ -194,6 +195,18 @@ forced = [name for name in (KERNELS_VARIABLE, BF16_PRODUCTS_VARIABLE, ATTENTION_
 if args.write and args.device == "cpu" and forced:
     parser.error("--write records the kernels and instruction sets this machine class chooses by itself "
                  f"(docs/benchmarks keeps one record per machine class): unset {', '.join(forced)}")
+
+
+def or_stop(write, *arguments) -> None:
+    """`write(*arguments)`, a folder that cannot be written said in one line with exit status 2, not a traceback."""
+    try:
+        write(*arguments)
+    except WriteError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+
+
+if args.write:  # now, not after the run's half hour, whose table only the terminal would then keep
+    or_stop(take_a_record_here)
 if args.device == "cuda" and not torch.cuda.is_available():
     parser.error("--device cuda needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False)")
 if args.device == "cuda" and args.mm_size is None and not args.quick:
@@ -728,15 +741,7 @@ def main() -> None:
     text = markdown(report, method=__doc__[__doc__.index("Every timing"):].strip())
     print(text)
     if args.write:
-        write_record_or_stop(report, text)
-
-
-def write_record_or_stop(report: dict, text: str) -> None:
-    """`write_record`, a record that cannot be written said in one line with exit status 2, not a traceback."""
-    try:
-        write_record(report, text)
-    except WriteError as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
+        or_stop(write_record, report, text)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -191,6 +192,18 @@ def machine_class(machine: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- record
+RECORDS = Path("docs", "benchmarks")  # in the folder the command runs in
+
+
+def take_a_record_here() -> None:
+    """Raise the `WriteError` of a RECORDS folder that cannot be made or written in (a read-only checkout, the
+    folder of an installed package), before the run rather than after it."""
+    with write_error_named("The benchmark record", Path("."), f"Run `--write` from a folder where {RECORDS} can be "
+                           "written, or leave --write out: the table is printed either way."):
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=RECORDS).close()
+
+
 def write_record(report: dict, text: str) -> None:
     """The run's record, `text` and `report`, as docs/benchmarks/<machine class>.md and .json: one per machine class,
     so that a run on one class never replaces another's figures. Both are written whole beside their places
@@ -198,7 +211,7 @@ def write_record(report: dict, text: str) -> None:
     that the command stops with in one line (it left the table cut short beside the earlier figures, in a traceback);
     a kill leaves the earlier record or the new one, or between the two renames (microseconds) the new table beside
     the earlier JSON."""
-    path = Path("docs", "benchmarks", machine_class(report["machine"]))
+    path = RECORDS / machine_class(report["machine"])
     files = {path.with_suffix(".md"): text, path.with_suffix(".json"): json.dumps(report, indent=2) + "\n"}
     asides = {final: final.with_name(final.name + PARTIAL_SUFFIX) for final in files}
     try:
