@@ -180,6 +180,14 @@ def test_the_choice_is_made_once_and_can_be_forced(attention, monkeypatch):
         bf16_training_kernel()
 
 
+@pytest.mark.parametrize("eager_seconds, expected", [(0.85, "eager"), (0.95, "sdpa")])
+def test_the_eager_math_must_be_10_percent_faster_to_be_taken(attention, monkeypatch, eager_seconds, expected):
+    """On a tie, or within noise, PyTorch's own kernel is kept (EAGER_MARGIN)."""
+    attention("auto")
+    monkeypatch.setattr(scratch_attention_kernel, "time_kernels", lambda: (1.0, eager_seconds))
+    assert bf16_training_kernel() == expected
+
+
 def test_the_timing_measures_both_kernels_and_leaves_the_random_state_alone():
     state, threads = torch.get_rng_state(), torch.get_num_threads()
     sdpa, eager = scratch_attention_kernel.time_kernels(repeats=1)

@@ -28,6 +28,7 @@ from hf_scratch_transformer import (
         (dict(position_embedding_type="rope", hidden_size=36, num_attention_heads=12), "rope"),
         (dict(dropout=1.5), "dropout"),
         (dict(attention_dropout=-0.1), "attention_dropout"),
+        (dict(embedding_dropout=1.0), "embedding_dropout"),  # the bound itself: a rate of 1 zeroes everything
         (dict(vocab_size=0), "vocab_size"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
         # the padding row of a vocabulary of 99: was an AssertionError from `nn.Embedding` when the model was built

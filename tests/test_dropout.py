@@ -1,12 +1,13 @@
 """`scratch_dropout.dropout`: on CPU a mask of 32 random bits per element (faster than F.dropout's bernoulli_,
 docs/performance.md), which must keep each element independently with probability 1 - p, scale the kept ones by
-1 / (1 - p), follow `torch.manual_seed`, and differentiate as dropout does."""
+1 / (1 - p), follow `torch.manual_seed`, and differentiate as dropout does; and no layer drops out in eval mode."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_models import FAMILIES, lm_inputs, tiny_lm
 
 from hf_scratch_transformer.scratch_dropout import dropout, keep_mask
 
@@ -81,3 +82,19 @@ def test_inactive_or_total_dropout_and_transforms_take_the_plain_path():
     assert batched.shape == (3, 100) and set(batched.unique().tolist()) <= {0.0, 2.0}
 
 
+
+
+RATES = dict(dropout=0.3, attention_dropout=0.3, activation_dropout=0.3, embedding_dropout=0.3)
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eval_mode_drops_nothing_out_whatever_the_rates(family, attn_implementation):
+    """In eval mode every dropout (embeddings, attention, feed-forward, residual) is off: a model with high rates gives
+    the logits of the same weights with every rate 0."""
+    with_rates = tiny_lm(family, attn_implementation=attn_implementation, **RATES)
+    without = tiny_lm(family, attn_implementation=attn_implementation, **dict.fromkeys(RATES, 0.0))
+    without.load_state_dict(with_rates.state_dict())
+    inputs = lm_inputs(family)
+    with torch.no_grad():
+        torch.testing.assert_close(with_rates(**inputs).logits, without(**inputs).logits, rtol=0, atol=0)

@@ -219,6 +219,18 @@ def test_static_cache_gives_the_dynamic_caches_tokens(family, variant):
     assert torch.equal(_greedy(model, inputs, cache_implementation="static"), _greedy(model, inputs))
 
 
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_a_static_cache_generation_may_use_every_absolute_position(family):
+    """The check of each step's last position (made before a static cache's step, which may run compiled) lets the
+    steps reach the table's last position, 63 of 64, as the dynamic cache does: one new token more than the
+    positions, since the last token generated is never fed back."""
+    model = tiny_lm(family, position_embedding_type="learned")  # 64 positions
+    fed = 5 if family == "decoder" else 1  # the prompt, or the decoder's start token
+    inputs = {"input_ids": _prompt()}
+    static = _greedy(model, inputs, max_new_tokens=65 - fed, cache_implementation="static")
+    assert static.shape[-1] == 65 and torch.equal(static, _greedy(model, inputs, max_new_tokens=65 - fed))
+
+
 def test_static_cache_with_left_padding():
     model = tiny_lm("decoder", position_embedding_type="rope")
     ids = torch.cat([torch.full((1, 2), PAD), _prompt(length=4)], dim=1)

@@ -189,6 +189,18 @@ def test_alibi_slopes_follow_the_paper():
     assert len(alibi_slopes(6)) == 6 and len(set(alibi_slopes(6).tolist())) == 6
 
 
+def test_bidirectional_alibi_penalises_distance_both_ways():
+    """ALiBi's bias -slope * |i - j| is symmetric, so an encoder with ALiBi positions (and no others) maps the reversed
+    sequence to the reversed outputs; another order of the same tokens changes them (the positions count)."""
+    model = tiny_lm("encoder", position_embedding_type="alibi")
+    ids = torch.randint(3, VOCAB, (2, 7))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        reversed_logits, rotated_logits = model(input_ids=ids.flip(1)).logits, model(input_ids=ids.roll(1, 1)).logits
+    torch.testing.assert_close(reversed_logits, logits.flip(1))
+    assert not torch.allclose(rotated_logits, logits.roll(1, 1), atol=1e-3)
+
+
 def test_rotary_scores_depend_only_on_relative_position():
     config = tiny_config("decoder", position_embedding_type="rope")
     rotary = ScratchRotaryEmbedding(config)

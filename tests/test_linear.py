@@ -171,6 +171,21 @@ def test_forward_mode_ad_matches_f_linear():
     torch.testing.assert_close(ours.tangent, F.linear(tangent, layer.weight), atol=1e-5, rtol=1e-5)
 
 
+def test_forward_mode_ad_through_the_weight_and_bias_matches_f_linear(onednn_calls):
+    """Tangents of the parameters too (a directional derivative in weight space, as `forward_ad` computes it), each
+    term of the product rule: inputs x weight tangent + bias tangent."""
+    torch.manual_seed(0)
+    layer = ScratchLinear(6, 5)
+    inputs = torch.randn(3, 6)
+    with torch.autograd.forward_ad.dual_level():
+        parameters = {name: torch.autograd.forward_ad.make_dual(parameter.detach(), torch.randn_like(parameter))
+                      for name, parameter in layer.named_parameters()}
+        ours, reference = (torch.autograd.forward_ad.unpack_dual(output).tangent for output in (
+            torch.func.functional_call(layer, parameters, (inputs,)), F.linear(inputs, *parameters.values())))
+    assert onednn_calls  # the product under test: oneDNN's, the kernel the suite forces
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [3, MANY_ROWS])  # a decoding step, a training batch: the two choices of a machine
 def test_each_forced_kernel_gives_f_linear_results(rows, kernels, onednn_calls):
     torch.manual_seed(0)

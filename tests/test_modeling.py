@@ -1,5 +1,6 @@
 """The three families as a transformers user meets them: losses, outputs, saving, tying, checkpointing, errors."""
 
+import copy
 import inspect
 import warnings
 
@@ -145,6 +146,32 @@ def test_classification_heads_return_native_losses():
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits.reshape(-1, 5), labels.view(-1)))
 
 
+def test_encoder_sequence_classifier_reads_the_first_token_so_right_padding_changes_nothing():
+    """BERT's [CLS] position: the class logits of a right-padded row are those of the row alone."""
+    model = hst.ScratchEncoderForSequenceClassification(tiny_config("encoder", num_labels=3)).eval()
+    ids = torch.tensor([[5, 6, 7, PAD, PAD]])
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=(ids != PAD).long()).logits
+        torch.testing.assert_close(padded, model(input_ids=ids[:, :3]).logits)
+
+
+@pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
+                                         hst.ScratchEncoderForTokenClassification])
+def test_the_classifier_drops_out_at_classifier_dropout_in_training_mode_only(model_class):
+    """`classifier_dropout`, not `dropout`, is the rate of the classifier's input (BERT's): with every other rate 0,
+    training mode changes the logits, and eval mode gives those of the same weights with a rate of 0."""
+    ids = torch.randint(3, VOCAB, (2, 6))
+    models = {}
+    for rate in (0.5, 0.0):
+        torch.manual_seed(0)
+        models[rate] = model_class(tiny_config("encoder", num_labels=3, dropout=0.0, classifier_dropout=rate))
+    with torch.no_grad():
+        trained = models[0.5].train()(input_ids=ids).logits
+        evaluated, without = (models[rate].eval()(input_ids=ids).logits for rate in (0.5, 0.0))
+    torch.testing.assert_close(evaluated, without, rtol=0, atol=0)
+    assert not torch.allclose(trained, evaluated)
+
+
 @pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
                                          hst.ScratchEncoderForTokenClassification, hst.ScratchEncoderForMaskedLM,
                                          hst.ScratchDecoderForSequenceClassification, hst.ScratchDecoderForCausalLM])
@@ -220,6 +247,10 @@ def test_decoder_classifier_reads_the_last_real_token_of_left_and_right_padded_r
     ids = torch.tensor([[5, 6, 7, PAD, PAD]])
     alone = model(input_ids=ids[:, :3]).logits
     torch.testing.assert_close(model(input_ids=ids, attention_mask=(ids != PAD).long()).logits, alone)
+    left = torch.tensor([[PAD, PAD, 5, 6, 7]])
+    mask = (left != PAD).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate() passes them: the row's own from its first token
+    torch.testing.assert_close(model(input_ids=left, attention_mask=mask, position_ids=positions).logits, alone)
 
 
 def test_decoder_classifier_reads_embeddings_at_the_last_token_their_mask_keeps():
@@ -235,6 +266,21 @@ def test_decoder_classifier_reads_embeddings_at_the_last_token_their_mask_keeps(
         torch.testing.assert_close(model(inputs_embeds=embeds, attention_mask=mask).logits, expected)
         alone = model(inputs_embeds=embeds[:1, :3], attention_mask=mask[:1, :3]).logits
     torch.testing.assert_close(expected[:1], alone)
+
+
+def test_decoder_classifier_reads_embeddings_after_cached_tokens_at_the_last_token_their_mask_keeps():
+    """With keys of earlier tokens in the cache (PEFT's prefix tuning passes them so), the 2D mask covers those first:
+    the embeddings' own columns are its last ones, whose last kept token is each row's end."""
+    model = hst.ScratchDecoderForSequenceClassification(tiny_config("decoder", num_labels=2)).eval()
+    ids = torch.tensor([[5, 6, 7, PAD, PAD], [8, 9, 10, 11, 12]])
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.randint(3, VOCAB, (2, 4)), cache=cache, use_cache=True)
+        mask = torch.cat([torch.ones(2, 4, dtype=torch.long), (ids != PAD).long()], dim=1)
+        expected = model(input_ids=ids, attention_mask=mask, cache=copy.deepcopy(cache)).logits
+        embeds = model.get_input_embeddings()(ids)
+        actual = model(inputs_embeds=embeds, attention_mask=mask, cache=copy.deepcopy(cache)).logits
+    torch.testing.assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("inputs", ["input_ids", "inputs_embeds"])

@@ -230,6 +230,26 @@ def test_a_quantized_gate_and_up_are_the_native_models_two_products(folders, inp
     assert "_torchao_cache" not in up_proj.__dict__
 
 
+def test_a_quantized_gate_and_up_with_biases_compute_the_native_llamas_products(inputs):
+    """A Llama with biases (`mlp_bias`, `attention_bias`): each half of our fused gate | up, computed apart under
+    torchao, adds its own half of the fused bias, as the native gate and up add theirs."""
+    quantization = pytest.importorskip("torchao.quantization")
+    torch.manual_seed(0)
+    native = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, mlp_bias=True, attention_bias=True)).eval()
+    with torch.no_grad():
+        for name, parameter in native.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_()  # Llama starts them at zero, where a dropped bias would go unseen
+    models = {"ours": from_hf(native), "native": native}
+    for model in models.values():
+        quantization.quantize_(model, quantization.Int8WeightOnlyConfig())
+    with torch.no_grad():
+        logits = {side: model(**inputs).logits for side, model in models.items()}
+    torch.testing.assert_close(logits["ours"], logits["native"], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("side", CLASSES)
 def test_device_map_auto_offloads_to_cpu_and_disk_with_the_same_outputs(side, folders, inputs, fp32, tmp_path,
                                                                          onednn_calls):
