@@ -513,6 +513,24 @@ def test_a_source_whose_own_logits_are_not_finite_is_named_as_such(tmp_path, mon
     assert converted.model.layers[0].attn_norm.weight[0].isnan()
 
 
+@pytest.mark.parametrize("error", [1.0, float("nan")], ids=["off", "nan"])
+def test_a_conversion_whose_logits_are_not_the_sources_is_refused_and_writes_nothing(error, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """The parity check is what keeps a wrong conversion from being saved: logits off by more than --atol, and NaN
+    logits where the source's are finite (NaN is no difference above --atol: `diff > atol` let them through)."""
+
+    def converted_wrongly(native):
+        model = from_hf(native)
+        model.lm_head.register_forward_hook(lambda module, inputs, logits: logits + error)
+        return model
+
+    gpt2().save_pretrained(tmp_path / "native")
+    monkeypatch.setattr("hf_scratch_transformer.conversion.from_hf", converted_wrongly)
+    said = convert_refused(monkeypatch, capsys, tmp_path / "native", tmp_path / "scratch")
+    assert f"parity check failed: logits differ by up to {error:.3g} (> --atol" in said.err, said.err
+    assert "nothing was written" in said.err and not (tmp_path / "scratch").exists()
+
+
 def test_an_output_folder_that_holds_files_is_replaced_only_when_asked(tmp_path):
     """A second conversion into the same folder stops naming what it holds; with --overwrite-output-dir the folder
     is replaced whole: nothing of the earlier model (here its shards and their index) stays beside the new one."""

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from forked_python import run_python
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
 from tiny_tokenizers import wordpiece, write_run_corpus
-from transformers import TrainingArguments
+from transformers import TrainerControl, TrainingArguments
 from transformers.testing_utils import CaptureLogger
 from transformers.trainer import logger as transformers_trainer_logger
 
@@ -227,6 +228,21 @@ def test_a_time_budget_stops_with_a_checkpoint_that_resumes_exactly(workspace, u
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), "bit for bit"
 
 
+def test_a_time_budget_crossed_at_the_last_step_is_no_stop():
+    """The budget stops a run with steps left to --resume; crossed at the last step, the run has ended: it says no
+    "stopped after step 10 of 10 (checkpointed: --resume continues)", and an epoch strategy still evaluates and saves
+    that step as it would. Before the last step the budget stops after the step under way, with a checkpoint."""
+    stopper = training.StopAfterStep(seconds=0.0)
+    arguments = SimpleNamespace(world_size=1)
+    stopper.on_train_begin(arguments, None, None)
+    for step, stops in ((10, False), (9, True)):
+        state, control = SimpleNamespace(global_step=step, max_steps=10), TrainerControl()
+        time.sleep(0.001)  # past the budget of 0 seconds
+        stopper.on_step_end(arguments, state, control)
+        assert (control.should_training_stop, control.should_save) == (stops, stops), step
+        assert stopper.stopped_at == (step if stops else None), step
+
+
 @pytest.mark.slow
 def test_a_stop_between_two_logs_resumes_with_the_same_logged_losses(workspace, uninterrupted, tmp_path):
     """40 steps log every 2: stopped by the time budget after step 1, the run's checkpoint keeps step 1's loss,
@@ -424,6 +440,34 @@ def test_resuming_with_other_optimizer_settings_is_an_error_naming_them(workspac
     assert "was trained with other optimizer settings than this run's" in stderr and "Traceback" not in stderr
     assert "learning rate 0.001 there, 0.05 here; weight decay 0.01 there, 0.1 here" in stderr
     assert {path: path.stat().st_mtime_ns for path in output.rglob("*")} == before, "nothing was touched"
+
+
+@pytest.mark.parametrize("setting, value, named", [
+    ("betas", (0.9, 0.95), "Adam betas (0.9, 0.95) there, (0.9, 0.99) here"),
+    ("eps", 1e-6, "Adam epsilon 1e-06 there, 1e-08 here"),
+    ("weight_decay", 0.1, "weight decay 0.1 there, 0.01 here"),
+    ("initial_lr", 0.05, "learning rate 0.05 there, 0.001 here"),
+])
+def test_every_optimizer_setting_a_checkpoint_would_bring_back_is_compared(setting, value, named):
+    """`load_state_dict` takes each group's betas, epsilon and weight decay (and the schedule's base rate) from the
+    checkpoint: a run resumed with --adam-beta2 or --adam-epsilon changed trained on with the checkpoint's, as with a
+    changed learning rate, while its card said otherwise."""
+
+    def adamw(**settings):
+        parameter = torch.nn.Parameter(torch.ones(2))
+        optimizer = torch.optim.AdamW([parameter], **{"lr": 1e-3, "betas": (0.9, 0.99), "eps": 1e-8,
+                                                       "weight_decay": 0.01} | settings)
+        optimizer.param_groups[0]["initial_lr"] = optimizer.param_groups[0]["lr"]  # as a schedule sets it
+        return optimizer
+
+    saved = adamw(**{"lr": 0.05} if setting == "initial_lr" else {setting: value}).state_dict()
+    optimizer = adamw()
+    before = checkpointing.optimizer_settings(optimizer)
+    checkpointing.check_same_optimizer("step-8", before, optimizer)  # as it was: nothing to say
+    optimizer.load_state_dict(saved)
+    with pytest.raises(checkpointing.CheckpointError, match=re.escape(f"other optimizer settings than this run's "
+                                                                      f"({named}), which its optimizer state")):
+        checkpointing.check_same_optimizer("step-8", before, optimizer)
 
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
@@ -908,6 +952,28 @@ def test_what_an_interrupted_removal_left_in_the_output_folder_is_cleared(tmp_pa
     assert sorted(path.name for path in tmp_path.iterdir()) == [output_folder.LOCK_FILE, "loss_curve.jsonl"]
 
 
+@pytest.mark.parametrize("setting, value", [
+    ("gradient_accumulation_steps", 2), ("per_device_train_batch_size", 2), ("max_grad_norm", 0.5),
+    ("lr_scheduler_type", "constant"), ("warmup_steps", 1), ("seed", 3)])
+def test_a_trainer_resumed_with_a_setting_that_shapes_the_steps_changed_names_it(tmp_path, capsys, setting, value):
+    """Each of `STEP_SETTINGS` is recorded in the checkpoint's manifest and named when the resuming run's differs:
+    Trainer takes the resuming command's, and the steps then differ from the uninterrupted run's without a word."""
+    torch.manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 99, (8, 12))]
+    settings = dict(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=2, report_to=[],
+                    use_cpu=True, disable_tqdm=True)
+
+    def trainer(**changed) -> trainer_checkpoints.CrashSafeTrainer:
+        return trainer_checkpoints.CrashSafeTrainer(model=tiny_lm("decoder").train(), train_dataset=data,
+                                                    args=TrainingArguments(**settings | changed))
+
+    trainer().train()
+    capsys.readouterr()
+    trainer(**{setting: value}).train(resume_from_checkpoint=True)  # at its last step: it trains nothing more
+    stdout = capsys.readouterr().out
+    assert f"changed settings {{'{setting}': (" in stdout and "make the steps differ" in stdout, stdout
+
+
 def test_the_best_checkpoint_survives_pruning_and_resumes_under_its_final_name(tmp_path):
     """With `load_best_model_at_end`, Trainer keeps the best checkpoint past `save_total_limit` and loads it at the
     end. CrashSafeTrainer's pruning removed it (the run then failed at its end with a FileNotFoundError), and the
@@ -992,6 +1058,23 @@ def test_a_checkpoint_that_cannot_be_read_stops_the_resume_naming_it(tmp_path, m
     unreadable = f"step-2 cannot be read: Permission denied ({tmp_path / 'step-2' / 'model.safetensors'})"
     with pytest.raises(checkpointing.CheckpointUnreadable, match=re.escape(unreadable)):
         checkpointing.latest_checkpoint(tmp_path, report=None)
+
+
+def test_a_checkpoint_under_another_steps_name_is_refused(tmp_path):
+    """A checkpoint copied or renamed to another step's name (step-8 as step-10) verified, and the run resumed from
+    it counted from the step its name said: its last steps were never trained, the model folder said they were."""
+    for prefix in (checkpointing.ACCELERATE_PREFIX, checkpointing.TRAINER_PREFIX):
+        checkpoint = tmp_path / f"{prefix}-8"
+        checkpoint.mkdir()
+        (checkpoint / "model.safetensors").write_bytes(b"1" * 64)
+        checkpointing.write_manifest(checkpoint, 8)
+        checkpoint.rename(tmp_path / f"{prefix}-10")
+        with pytest.raises(checkpointing.CheckpointError, match=f"{prefix}-10 is not what its name says: its "
+                                                                 "COMPLETE.json records step 8"):
+            checkpointing.verify_checkpoint(tmp_path / f"{prefix}-10")
+        with pytest.raises(checkpointing.CheckpointError, match="None of the 1 checkpoints"):
+            checkpointing.latest_checkpoint(tmp_path, prefix, report=None)
+        shutil.rmtree(tmp_path / f"{prefix}-10")
 
 
 def test_a_file_changed_after_its_checkpoint_verified_is_read_again(tmp_path):

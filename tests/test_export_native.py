@@ -275,6 +275,9 @@ IMPORTS = {
     "qwen2-all-layers-sliding": (lambda: _qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=0),
                                  "decoder", None),
     "bert": (bert, "encoder", BertForMaskedLM),
+    # One token type, trained (RoBERTa-style configs): its row is added to every embedding. Only the all-zero row that
+    # `to_hf` writes for a model without token types adds nothing and is left out.
+    "bert-one-token-type": (lambda: bert(type_vocab_size=1), "encoder", BertForMaskedLM),
     "marian": (marian, "seq2seq", MarianMTModel),
     # Config fields that transformers 5 reads as no knob at all, as real checkpoints carry them (GPT-2's
     # `reorder_and_upcast_attn` counts in eager half precision only), a Llama biased in its MLP alone (zero attention

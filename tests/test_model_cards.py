@@ -8,6 +8,7 @@ import runpy
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from tiny_models import LM_CLASSES, lm_inputs, tiny_config, tiny_lm
 from tiny_tokenizers import byte_level_bpe, wordpiece
 
 from hf_scratch_transformer import ScratchEncoderForSequenceClassification, ScratchEncoderForTokenClassification, hub
+from hf_scratch_transformer.cli import run_data
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_OF = {"decoder": "causal-lm", "encoder": "masked-lm", "seq2seq": "seq2seq"}
@@ -128,6 +130,24 @@ def test_local_data_is_named_but_not_linked_as_a_hub_dataset(tmp_path):
     assert "datasets" not in metadata_load(tmp_path / "README.md")
     assert "Trained on `train`." in card.text
     assert [(result.dataset_name, result.metric_value) for result in card.data.eval_results] == [("train", 2.5)]
+
+
+def test_a_training_runs_card_links_a_hub_dataset_or_the_embedded_corpus_and_no_local_files(tmp_path):
+    """What the training commands give `write_model_card` as `dataset_on_hub`: the embedded Tiny Shakespeare is the
+    Hub's tiny_shakespeare, and a --dataset that is no local path a Hub dataset; --train-files, parallel files and a
+    local --dataset are named only (linked, the card would point at hf.co/datasets/<file name>)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be.\n")
+
+    def linked(**given) -> bool:
+        args = SimpleNamespace(**{"dataset": None, "train_files": None, "source_files": None, "target_files": None}
+                               | given)
+        return run_data.run_data_on_hub(args, run_data.run_data_files(args))
+
+    assert linked() and linked(dataset="someone/shakespeare")
+    assert not linked(train_files=[str(corpus)])
+    assert not linked(source_files=[str(corpus)], target_files=[str(corpus)])
+    assert not linked(dataset=str(corpus))
 
 
 def test_a_token_classifiers_two_f1_scores_are_told_apart_in_the_model_index(tmp_path):

@@ -4,6 +4,7 @@ Every answer must be the text of greedy `generate()` on the same prompt."""
 
 import contextlib
 import copy
+import itertools
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import torch
 from forked_python import run_python
 from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.cli.serving import utils as serving_utils
 
 from hf_scratch_transformer import ScratchDecoderForCausalLM, ScratchSeq2SeqForConditionalGeneration
@@ -232,6 +233,22 @@ def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_
     assert _message_statuses(last.response) == ["completed"] == _streamed_message_statuses(events)
 
 
+def test_a_requests_count_of_new_tokens_wins_over_the_folders_and_the_folders_over_generates_default(tmp_path):
+    """A folder whose generation_config.json sets `max_new_tokens` (as `generate()` reads it): a request's
+    `max_tokens` is its own count, as `generate(max_new_tokens=...)` takes it over the folder's, and a request whose
+    own `generation_config` gives no count gets the folder's, not `generate()`'s 20."""
+    folder = saved_decoder(tmp_path / "counted", max_position_embeddings=128, position_embedding_type="rope")
+    generation_config = GenerationConfig.from_pretrained(folder)
+    generation_config.max_new_tokens = 6
+    generation_config.save_pretrained(folder)
+    with _running(folder, [], tmp_path / "server.log") as client:
+        answer = client.completions.create(model=str(folder), prompt=QUESTIONS[0], max_tokens=3, temperature=0)
+        assert answer.usage.completion_tokens == 3 and answer.choices[0].finish_reason == "length"
+        given = {"generation_config": json.dumps({"do_sample": False})}
+        answer = client.completions.create(model=str(folder), prompt=QUESTIONS[0], extra_body=given)
+        assert answer.usage.completion_tokens == 6 and answer.choices[0].finish_reason == "length"
+
+
 def _message_statuses(response) -> list[str]:
     """The status of each message item of a Responses API `response`."""
     return [item.status for item in response.output if item.type == "message"]
@@ -336,6 +353,11 @@ def test_chat_without_a_chat_template_or_max_tokens_0_is_answered_400_naming_it(
     assert "Traceback" not in log.read_text()
 
 
+def text_of(tokenizer, length: int) -> str:
+    """A text that `tokenizer` reads as exactly `length` tokens."""
+    return next(text for n in range(length) if len(tokenizer(text := "a" + " a" * n).input_ids) == length)
+
+
 @pytest.mark.parametrize("native", [False, True], ids=["scratch", "native-gpt2"])
 @pytest.mark.parametrize("options", [[], ["--continuous-batching", "--cb-num-blocks", "16"]], ids=["generate", "cb"])
 def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_answered_400(options, native, tmp_path):
@@ -387,10 +409,10 @@ def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_ans
         answer = client.responses.create(model=str(folder), input=question, stream=False)
         assert answer.output_text == chat_filled and answer.usage.total_tokens == 32
         assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
-        for stream in (False, True):
+        # Far past the positions, and filling them exactly: no room is left for one new token either way.
+        for prompt, stream in itertools.product((" ".join(QUESTIONS * 4), text_of(tokenizer, 32)), (False, True)):
             with pytest.raises(openai.BadRequestError) as refusal:
-                client.completions.create(model=str(folder), prompt=" ".join(QUESTIONS * 4), max_tokens=2,
-                                          stream=stream)
+                client.completions.create(model=str(folder), prompt=prompt, max_tokens=2, stream=stream)
             assert "this model reads at most 32 positions" in refusal.value.response.json()["detail"]
         answer = client.completions.create(model=str(folder), prompt=question, max_tokens=4, temperature=0)
         assert answer.choices[0].text == tokenizer.decode(filled[:4], skip_special_tokens=True)

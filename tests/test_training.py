@@ -343,6 +343,35 @@ def test_a_rows_training_masks_do_not_depend_on_the_rows_beside_it(words, split,
     assert whole == first + masked_rows(features[split:])
 
 
+def repeated_sequences(tokenizer) -> list[dict]:
+    """Eight copies of one masked-LM sequence: what masks they get depends on the draw alone."""
+    texts = Dataset.from_dict({"text": ["To be, or not to be: that is the question of the day"] * 8})
+    return list(training_data.tokenize_for_mlm(texts, tokenizer, max_length=32))
+
+
+def test_a_sequence_seen_at_a_later_step_is_masked_anew():
+    """Dynamic masking, as RoBERTa's: a sequence trained on again (the next epoch) gets new masks, drawn from the
+    step; drawn from the seed and its tokens alone, every epoch masked the same tokens of it."""
+    tokenizer = wordpiece()
+    masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3)
+    batch = DataCollatorWithPadding(tokenizer)(repeated_sequences(tokenizer))
+
+    def labels(step: int) -> torch.Tensor:
+        return training_data.mask_training_rows(masker, dict(batch), seed=7, step=step)["labels"]
+
+    assert torch.equal(labels(1), labels(1)), "a step's masks are its own, drawn alike again on resume"
+    assert not torch.equal(labels(1), labels(2))
+
+
+def test_each_validation_sequence_draws_masks_of_its_own():
+    """Validation masks come from the seed and each sequence's place in the data: one seed for all masked every
+    sequence at the same positions, so the validation loss scored a handful of positions only."""
+    tokenizer = wordpiece()
+    masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3)
+    masked = training_data.mask_once(Dataset.from_list(repeated_sequences(tokenizer)), masker, seed=7)
+    assert len({tuple(labels) for labels in masked["labels"]}) > 1
+
+
 def test_trainer_masks_a_batch_split_into_micro_batches_as_the_whole_batch(tmp_path):
     """One Trainer step of 4 rows and one of 2 micro-batches of 2 rows: the same masks, so the same loss and the same
     weights after it (as 2 processes of 2 rows, tests/test_accelerate.py). Seeded per micro-batch, they differed."""
