@@ -2,9 +2,11 @@
 a hand-written argmax loop, beam search, sampling, EOS, static caches; and the generation conformance checks
 that upstream's `GenerationTesterMixin` would make (it is not in the PyPI sdist)."""
 
+import itertools
+
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tiny_models import BOS, DECODER_VARIANTS, EOS, PAD, POSITION_VARIANTS, VOCAB, tiny_lm, variant_id
 from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig, StaticCache
@@ -71,6 +73,42 @@ def test_generated_logits_equal_a_full_forward_over_any_padding(variant, padding
     with torch.no_grad():
         full = model(input_ids=out.sequences, attention_mask=full_mask, position_ids=positions, use_cache=False)
     torch.testing.assert_close(torch.stack(out.logits, dim=1), full.logits[:, 6:-1], atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(variant=st.sampled_from(DECODER_VARIANTS), chunks=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+       padding=st.just([0]) | st.lists(st.integers(0, 3), min_size=1, max_size=2),
+       cache_implementation=st.sampled_from(["dynamic", "static"]),
+       attn_implementation=st.sampled_from(["sdpa", "eager"]))
+@example(variant=DECODER_VARIANTS[-2], chunks=[6, 1, 5], padding=[0], cache_implementation="dynamic",
+         attn_implementation="sdpa")  # chunks longer than the window, the first from position 0
+@example(variant=DECODER_VARIANTS[-1], chunks=[2, 5, 1], padding=[0, 2], cache_implementation="static",
+         attn_implementation="eager")
+def test_a_sequence_fed_through_the_cache_in_any_chunks_gives_the_full_forwards_logits(
+        variant, chunks, padding, cache_implementation, attn_implementation):
+    """A left-padded batch fed through a dynamic or static cache in chunks of any sizes (a prefill cut anywhere, then
+    several tokens at once, as assisted decoding feeds them), also chunks longer than a sliding window, has at every
+    step the logits of one uncached forward over the whole sequence."""
+    model = tiny_lm("decoder", **variant, attn_implementation=attn_implementation)
+    length = max(padding) + sum(chunks)
+    mask = (torch.arange(length)[None] >= torch.tensor(padding)[:, None]).long()
+    ids = _prompt(length=length, batch=len(padding)).masked_fill(mask == 0, PAD)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    if cache_implementation == "static":
+        cache = StaticCache(config=model.config, max_cache_len=length + 3)  # free slots until the end, as generate's
+    else:
+        cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        stepped, start = [], 0
+        for end in itertools.accumulate([max(padding) + chunks[0], *chunks[1:]]):
+            # Unpadded, the stack counts the positions on from the cache's length itself
+            chunk_positions = positions[:, start:end] if any(padding) else None
+            stepped.append(model(input_ids=ids[:, start:end], attention_mask=mask[:, :end],
+                                 position_ids=chunk_positions, cache=cache, use_cache=True).logits)
+            start = end
+    real = mask.bool()  # a padding query's logits are any
+    torch.testing.assert_close(torch.cat(stepped, dim=1)[real], full[real], atol=1e-5, rtol=1e-5)
 
 
 def test_generate_returns_the_native_cache_classes():

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import VOCAB, tiny_config, tiny_lm
+from tiny_models import DECODER_VARIANTS, PAD, POSITION_VARIANTS, VOCAB, tiny_config, tiny_lm
 from transformers import DynamicCache, StaticCache
 from transformers.masking_utils import create_masks_for_generate
 
@@ -178,3 +178,51 @@ def test_a_2d_mask_of_a_sliding_windows_length_is_refused():
     with pytest.raises(ValueError, match=r"\(batch_size, 8\).*the inputs \(past and current tokens\), got"):
         build_self_attention_mask(config, torch.zeros(1, 1, HIDDEN), torch.ones(1, key_length), cache, None,
                                   is_causal=True, alibi=None)
+
+
+def _padded(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`rows` of ids padded to one length on `side`: ids, attention mask and positions counted over the real tokens
+    (as `generate` makes them; the padding's are any)."""
+    width = max(len(row) for row in rows)
+    real = torch.stack([torch.arange(width) < len(row) for row in rows])
+    real = real.flip(-1) if side == "left" else real
+    ids = torch.full(real.shape, PAD)
+    ids[real] = torch.cat(rows)
+    mask = real.long()
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+# Each family with each position scheme and head grouping it takes; the decoder also with sliding windows.
+FAMILY_VARIANTS = [("decoder", variant) for variant in DECODER_VARIANTS] + [
+    (family, variant) for family in ("encoder", "seq2seq") for variant in POSITION_VARIANTS]
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=st.sampled_from(FAMILY_VARIANTS),
+       lengths=st.lists(st.tuples(st.integers(1, 7), st.integers(1, 5)), min_size=2, max_size=3),
+       side=st.sampled_from(["left", "right"]), implementation=st.sampled_from(["sdpa", "eager"]))
+def test_a_rows_outputs_do_not_depend_on_the_other_rows_padding(case, lengths, side, implementation):
+    """Batch invariance: each row of a batch padded on either side (positions from the mask, as `generate` gives
+    them) has at its real tokens the logits it has alone, for every family, position scheme and sliding window;
+    a padding key attended to, or a mask broadcast over the wrong axis, moves them."""
+    family, variant = case
+    model = tiny_lm(family, **variant, attn_implementation=implementation)
+    generator = torch.Generator().manual_seed(sum(length for pair in lengths for length in pair))
+    sources = [torch.randint(3, VOCAB, (length,), generator=generator) for length, _ in lengths]
+    targets = [torch.randint(3, VOCAB, (length,), generator=generator) for _, length in lengths]
+
+    def real_logits(sources: list[torch.Tensor], targets: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each row's logits at its real tokens (the target's for seq2seq), the rows padded into one batch."""
+        ids, mask, positions = _padded(sources, side)
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+        if family == "seq2seq":
+            ids, mask, positions = _padded(targets, side)
+            inputs |= dict(decoder_input_ids=ids, decoder_attention_mask=mask, decoder_position_ids=positions)
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        return [row_logits[real] for row_logits, real in zip(logits, mask.bool(), strict=True)]
+
+    batch = real_logits(sources, targets)
+    for row, (source, target) in enumerate(zip(sources, targets, strict=True)):
+        torch.testing.assert_close(batch[row], real_logits([source], [target])[0], atol=1e-5, rtol=1e-5,
+                                   msg=lambda message, row=row: f"row {row}: {message}")

@@ -7,6 +7,8 @@ import warnings
 import pytest
 import torch
 import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging import version
 from safetensors.torch import load_file
 from tiny_models import EOS, FAMILIES, PAD, VOCAB, lm_inputs, tiny_config, tiny_lm
@@ -102,6 +104,20 @@ def test_seq2seq_builds_decoder_inputs_from_labels_and_does_not_shift_the_loss()
     torch.testing.assert_close(out.logits, explicit.logits)
     expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, VOCAB), labels.reshape(-1))
     torch.testing.assert_close(out.loss, expected)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6), min_size=1, max_size=3),
+       pad=st.integers(0, VOCAB - 1), start=st.integers(0, VOCAB - 1))
+def test_decoder_inputs_are_the_labels_shifted_right_after_the_start_token_with_padding_for_minus_100(rows, pad,
+                                                                                                     start):
+    """What `DataCollatorForSeq2Seq` asks the model for (labels padded with -100): the start token, then each row's
+    labels but the last, -100 turned into the config's padding id (which need not be 0: Marian's is 58100)."""
+    model = tiny_lm("seq2seq", pad_token_id=pad, decoder_start_token_id=start)
+    width = max(len(row) for row in rows)
+    labels = torch.tensor([row + [-100] * (width - len(row)) for row in rows])
+    expected = [[start] + [pad if label == -100 else label for label in row[:-1]] for row in labels.tolist()]
+    assert model.prepare_decoder_input_ids_from_labels(labels=labels).tolist() == expected
 
 
 def test_masked_lm_loss_counts_only_labelled_positions():

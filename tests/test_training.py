@@ -1,13 +1,15 @@
 """The training helpers: data preparation for each task, the label-smoothed loss, metrics, the loss plot."""
 
 import copy
+import functools
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, DatasetDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB, lm_inputs, tiny_config, tiny_lm
@@ -201,15 +203,25 @@ def packed_stream(packed) -> list[int]:
     return [label for labels in packed["labels"] for label in labels if label != -100]
 
 
+@functools.cache
+def eos_appending_tokenizer():
+    """A tokenizer made elsewhere that ends every text with `</s>` itself (BART's, T5's; it records no family)."""
+    appending = byte_level_bpe(family="seq2seq")  # `$A </s>`
+    return type(appending)(tokenizer_object=appending.backend_tokenizer, **appending.special_tokens_map)
+
+
+@pytest.mark.parametrize("appends_eos", [False, True])
 @settings(max_examples=25, deadline=None)
 @given(documents=st.lists(st.text(max_size=30), min_size=1, max_size=12), block_size=st.integers(2, 12))
-def test_packing_keeps_every_token_once_in_order(bpe, documents, block_size):
-    """Blocks hold the documents' `<s> ... </s>` streams end to end: no token lost (the last, short block is padded
-    with labels -100, so data shorter than a block still gives one), none repeated."""
-    packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), bpe, block_size)
+def test_packing_keeps_every_token_once_in_order(bpe, appends_eos, documents, block_size):
+    """Blocks hold the documents' `<s> ... </s>` streams end to end, each document ended by one `</s>` whether or not
+    the tokenizer appends it: no token lost (the last, short block is padded with labels -100, so data shorter than
+    a block still gives one), none repeated."""
+    tokenizer = eos_appending_tokenizer() if appends_eos else bpe
+    packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), tokenizer, block_size)
     assert all(len(ids) == block_size for ids in packed["input_ids"])
-    expected = [token for text in documents for token in [*bpe(text).input_ids, bpe.eos_token_id]]
-    assert packed_stream(packed) == expected
+    eos = [] if appends_eos else [tokenizer.eos_token_id]
+    assert packed_stream(packed) == [token for text in documents for token in [*tokenizer(text).input_ids, *eos]]
 
 
 def test_packing_runs_on_across_batches_of_documents(bpe):
@@ -238,8 +250,7 @@ def test_packing_documents_longer_than_the_tokenizers_maximum_does_not_warn(bpe)
 def test_packing_ends_each_document_with_one_eos_also_where_the_tokenizer_appends_it():
     # A tokenizer made elsewhere that ends a text with `</s>` (BART's, T5's; it records no family) got a second one:
     # the model learnt `</s> </s>` between documents.
-    appending = byte_level_bpe(family="seq2seq")  # `$A </s>`
-    foreign = type(appending)(tokenizer_object=appending.backend_tokenizer, **appending.special_tokens_map)
+    foreign = eos_appending_tokenizer()
     documents = ["To be, or not to be.", "That is the question."]
     packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), foreign, block_size=64)
     assert packed_stream(packed) == [token for text in documents for token in foreign(text).input_ids]
@@ -341,6 +352,39 @@ def test_a_rows_training_masks_do_not_depend_on_the_rows_beside_it(words, split,
     first = masked_rows(features[:split])
     torch.manual_seed(0)
     assert whole == first + masked_rows(features[split:])
+
+
+@pytest.fixture(scope="module")
+def corpus_sequences() -> list[dict]:
+    """64 masked-LM sequences of the corpus, padded to one batch: about 1500 tokens that masking may choose."""
+    tokenizer = wordpiece()
+    texts = Dataset.from_dict({"text": CORPUS.read_text().split("\n\n")[:80]})
+    return list(training_data.tokenize_for_mlm(texts, tokenizer, max_length=32).select(range(64)))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), step=st.integers(0, 10**6), probability=st.sampled_from([0.15, 0.3, 0.5]),
+       replace=st.sampled_from([(0.8, 0.1), (0.5, 0.4), (1.0, 0.0)]))
+def test_training_masks_choose_the_configured_share_and_replace_it_as_configured(corpus_sequences, seed, step,
+                                                                                 probability, replace):
+    """Drawn row by row from the seed, the step and each row's tokens, the masks still choose `mlm_probability` of
+    the real tokens, and of those put [MASK] at `mask_replace_prob`, a random token at `random_replace_prob` and keep
+    the rest (80/10/10 by default); drawn again for the same step they are the same, for the next step others."""
+    tokenizer = wordpiece()
+    masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability, mask_replace_prob=replace[0],
+                                             random_replace_prob=replace[1])
+    batch = DataCollatorWithPadding(tokenizer)(corpus_sequences)
+    masked = training_data.mask_training_rows(masker, dict(batch), seed, step)
+    original, chosen = batch["input_ids"], masked["labels"] != -100
+    maskable = (batch["attention_mask"] == 1) & (batch["special_tokens_mask"] == 0)
+    assert abs(chosen.sum() / maskable.sum() - probability) < 0.04
+    as_mask = (masked["input_ids"][chosen] == tokenizer.mask_token_id).float().mean()
+    kept = (masked["input_ids"][chosen] == original[chosen]).float().mean()
+    assert abs(as_mask - replace[0]) < 0.08 and abs(1 - as_mask - kept - replace[1]) < 0.08
+    again = training_data.mask_training_rows(masker, dict(batch), seed, step)
+    assert all(torch.equal(masked[name], again[name]) for name in ("input_ids", "labels"))
+    assert not torch.equal(training_data.mask_training_rows(masker, dict(batch), seed, step + 1)["labels"],
+                           masked["labels"])
 
 
 def repeated_sequences(tokenizer) -> list[dict]:
@@ -514,6 +558,21 @@ def test_paragraphs_are_the_runs_of_non_blank_lines(paragraphs, blanks):
     leading = "".join(blank + "\n" for blank in blanks[-1])  # blank lines before the first paragraph too
     text = leading + "".join("\n".join(lines) + separators[i] for i, lines in enumerate(paragraphs))
     assert training_data._paragraphs({"text": [text]})["text"] == ["\n".join(lines) for lines in paragraphs]
+
+
+@settings(max_examples=25, deadline=None)
+@given(count=st.integers(2, 60), share=st.floats(0.01, 0.5), seed=st.integers(0, 2**16))
+def test_the_validation_split_takes_its_share_of_the_pairs_and_leaves_the_rest_to_training(count, share, seed):
+    """Split off the training data, the validation set is `ceil(share * count)` of its examples (at least one), each
+    pair whole; training keeps all the others, none in both, none lost; the same seed splits alike again."""
+    pairs = Dataset.from_dict({"source": [f"source {i}" for i in range(count)],
+                               "target": [f"target {i}" for i in range(count)]})
+    data = training_data._with_validation(DatasetDict(train=pairs), share, seed, "pairs", "line")
+    rows = {split: [(row["source"], row["target"]) for row in data[split]] for split in ("train", "validation")}
+    assert len(rows["validation"]) == math.ceil(share * count) and rows["train"]
+    assert sorted(rows["train"] + rows["validation"]) == sorted(zip(pairs["source"], pairs["target"], strict=True))
+    again = training_data._with_validation(DatasetDict(train=pairs), share, seed, "pairs", "line")
+    assert list(again["validation"]["source"]) == [source for source, _ in rows["validation"]]
 
 
 def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
