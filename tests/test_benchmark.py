@@ -277,6 +277,19 @@ def test_the_median_interval_holds_the_median_and_narrows_with_more_pairs():
         median_interval([])
 
 
+@pytest.mark.parametrize(("zeros", "inside"), [(5, True), (4, False)])
+def test_the_interval_ends_at_the_tails_of_the_resampled_medians(zeros, inside):
+    """The 95% interval holds the medians of resamples but for 2.5% at either end. Of 17 pairs, 0 against 1: the
+    median of a resample is 0 when 9 or more of its 17 draws are, with probability 3.6% (5 zeros) or 1.2% (4): inside
+    the interval, then outside (a 90% interval, or the mean of resamples, or resamples a pair short, moved its ends).
+    Many draws make the interval's ends sharp; the reversed ratios check the upper end alike."""
+    probability = sum(math.comb(17, k) * (zeros / 17) ** k * (1 - zeros / 17) ** (17 - k) for k in range(9, 18))
+    assert (0.025 < probability < 0.05) if inside else probability < 0.025
+    ratios = [0.0] * zeros + [1.0] * (17 - zeros)
+    assert median_interval(ratios, draws=20000) == ((0.0 if inside else 1.0), 1.0)
+    assert median_interval([1.0 - ratio for ratio in ratios], draws=20000) == (0.0, (1.0 if inside else 0.0))
+
+
 @pytest.mark.parametrize(("interval", "expected"), [((1.01, 1.3), "faster"), ((0.7, 0.99), "slower"),
                                                     ((0.9, 1.1), "tied"), ((1.0, 1.2), "tied"), ((0.8, 1.0), "tied")])
 def test_a_row_is_faster_or_slower_only_where_its_interval_excludes_one(interval, expected):
@@ -335,6 +348,8 @@ def test_the_batch_1_line_sets_every_decoding_against_the_native_eager_one_timed
         "(0.80-0.80). At or above the target: none (the fastest measured here: gpt2 native compiled 1.60x).")
     results[1] = decoding(benchmark_module, "gpt2", "decode batch 1 compiled", [0.5] * 3, [0.4] * 3, [0.8] * 3)
     assert benchmark_report.batch_1_target(results).endswith("At or above the target: gpt2 ours compiled 2.00x.")
+    results[1] = decoding(benchmark_module, "gpt2", "decode batch 1 compiled", [0.5] * 3, [0.4] * 3, [0.6] * 3)
+    assert benchmark_report.batch_1_target(results).endswith("At or above the target: gpt2 ours compiled 1.50x.")
     assert benchmark_report.batch_1_target([untimed_rates(benchmark_module)("bert", "prefill", 1.0, 2.0)]) == ""
 
 
@@ -347,6 +362,8 @@ def test_the_bf16_line_names_the_families_below_the_target(benchmark_module):
         "the target: marian.")
     assert benchmark_report.bf16_training_target(results[:2]).endswith("gpt2 1.20x. Below the target: none.")
     assert benchmark_report.bf16_training_target(results[1:2]) == ""  # no bf16 rows: bf16 not native
+    at_target = [rates("gpt2", "train bf16", 100.0, 110.0)]
+    assert benchmark_report.bf16_training_target(at_target).endswith("gpt2 1.10x. Below the target: none.")
 
 
 def test_the_same_tokens_line_names_the_decoding_rows_whose_sides_generated_other_tokens():
@@ -389,6 +406,7 @@ def test_a_capability_held_below_the_cpus_own_is_named(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert benchmark_report.capability_limited_from(avx512) == "AVX512"
     assert benchmark_report.capability_limited_from({"avx2", "fma", "avx512f"}) is None  # no AVX512 for ATen
+    assert benchmark_report.capability_limited_from(avx512 - {"avx512dq"}) is None  # ATen needs all four
 
 
 def test_the_header_names_the_instruction_sets_mkl_and_onednn_are_held_to():
@@ -495,6 +513,58 @@ def test_a_record_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, 
 def benchmark_module(monkeypatch):
     """The benchmark module imported in this process, for its helpers."""
     return import_benchmark(monkeypatch, "--quick")
+
+
+def test_the_tables_paired_cells_are_the_range_and_the_median_with_its_interval(benchmark_module):
+    """The paired ratios' range, then their median (not the mean, 1.260) and its interval, low to high. The header
+    is the current record's."""
+    record = json.loads((ROOT / "docs" / "benchmarks" / "amd-epyc-avx512.json").read_text())
+    timed = benchmark_module.row("gpt2", "prefill", "tok/s", "higher", 1.0, 1.0,
+                                 {"native": [1.0, 1.0, 1.0, 1.3, 2.0], "ours": [1.0] * 5})
+    low, high = timed["paired_interval"]
+    assert low < high
+    text = benchmark_report.markdown(record | {"results": [timed], "details": {}}, method="(method)")
+    assert f"| gpt2 | prefill | tok/s | higher | 1 | 1 | 1.000 | 1.00-2.00 | 1.000 ({low:.2f}-{high:.2f}) |" in text
+
+
+def test_inputs_are_ids_no_special_token_takes_and_mlm_masks_15_percent(benchmark_module):
+    """Ids from 3 to vocab - 3: none is GPT-2's, BERT's or Marian's pad, bos or eos (0-2, Marian's vocab - 1), so
+    that no row stops early or attends less. The MLM batch puts the mask id (3) at about 15% of the positions and
+    labels those only, as the masking collator does."""
+    a = benchmark_module.args
+    for family in ("gpt2", "bert", "marian"):
+        inputs = benchmark_module.make_inputs(family, 64, 64, labels=False)
+        ids = torch.cat([inputs["input_ids"], inputs.get("decoder_input_ids", inputs["input_ids"])])
+        assert 3 <= int(ids.min()) and int(ids.max()) <= a.vocab - 3
+    batch = benchmark_module.make_inputs("bert", 64, 64, labels=True)
+    labelled = batch["labels"] != -100
+    assert (batch["input_ids"][labelled] == 3).all() and 0.12 < labelled.float().mean() < 0.18
+    unmasked = benchmark_module.make_inputs("bert", 64, 64, labels=False)["input_ids"]
+    assert torch.equal(batch["labels"][labelled], unmasked[labelled])  # the labels are the ids masked
+
+
+@pytest.mark.parametrize("family", ["bert", "marian"])
+def test_rates_count_input_positions_and_mfu_is_against_its_dtypes_peak(benchmark_module, monkeypatch, force_choice,
+                                                                          family):
+    """tok/s counts batch x seq positions, batch x (source + target) for Marian; a bf16 row's MFU is against the
+    machine's bf16 rate, not fp32's. Timings are one second a run (nothing timed)."""
+    from hf_scratch_transformer import kernel_choice
+
+    force_choice(kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, "native")
+    seconds = {"native": 1.0, "ours": 1.0, "samples": {"native": [1.0, 1.0], "ours": [1.0, 1.0]}}
+    monkeypatch.setattr(benchmark_module, "interleaved", lambda *args, **kwargs: seconds)
+    monkeypatch.setattr(benchmark_module.args, "no_bf16", False)
+    peaks = {"fp32": 1e9, "bf16": 4e9}
+    rows, extra = benchmark_module.bench_family(family, peaks)
+    a, flops = benchmark_module.args, extra["train_flops_per_step"]
+    positions = a.batch * a.seq * (2 if family == "marian" else 1)
+    by_name = {r["measurement"]: r for r in rows}
+    for name in ("prefill", "prefill padded", "train fp32", "train bf16"):
+        assert (by_name[name]["native"], by_name[name]["ours"]) == (positions, positions)
+    for dtype in ("fp32", "bf16"):
+        mfu = by_name[f"train {dtype} MFU"]
+        assert (mfu["native"], mfu["ours"]) == pytest.approx((100 * flops["native"] / peaks[dtype],
+                                                              100 * flops["ours"] / peaks[dtype]))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert", "marian"])

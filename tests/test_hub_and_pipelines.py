@@ -279,6 +279,7 @@ def test_scratch_text2text_pipeline_truncates_sources_when_asked(tokenizers, tmp
                              skip_special_tokens=True).strip()
     assert uncut != expected
     assert translator(source, truncation=False, **settings) == [{"generated_text": uncut}]
+    assert translator(source, **settings) == [{"generated_text": uncut}]  # cut only when asked
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])

@@ -106,6 +106,29 @@ def test_card_without_loss_curve_or_results(tmp_path):
     assert "`custom`" in card.text and "Unit tests only." in card.text
 
 
+def test_card_says_the_name_size_data_tokenizer_and_results_it_is_given(tmp_path):
+    """Titled by the model's name; the parameter count with its thousands marked, the license, the data's
+    description, the tokenizer's own line (our runs say how to load theirs; without one, the default line that loads
+    the tokenizer saved beside the weights) and each result by its metric's name."""
+    tokenizer_line = "A byte-level BPE: `AutoTokenizer.from_pretrained(repo_id, trust_remote_code=True)`."
+    card = hub.write_model_card(
+        tmp_path, task="causal-lm", model_name="someone/sized", preset=None, config={}, num_parameters=1234567,
+        dataset="tiny_shakespeare", dataset_description="40k lines of Shakespeare.", hyperparameters={},
+        eval_results={"perplexity": 12.5}, tokenizer_description=tokenizer_line, license="mit",
+    )
+    assert card.text.startswith("\n# someone/sized\n")
+    assert "- **Parameters:** 1,234,567\n- **License:** mit\n" in card.text
+    assert "| Perplexity | tiny_shakespeare | 12.5 |" in card.text
+    assert "Trained on `tiny_shakespeare`.\n40k lines of Shakespeare." in card.text
+    assert f"## Tokenizer\n\n{tokenizer_line}\n" in card.text
+    default = hub.write_model_card(
+        tmp_path, task="causal-lm", model_name="someone/sized", preset=None, config={}, num_parameters=10,
+        dataset="tiny_shakespeare", hyperparameters={}, eval_results={},
+    )
+    assert "## Tokenizer\n\nThe tokenizer saved beside the weights: `AutoTokenizer.from_pretrained(repo_id)`." in (
+        default.text)
+
+
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
 def test_a_causal_lm_card_says_where_its_positions_end(tmp_path, positions):
     """transformers' text-generation pipeline asks for 256 new tokens by default: a model of 128 learned positions

@@ -14,7 +14,9 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
+from hf_scratch_transformer.conversion import CONVERTERS
 from hf_scratch_transformer.presets import PRESETS, get_preset
+from tokenizer_training.trainers import SPECIAL_TOKENS
 
 AUTO_LM = {"decoder": AutoModelForCausalLM, "encoder": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
 
@@ -24,14 +26,18 @@ STATED = {
                              intermediate_size=2048, hidden_act="relu", norm_position="post",
                              position_embedding_type="sinusoidal", dropout=0.1, scale_embeddings=True,
                              share_embeddings=True, tie_word_embeddings=True),
-    "transformer-big": dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096, dropout=0.3),
+    # P_drop 0.3 also on the sums of embeddings and positions (section 5.4), as the base model's 0.1
+    "transformer-big": dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096, dropout=0.3,
+                            embedding_dropout=0.3),
     "transformer-prenorm": dict(norm_position="pre", final_norm=True, hidden_size=512),
     "transformer-xavier": dict(norm_position="pre", share_embeddings=False, init_scheme="xavier",
                                scale_embeddings=True),
     "gpt2-small": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, max_position_embeddings=1024,
                        position_embedding_type="learned", norm_position="pre", hidden_act="gelu_tanh",
                        use_bias=True, final_norm=True, tie_word_embeddings=True),
-    "gpt-mini": dict(position_embedding_type="learned", norm_position="pre", hidden_act="relu"),
+    # minGPT's gpt-mini: 6 layers, 6 heads, 192 wide; a ReLU FFN 4 x wide
+    "gpt-mini": dict(num_hidden_layers=6, num_attention_heads=6, hidden_size=192, intermediate_size=4 * 192,
+                     position_embedding_type="learned", norm_position="pre", hidden_act="relu"),
     "llama-style": dict(position_embedding_type="rope", norm_type="rmsnorm", hidden_act="swiglu", use_bias=False,
                         tie_word_embeddings=False),
     "bert-base": dict(num_hidden_layers=12, hidden_size=768, norm_position="post",
@@ -95,6 +101,28 @@ def test_parameter_count_equals_the_native_model(name, native):
         ours = AUTO_LM[PRESETS[name]["family"]].from_config(get_preset(name))
         theirs = native()
     assert ours.num_parameters() == theirs.num_parameters()
+
+
+@pytest.mark.parametrize(
+    "name, native",
+    [("gpt2-small", lambda: GPT2LMHeadModel(GPT2Config())), ("bert-base", lambda: BertForMaskedLM(BertConfig()))],
+)
+def test_gpt2_and_bert_presets_are_the_config_from_hf_gives_the_native_default(name, native):
+    """Every field, not only the sizes the parameter count sees: a LayerNorm epsilon of another model (1e-5 for
+    BERT's 1e-12) or GPT-2's <|endoftext|> id (50256) lost would change nothing a count or a forward checks."""
+    with torch.device("meta"):
+        model = native()
+    assert get_preset(name).to_dict() == CONVERTERS[type(model).__name__].our_config(model).to_dict()
+
+
+@pytest.mark.parametrize("name", sorted(name for name, preset in PRESETS.items() if preset["family"] == "seq2seq"))
+def test_seq2seq_presets_take_the_ids_of_a_seq2seq_tokenizer_trained_here(name):
+    """pad, bos, eos in the order `tokenizer_training` gives its special tokens, and the decoder starts at <s>, as
+    `special_token_ids` of such a tokenizer says (a start at pad or eos trained the decoder on another first token)."""
+    ids = {role: index for index, role in enumerate(SPECIAL_TOKENS["seq2seq"])}
+    config = get_preset(name)
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id) == (
+        ids["pad_token"], ids["bos_token"], ids["eos_token"], ids["bos_token"])
 
 
 @pytest.mark.parametrize("name", sorted(name for name, preset in PRESETS.items() if preset["family"] != "seq2seq"))

@@ -305,6 +305,26 @@ def test_dataset_and_dataset_dict_sources(trained):
     assert tok(LINES[0]).input_ids[-1] == tok.eos_token_id and len(tok) <= VOCAB
 
 
+def test_a_dataset_dict_trains_on_its_train_split_wherever_it_stands(trained):
+    """Of a DatasetDict the "train" split is read, not the first one (`load_dataset` orders splits as the data has
+    them: a validation split may come first)."""
+    splits = DatasetDict(validation=Dataset.from_dict({"text": ["zzz qqq"] * 50}),
+                         train=Dataset.from_dict({"text": LINES}))
+    assert train_tokenizer("bpe", "decoder", dataset=splits, vocab_size=VOCAB).get_vocab() == trained(
+        "bpe", "decoder").get_vocab()
+
+
+def test_a_text_files_lines_are_examples_without_their_line_break(tmp_path):
+    """As the `datasets` text loader reads them: kept, the line break joined a line's trailing space into a `ĠĊ`
+    merge that no text of the same lines as a dataset has."""
+    lines = [f"{line} " for line in LINES]  # a space at the end of every line
+    path = tmp_path / "spaced.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    from_file = train_tokenizer("bpe", "decoder", files=[path], vocab_size=VOCAB)
+    from_dataset = train_tokenizer("bpe", "decoder", dataset=Dataset.from_dict({"text": lines}), vocab_size=VOCAB)
+    assert from_file.get_vocab() == from_dataset.get_vocab()
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
@@ -404,6 +424,9 @@ def test_special_token_ids_needs_a_family(trained):
     # batch ("`config.decoder_start_token_id` must be set").
     t5_like = type(tok)(tokenizer_object=tok.backend_tokenizer, eos_token="</s>", pad_token="<pad>")
     assert special_token_ids(t5_like, "seq2seq")["decoder_start_token_id"] == t5_like.pad_token_id == 0
+    # The family a tokenizer records is the one it was trained for: a `family` given beside it changes nothing.
+    assert special_token_ids(tok, "seq2seq") == special_token_ids(tok) == dict(pad_token_id=0, bos_token_id=1,
+                                                                               eos_token_id=2)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -414,6 +437,12 @@ def test_padded_vocab_size(trained, kind):
     assert padded_vocab_size(tok, multiple=8) % 8 == 0
     with pytest.raises(ValueError, match="multiple"):
         padded_vocab_size(tok, multiple=0)
+
+
+@given(length=st.integers(1, 10**6), multiple=st.integers(1, 512))
+def test_padded_vocab_size_is_the_least_multiple_that_holds_every_token(length, multiple):
+    size = padded_vocab_size(range(length), multiple)  # anything of that `len`, as a tokenizer
+    assert size % multiple == 0 and size - multiple < length <= size
 
 
 @pytest.mark.parametrize("source", ["--files", "--dataset"])
@@ -515,6 +544,23 @@ def test_a_replaced_tokenizer_stopped_midway_is_never_mixed_with_the_earlier_one
     main(command)
     assert sorted(path.name for path in folder.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
     assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder"
+    # Killed while the earlier files are removed (after the first): tokenizer.json goes first, else the earlier
+    # vocabulary stayed, without its settings, in a folder that loads.
+    unlink, removed = Path.unlink, []
+
+    def killed_at_the_second(path, *args, **kwargs):
+        if path.parent == folder:
+            removed.append(path.name)
+            if len(removed) == 2:
+                killed()
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", killed_at_the_second)
+    with pytest.raises(SystemExit):
+        main(command)
+    assert removed == ["tokenizer.json", "tokenizer_config.json"]
+    with pytest.raises(ValueError):
+        AutoTokenizer.from_pretrained(folder)
 
 
 class Killed(BaseException):
