@@ -195,6 +195,15 @@ forced = [name for name in (KERNELS_VARIABLE, BF16_PRODUCTS_VARIABLE, ATTENTION_
 if args.write and args.device == "cpu" and forced:
     parser.error("--write records the kernels and instruction sets this machine class chooses by itself "
                  f"(docs/benchmarks keeps one record per machine class): unset {', '.join(forced)}")
+if args.device == "cuda" and not torch.cuda.is_available():
+    parser.error("--device cuda needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False)")
+if args.device == "cuda" and args.mm_size is None and not args.quick:
+    args.mm_size = CUDA_MM_SIZE
+for name, value in SIZES["quick" if args.quick else "full"].items():
+    if getattr(args, name) is None:
+        setattr(args, name, value)
+if args.hidden % args.heads or (args.hidden // args.heads) % 2:  # Llama's rotary positions need an even head size
+    parser.error(f"--hidden {args.hidden} must split into --heads {args.heads} heads of an even size")
 
 
 def or_stop(write, *arguments) -> None:
@@ -205,17 +214,8 @@ def or_stop(write, *arguments) -> None:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
 
 
-if args.write:  # now, not after the run's half hour, whose table only the terminal would then keep
+if args.write:  # after the other refusals, which write nothing; before the run's half hour, not after it
     or_stop(take_a_record_here)
-if args.device == "cuda" and not torch.cuda.is_available():
-    parser.error("--device cuda needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False)")
-if args.device == "cuda" and args.mm_size is None and not args.quick:
-    args.mm_size = CUDA_MM_SIZE
-for name, value in SIZES["quick" if args.quick else "full"].items():
-    if getattr(args, name) is None:
-        setattr(args, name, value)
-if args.hidden % args.heads or (args.hidden // args.heads) % 2:  # Llama's rotary positions need an even head size
-    parser.error(f"--hidden {args.hidden} must split into --heads {args.heads} heads of an even size")
 DEVICE = torch.device(args.device)
 inductor_cache_of_its_own_when_emulating()  # --compiled with AVX2 emulated (docs/benchmarks' runs)
 
