@@ -73,3 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # Ctrl-C while the command's imports run (the package's included: seconds), or in a
         # command without a handler of its own (`run_options.stop_cleanly_on_ctrl_c`). One line and 130, as there.
         stopped_by_ctrl_c()
+
+
+if __name__ == "__main__":  # `python -m hf_scratch_command ...`: it ran nothing and exited 0, without a word
+    main()

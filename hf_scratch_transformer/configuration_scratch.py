@@ -9,6 +9,7 @@ This file is copied next to saved models for `trust_remote_code`: it imports onl
 """
 
 import dataclasses
+import math
 from typing import ClassVar
 
 from transformers import PreTrainedConfig
@@ -45,6 +46,12 @@ def _check_number(name: str, value) -> None:
     # An int is a fine float (JSON writes 0.0 as 0); a bool or a string ("0.1") would fail later, naming no field.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"`{name}` must be a number, got {value!r} ({type(value).__name__}).")
+
+
+def _check_positive_number(name: str, value) -> None:
+    _check_number(name, value)
+    if not 0 < value < math.inf:  # nan too: a `layer_norm_eps` of nan built a model whose every output was nan
+        raise ValueError(f"`{name}` must be a positive finite number, got {value!r}.")
 
 
 def _check_probability(name: str, value) -> None:
@@ -141,6 +148,7 @@ class ScratchConfigBase(PreTrainedConfig):
         self._validate_common()
         self._refuse_other_families_knobs(kwargs)
         self._validate_family()
+        self._check_special_token_ids()  # against the sizes checked above
         # Native configs (Llama) take `head_dim`; ours is derived (a property), which transformers could not set.
         head_dim = kwargs.pop("head_dim", None)
         if head_dim is not None and head_dim != self.head_dim:
@@ -155,6 +163,10 @@ class ScratchConfigBase(PreTrainedConfig):
                 self.validate_rope()
             except KeyError as error:
                 raise ValueError(f"`rope_parameters`: {error.args[0]}") from None
+            # transformers checks the keys, not this value: a string (`--set rope_theta=10_000`, no JSON number)
+            # failed building the model with a TypeError, after a training command's data work; 0 or less gave
+            # rotation frequencies of inf or nan.
+            _check_positive_number("rope_theta", self.rope_parameters.get("rope_theta"))
             self._check_partial_rotary()
 
     def _check_partial_rotary(self) -> None:
@@ -208,6 +220,7 @@ class ScratchConfigBase(PreTrainedConfig):
         of `__post_init__`: a `dropout` of 1.5, an unknown `position_embedding_type` (a model without positions) or
         `norm_type` loaded without a word, and `head_dim` failed with "property has no setter". Our knobs go to the
         constructor instead, with the saved values; the rest (`num_labels`, `dtype`, ...) as transformers does."""
+        cls._refuse_another_model_type(config_dict.get("model_type"))
         knobs = own_fields(cls).union(*FAMILY_KNOBS.values())  # another family's: refused by the constructor
         knobs |= {"is_encoder_decoder", "head_dim", *ROPE_KEYS, *cls.attribute_map}
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in knobs}
@@ -222,6 +235,22 @@ class ScratchConfigBase(PreTrainedConfig):
                     f"with `{field.name}` true. Write true there (JSON) to load the model as it was trained."
                 )
         return super().from_dict(_with_rope_shorthands(config_dict, overrides), **kwargs)
+
+    @classmethod
+    def _refuse_another_model_type(cls, model_type: str | None) -> None:
+        """A saved config of another model type: `from_pretrained` only logged a warning, then built this family's
+        model with the weights it found. A native GPT-2 folder gave a randomly initialised model (its tensors have
+        other names), a decoder's folder loaded into the encoder ran its causal weights bidirectionally."""
+        if model_type in (None, cls.model_type):
+            return
+        ours = {config_class.model_type: config_class.__name__ for config_class in FAMILY_KNOBS}
+        advice = (f"it is a {ours[model_type]}: load it with that family's classes, or with the Auto classes, which "
+                  "read its type" if model_type in ours else "a native model converts to this package's first "
+                  "(`hf-scratch convert FOLDER OUTPUT`, `hf_scratch_transformer.conversion.from_hf`)")
+        raise ValueError(
+            f"{cls.__name__} builds `model_type` {cls.model_type!r} models, and this config is of {model_type!r}, "
+            f"whose weights it would not fit: {advice}."
+        )
 
     def _validate_family(self) -> None:
         """The family's own checks."""
@@ -248,19 +277,30 @@ class ScratchConfigBase(PreTrainedConfig):
         """The feed-forward's dropout rate: `activation_dropout`, or `dropout` where that is None."""
         return self.dropout if self.activation_dropout is None else self.activation_dropout
 
+    def _check_special_token_ids(self) -> None:
+        """Each special id is an integer from 0, and the ids the model embeds (pad, a padding row of every token
+        embedding, the seq2seq encoder's too; the decoder's start token) are tokens of their vocabulary. Out of range,
+        `nn.Embedding` failed with an AssertionError naming no field (pad), or nothing failed: a negative pad made the
+        last token the padding row (no gradient); a float pad failed at the first forward with an IndexError. bos and
+        eos past the vocabulary stay allowed, as native configs allow them: `get_preset("gpt2-small", vocab_size=512)`
+        keeps GPT-2's 50256, as `GPT2Config(vocab_size=512)` does."""
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value, vocabulary = getattr(self, name, None), "vocab_size"
+            source_size = getattr(self, "encoder_vocab_size", None) or self.vocab_size
+            if name == "pad_token_id" and source_size < self.vocab_size:
+                vocabulary = "encoder_vocab_size"  # the smaller of the two embeddings it pads
+            size = getattr(self, vocabulary) if name in ("pad_token_id", "decoder_start_token_id") else math.inf
+            for token_id in value if isinstance(value, list) else [value]:
+                if token_id is not None and (not isinstance(token_id, int) or isinstance(token_id, bool)
+                                             or not 0 <= token_id < size):
+                    bound = "" if size == math.inf else f" to below `{vocabulary}` ({size})"
+                    raise ValueError(f"`{name}` ({value!r}) must be a token of the vocabulary: an integer from "
+                                     f"0{bound}.")
+
     def _validate_common(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "max_position_embeddings"):
             _check_positive(name, getattr(self, name))
-        # The padding row of every token embedding (the seq2seq encoder's too): out of range, `nn.Embedding` would
-        # fail with an AssertionError naming no field when the model is built.
-        for vocabulary in ("vocab_size", "encoder_vocab_size"):
-            size = getattr(self, vocabulary, None)
-            if self.pad_token_id is not None and size is not None and self.pad_token_id >= size:
-                raise ValueError(
-                    f"`pad_token_id` ({self.pad_token_id}) must be a token of the vocabulary: below `{vocabulary}` "
-                    f"({size})."
-                )
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -286,10 +326,7 @@ class ScratchConfigBase(PreTrainedConfig):
         if self.activation_dropout is not None:
             _check_probability("activation_dropout", self.activation_dropout)
         for name in ("layer_norm_eps", "initializer_range"):
-            value = getattr(self, name)
-            _check_number(name, value)
-            if value <= 0:
-                raise ValueError(f"`{name}` must be positive, got {value!r}.")
+            _check_positive_number(name, getattr(self, name))
         # Every True/False knob, PreTrainedConfig's too: `--set tie_word_embeddings=False` gave the string "False",
         # which is true, and the head stayed tied without a word.
         for field in dataclasses.fields(self):

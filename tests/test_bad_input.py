@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import FAMILIES, VOCAB, lm_inputs, tiny_config, tiny_lm
+from tiny_native import gpt2
 from tiny_tokenizers import TOKENIZER_KINDS, byte_level_bpe
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -23,6 +24,7 @@ from hf_scratch_transformer import (
     ScratchDecoderForCausalLM,
     ScratchDecoderForSequenceClassification,
     ScratchEncoderConfig,
+    ScratchEncoderForMaskedLM,
     ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
     ScratchSeq2SeqConfig,
@@ -244,6 +246,25 @@ def test_a_folder_saved_with_a_string_flag_names_the_value_it_was_trained_with(t
         assert torch.equal(ScratchDecoderForCausalLM.from_pretrained(tmp_path)(**inputs).logits, model(**inputs).logits)
 
 
+@pytest.mark.parametrize("saved, loader, advice", [
+    ("decoder", ScratchEncoderForMaskedLM, "it is a ScratchDecoderConfig: load it with that family's classes"),
+    ("encoder", ScratchDecoderForCausalLM, "it is a ScratchEncoderConfig"),
+    ("decoder", ScratchSeq2SeqConfig, "it is a ScratchDecoderConfig"),
+    ("gpt2", ScratchDecoderForCausalLM, "a native model converts to this package's first (`hf-scratch convert"),
+])
+def test_a_folder_of_another_model_type_is_refused_by_name(tmp_path, saved, loader, advice):
+    """transformers only logs "You are using a model of type X to instantiate a model of type Y", then builds the
+    class's model with what weights fit: a native GPT-2 folder loaded as a randomly initialised decoder (its tensors
+    have other names), a decoder's folder as an encoder that ran its causal weights bidirectionally."""
+    model = gpt2() if saved == "gpt2" else tiny_lm(saved)
+    model.save_pretrained(tmp_path)
+    expected = loader.config_class if hasattr(loader, "config_class") else loader
+    with pytest.raises(ValueError, match=re.escape(
+            f"{expected.__name__} builds `model_type` {expected.model_type!r} models, and this config is of "
+            f"{model.config.model_type!r}, whose weights it would not fit: {advice}")):
+        loader.from_pretrained(tmp_path)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_integer_floats_still_load_from_json(family, tmp_path):
     config = tiny_config(family, dropout=0, attention_dropout=0, initializer_range=1, layer_norm_eps=1)
@@ -453,10 +474,17 @@ def corpus(tmp_path):
         # A folder without a tokenizer (a run's checkpoints folder) failed in `from_pretrained` with a traceback
         (["train", "--tokenizer", "."], "argument --tokenizer: . holds no tokenizer_config.json"),
         # --model continues a saved model with its own tokenizer: these were left out without a word.
-        (["train", "--model", "{saved}", "--tokenizer", "{saved}"], "--tokenizer: for a new model; --model continues"),
-        (["train", "--model", "{saved}", "--preset", "gpt2-small", "--tokenizer-kind", "unigram"],
-         "--preset, --tokenizer-kind: for a new model; --model continues"),
-        (["train", "--model", "{saved}", "--vocab-size", "300"], "--vocab-size: for a new model; --model"),
+        (["train", "--task", "masked-lm", "--model", "{saved}", "--tokenizer", "{saved}"],
+         "--tokenizer: for a new model; --model continues"),
+        (["train", "--task", "masked-lm", "--model", "{saved}", "--preset", "gpt2-small", "--tokenizer-kind",
+          "unigram"], "--preset, --tokenizer-kind: for a new model; --model continues"),
+        (["train", "--task", "masked-lm", "--model", "{saved}", "--vocab-size", "300"],
+         "--vocab-size: for a new model; --model"),
+        # A masked LM continued with --task left at causal-lm was refused for its tokenizer's family, with advice
+        # about a --tokenizer never given (or, where the tokenizer records none, by `AutoModelForCausalLM` with a
+        # traceback after the data work).
+        (["train", "--model", "{saved}"], "is a scratch_encoder model (the encoder family), but --task causal-lm "
+                                          "trains the decoder family: continue it with --task masked-lm."),
         # A tokenizer given is used as it is: these were left out without a word.
         (["train", "--tokenizer", "{saved}", "--vocab-size", "300"],
          "--vocab-size: for a tokenizer trained here; --tokenizer "),
@@ -494,10 +522,38 @@ def corpus(tmp_path):
         (["finetune", "--task", "text-classification", "--max-steps", "0"],
          "argument --max-steps: must be >= 1, or -1 to train for --epochs; got 0"),
         (["finetune", "--task", "text-classification", "--max-length", "0"], "argument --max-length: must be >= 3"),
+        # A seed outside NumPy's [0, 2**32) was NumPy's traceback from transformers' `set_seed` (train, finetune);
+        # train-accelerate said "expected non-negative integer", naming no option.
+        (["train", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+        (["train-accelerate", "--seed", "4294967296"],
+         "argument --seed: must be < 2**32 (NumPy's seeds), got 4294967296"),
+        (["finetune", "--task", "text-classification", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+        # Infinity passed `>= 0`: --epochs inf was Trainer's OverflowError after the model and data work, and a
+        # learning rate of inf trained a step into nan weights.
+        (["finetune", "--task", "text-classification", "--epochs", "inf"],
+         "argument --epochs: must be a finite number, got inf"),
+        (["train", "--learning-rate", "inf"], "argument --learning-rate: must be a finite number, got inf"),
+        (["train-accelerate", "--weight-decay", "inf"], "argument --weight-decay: must be a finite number, got inf"),
+        # A warmup the run would not do trained without a word: as long as the run, the learning rate still rose at
+        # its last step (the recipe's 4000 steps under the default 600: never past 15% of --learning-rate); under a
+        # schedule without warmup, it was left out.
+        (["train", "--recipe", "vaswani"], "--recipe vaswani's warmup of 4000 is not shorter than --max-steps 600"),
+        (["train-accelerate", "--max-steps", "10", "--warmup-steps", "10"],
+         "--warmup-steps 10 is not shorter than --max-steps 10: the learning rate would still be rising"),
+        (["train", "--lr-scheduler", "constant", "--warmup-steps", "5"],
+         "--warmup-steps 5: --lr-scheduler constant has no warmup and would leave it out"),
+        (["train-accelerate", "--lr-scheduler", "constant", "--warmup-steps", "5"], "constant has no warmup"),
+        # --force-bf16 without bf16 asked for was left out without a word: the run trained in fp32.
+        (["train", "--force-bf16"], "--force-bf16 lets bf16 mixed precision run on a CPU where it is slow, but this "
+                                    "run asks for no bf16 (mixed precision: no): add --bf16, or leave out"),
+        (["finetune", "--task", "text-classification", "--model", "{saved}", "--force-bf16"],
+         "this run asks for no bf16 (mixed precision: no): add bf16 to the launch (`accelerate launch "
+         "--mixed_precision bf16`, or its config's), or leave out --force-bf16."),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else "",
 )
-def test_bad_options_are_refused_before_any_work(hf_scratch, corpus, tmp_path, arguments, message):
+def test_bad_options_are_refused_before_any_work(hf_scratch, monkeypatch, corpus, tmp_path, arguments, message):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)  # an `accelerate launch` config's
     command, options = arguments[0], arguments[1:]
     data = {"train": ["--train-files", corpus], "train-accelerate": ["--train-files", corpus],
             "tokenizer": ["--files", corpus], "finetune": ["--model", tmp_path, "--train-file", tmp_path / "x.csv"]}
@@ -532,6 +588,35 @@ def test_a_vocab_size_below_the_tokenizers_alphabet_is_named(monkeypatch, capsys
 
 class ReadData(Exception):
     pass
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--force-bf16"], "--force-bf16 lets bf16 mixed precision run on a CPU where it is slow, but this run asks for no "
+                       "bf16 (mixed precision: no): add --mixed-precision bf16, or leave out --force-bf16."),
+    (["--model", "{saved}"], "is a scratch_encoder model (the encoder family), but --task causal-lm trains the decoder "
+                             "family: continue it with --task masked-lm."),
+])
+def test_train_accelerate_refuses_options_it_would_leave_out_or_fail_on_before_the_data(
+        monkeypatch, capsys, corpus, tmp_path, options, message):
+    """As `train` (test_bad_options_are_refused_before_any_work, whose tripwire would stop this command at its
+    Accelerator, built before these checks): --force-bf16 without bf16 trained in fp32 without a word; a masked LM
+    continued under the default --task was refused for its tokenizer's family, in words about a --tokenizer."""
+    from hf_scratch_transformer.cli import main, run_data
+
+    def read(*args, **kwargs):
+        raise ReadData
+
+    monkeypatch.setattr(run_data, "load_run_data", read)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    saved = config_only(tmp_path / "saved")
+    options = [str(saved) if option == "{saved}" else option for option in options]
+    with pytest.raises(SystemExit) as stopped:
+        main(["train-accelerate", "--cpu", "--train-files", str(corpus), *options, "--output-dir",
+              str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_repeated_file_and_set_options_add_up(hf_scratch, monkeypatch, corpus, tmp_path):
@@ -623,6 +708,13 @@ assert not heavy, heavy
     assert result.returncode == 0, result.stderr[-3000:]
     assert "train-accelerate" in result.stdout and f"hf-scratch {version('hf-scratch-transformer')}" in result.stdout
     assert "hf-scratch: error: unknown command 'trian'" in result.stderr
+
+
+def test_the_command_run_as_a_module_answers_as_the_installed_one():
+    # `python -m hf_scratch_command --help` (or any command) ran nothing, and exited 0 without a word.
+    result = subprocess.run([sys.executable, "-m", "hf_scratch_command", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and "train-accelerate" in result.stdout, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("name", ["train", "convert", "tokenizer"])
@@ -1259,7 +1351,7 @@ def test_tokenizer_refuses_dataset_options_with_files(hf_scratch, corpus, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", [["train", "--train-files"],
+@pytest.mark.parametrize("command", [["train", "--task", "masked-lm", "--train-files"],  # `config_only`'s family
                                      ["finetune", "--model", "{model}", "--task", "text-classification",
                                       "--train-file"]])
 def test_a_refused_overwrite_leaves_the_earlier_run_as_it_was(hf_scratch, tmp_path, command):

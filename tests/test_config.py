@@ -33,6 +33,20 @@ from hf_scratch_transformer import (
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
         # the padding row of a vocabulary of 99: was an AssertionError from `nn.Embedding` when the model was built
         (dict(pad_token_id=99), "pad_token_id"),
+        # Accepted until 2026-12-01: a nan epsilon made every output nan; a negative pad made the last token the
+        # padding row (zero, no gradient); a float id failed at the first forward with an IndexError.
+        (dict(layer_norm_eps=float("nan")), "`layer_norm_eps` must be a positive finite number, got nan"),
+        (dict(initializer_range=float("inf")), "`initializer_range` must be a positive finite number, got inf"),
+        (dict(pad_token_id=-1), r"`pad_token_id` \(-1\) must be a token of the vocabulary: an integer from 0 to below "
+                                r"`vocab_size` \(99\)"),
+        (dict(pad_token_id=1.0), r"`pad_token_id` \(1.0\) must be a token"),
+        (dict(eos_token_id=-1), r"`eos_token_id` \(-1\) must be a token of the vocabulary: an integer from 0\.$"),
+        (dict(eos_token_id=[2, 1.5]), r"`eos_token_id` \(\[2, 1.5\]\) must be a token"),
+        (dict(bos_token_id=-2), "`bos_token_id`"),
+        # transformers checks the RoPE keys, not this value: a string (`--set rope_theta=10_000`, no JSON number)
+        # was a TypeError building the model, after a training command's data work; 0 gave frequencies of inf.
+        (dict(position_embedding_type="rope", rope_theta="10_000"), "`rope_theta` must be a number, got '10_000'"),
+        (dict(position_embedding_type="rope", rope_theta=0.0), "`rope_theta` must be a positive finite number"),
     ],
 )
 @pytest.mark.parametrize("family", FAMILIES)
@@ -53,6 +67,7 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         ("encoder", dict(sliding_window=4), "sliding_window"),  # was kept, and did nothing
         ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
         ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),
+        ("seq2seq", dict(decoder_start_token_id=99), "decoder_start_token_id"),  # a decoder input past the rows
         # the encoder's embeddings pad with the same id
         ("seq2seq", dict(encoder_vocab_size=50, share_embeddings=False, pad_token_id=60), "pad_token_id"),
         # generate() would build the cross-attention cache windowed too, keeping only the last encoder tokens

@@ -165,6 +165,16 @@ def test_get_preset_applies_overrides_and_validates():
         get_preset("gpt-mini", hidden_size=100)
 
 
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_takes_a_small_vocabulary(name):
+    """A tiny model from a preset, as with `GPT2Config(vocab_size=512)`: bos and eos past the vocabulary stay (GPT-2's
+    50256), only the ids the model embeds (pad, the decoder's start) must be its tokens. A first check of the special
+    ids refused `get_preset("gpt2-small", vocab_size=512)`."""
+    config = get_preset(name, vocab_size=512)
+    assert config.vocab_size == 512
+    assert config.eos_token_id == get_preset(name).eos_token_id
+
+
 def test_a_misspelt_field_is_named_with_the_field_it_resembles():
     # transformers' configs keep unknown keywords as attributes: `num_layers` would be saved and change nothing.
     with pytest.raises(ValueError, match=r"has no field num_layers \(did you mean num_hidden_layers\?\), zzz\.$"):

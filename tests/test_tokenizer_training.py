@@ -334,6 +334,12 @@ def test_a_text_files_lines_are_examples_without_their_line_break(tmp_path):
         (dict(kind="bpe", family="causal", files=["x.txt"]), "decoder, encoder, seq2seq"),
         (dict(kind="bpe", family="decoder", files=[]), "`files` is empty"),
         (dict(kind="bpe", family="decoder", files=["x.txt"], vocab_size=0), "vocab_size"),
+        # a single path's characters were taken for file names: "Training text files not found: x, ., t, x, t"
+        (dict(kind="bpe", family="decoder", files="x.txt"), r"got the single path 'x.txt': pass \['x.txt'\]"),
+        # `hf-scratch tokenizer` refuses these; here they were the OverflowError of `tokenizers`, and a tokenizer
+        # that truncates every text away
+        (dict(kind="bpe", family="decoder", files=["x.txt"], min_frequency=-1), "`min_frequency` must be a non-negat"),
+        (dict(kind="bpe", family="decoder", files=["x.txt"], model_max_length=0), "`model_max_length` must be a posi"),
         # ids are 32-bit in `tokenizers`: its OverflowError came after the data was read
         (dict(kind="unigram", family="decoder", files=["x.txt"], vocab_size=2**32 + 1), "below 2\\*\\*32"),
         (dict(kind="bpe", family="decoder", dataset=Dataset.from_dict({"content": ["a"]})), "no column 'text'"),

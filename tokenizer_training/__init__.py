@@ -57,6 +57,15 @@ def train_tokenizer(
     # Token ids are 32-bit in `tokenizers`: a larger size ended in its OverflowError, after the data was read.
     if not isinstance(vocab_size, int) or not 1 <= vocab_size < 2**32:
         raise ValueError(f"`vocab_size` must be a positive integer below 2**32, got {vocab_size!r}.")
+    # `hf-scratch tokenizer` checks these as it reads its options; called here, a negative `min_frequency` was the
+    # OverflowError of `tokenizers`, and a `model_max_length` of 0 saved a tokenizer that truncates every text away.
+    if not isinstance(min_frequency, int) or isinstance(min_frequency, bool) or min_frequency < 0:
+        raise ValueError(f"`min_frequency` must be a non-negative integer, got {min_frequency!r}.")
+    if model_max_length is not None and (not isinstance(model_max_length, int) or model_max_length < 1):
+        raise ValueError(f"`model_max_length` must be a positive integer or None, got {model_max_length!r}.")
+    if isinstance(files, str | os.PathLike):  # else its characters were taken for file names ("not found: c, o, r")
+        raise ValueError(f"`files` must be a list of text files, got the single path {str(files)!r}: pass "
+                         f"[{str(files)!r}].")
     if (files is None) == (dataset is None):
         raise ValueError(
             "Give exactly one training source, `files` or `dataset`; got "

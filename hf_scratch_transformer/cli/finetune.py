@@ -16,6 +16,7 @@ OUTPUT_DIR/checkpoints. To continue causal-LM or seq2seq training of a saved mod
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -48,8 +49,10 @@ from hf_scratch_transformer.cli.run_options import (
     model_tokenizer,
     positive_float,
     positive_int,
+    random_seed,
     read_config_file,
     refuse_another_tokenizer,
+    refuse_force_bf16_alone,
     refuse_fp16_on_cpu,
     refuse_lone_processes,
     repo_id,
@@ -113,7 +116,7 @@ parser.add_argument("--epochs", type=positive_float, default=3.0, help="default 
 parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides --epochs when > 0 (default -1)")
 parser.add_argument("--batch-size", type=positive_int, default=16, help="default 16")
 parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="default 5e-5")
-parser.add_argument("--seed", type=int, default=42, help="default 42")
+parser.add_argument("--seed", type=random_seed, default=42, help="default 42")
 parser.add_argument("--force-bf16", action="store_true",
                     help="the launch config's bf16 even on a CPU where it is slower than fp32")
 parser.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: scratch-<task>-<data>)")
@@ -122,6 +125,8 @@ add_run_safety_arguments(parser)
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from every process (scripts/finetune.py)
 check_model_folder(parser, args.model, converts=NATIVE_LMS)
+refuse_force_bf16_alone(parser, args.force_bf16, os.environ.get("ACCELERATE_MIXED_PRECISION", "no"),
+                        "bf16 to the launch (`accelerate launch --mixed_precision bf16`, or its config's)")
 # A family without the task's head: the Auto class failed with a traceback after the data work. A native model is
 # judged by the family it converts to (a native Marian was converted first, then refused). A local folder's type is
 # read from its config.json: no model work before the data checks.

@@ -5,6 +5,7 @@ model folder and how a run stops. Beside it: the data a run reads (`run_data`), 
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -42,6 +43,8 @@ TOKENIZER_VOCAB_SIZE = 4096  # --vocab-size of a tokenizer trained by the run
 STEP_SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
                   "inverse_sqrt")
 EVALUATION_SCHEDULES = ("reduce_lr_on_plateau", "greedy")
+# The schedules `get_scheduler` builds without their `num_warmup_steps`: a warmup given to them is left out.
+SCHEDULES_WITHOUT_WARMUP = ("constant", *EVALUATION_SCHEDULES)
 
 
 # ----------------------------------------------------------------------------------------------- stopping
@@ -157,6 +160,34 @@ def refuse_fp16_on_cpu(parser: argparse.ArgumentParser, mixed_precision: str, de
                      "leaves autocast off, and the run would train in fp32); use bf16 on CPU.")
 
 
+def check_warmup(parser: argparse.ArgumentParser, warmup_steps: int, schedule: str, max_steps: int,
+                 source: str = "--warmup-steps") -> None:
+    """A warmup of `warmup_steps` that `source` asked for (--warmup-steps, or a --recipe's; the default, 5% of the
+    steps, needs no check) that the run would not do: one of as many steps as the run or more left the learning rate
+    rising until training ended, never at --learning-rate (`--recipe vaswani`'s 4000 steps under the default 600),
+    and --warmup-steps under a schedule without warmup was left out; both without a word."""
+    if schedule in SCHEDULES_WITHOUT_WARMUP:
+        if source == "--warmup-steps":  # a recipe's warmup gives way to the schedule asked for
+            parser.error(f"--warmup-steps {warmup_steps}: --lr-scheduler {schedule} has no warmup and would leave it "
+                         "out; use constant_with_warmup for a constant rate after a warmup, or leave out "
+                         "--warmup-steps.")
+        return
+    if warmup_steps >= max_steps:
+        parser.error(f"{source} {warmup_steps} is not shorter than --max-steps {max_steps}: the learning rate would "
+                     "still be rising when training ends, and never reach --learning-rate; pass a --warmup-steps "
+                     "below --max-steps (the default is 5% of the steps), or more --max-steps.")
+
+
+def refuse_force_bf16_alone(parser: argparse.ArgumentParser, force_bf16: bool, mixed_precision: str,
+                            asked_with: str) -> None:
+    """--force-bf16 lets bf16 mixed precision run where it is slow (`mixed_precision.slow_bf16_refusal`); in a run
+    that asks for no bf16 (`mixed_precision`: its option's, else the `accelerate launch` config's) it was left out
+    without a word, and the run trained in fp32."""
+    if force_bf16 and mixed_precision != "bf16":
+        parser.error(f"--force-bf16 lets bf16 mixed precision run on a CPU where it is slow, but this run asks for no "
+                     f"bf16 (mixed precision: {mixed_precision}): add {asked_with}, or leave out --force-bf16.")
+
+
 @contextmanager
 def main_process_first(accelerator):
     """`accelerator.main_process_first()` that lets the other processes go on also when the main one stops inside
@@ -176,7 +207,9 @@ def main_process_first(accelerator):
 
 
 def at_least(minimum: int | float, kind: type = int, exclusive: bool = False):
-    """An argparse `type`: a number of `kind` that is >= `minimum` (> with `exclusive`)."""
+    """An argparse `type`: a finite number of `kind` that is >= `minimum` (> with `exclusive`). Infinity passed
+    `>=`: `--learning-rate inf` trained a step into nan weights, `--epochs inf` was Trainer's OverflowError after the
+    data work."""
 
     def parse(text: str):
         try:
@@ -186,6 +219,8 @@ def at_least(minimum: int | float, kind: type = int, exclusive: bool = False):
                 f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
         if not value >= minimum or (exclusive and value == minimum):  # `not >=`: nan too
             raise argparse.ArgumentTypeError(f"must be {'>' if exclusive else '>='} {minimum}, got {text}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         return value
 
     return parse
@@ -237,6 +272,17 @@ positive_int = at_least(1)
 non_negative_int = at_least(0)
 positive_float = at_least(0, float, exclusive=True)
 non_negative_float = at_least(0, float)
+
+
+def random_seed(text: str) -> int:
+    """An argparse `type` for --seed: an integer every generator a run seeds takes. transformers' `set_seed` seeds
+    NumPy's too, which takes [0, 2**32) only: `--seed -1` (a "random seed" elsewhere) was NumPy's traceback."""
+    value = non_negative_int(text)
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"must be < 2**32 (NumPy's seeds), got {text}")
+    return value
+
+
 # The shortest --max-length that leaves a token to learn from: a causal LM needs 2 (one predicts the next), a masked
 # LM 3 ([CLS] and [SEP] around one token it can mask); shorter ones train on nothing and report a loss of nan.
 sequence_length = at_least(3)
@@ -330,14 +376,15 @@ def load_run_tokenizer(parser: argparse.ArgumentParser, folder: Path, max_length
     return tokenizer
 
 
-def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, converts: Collection[str] = ()) -> None:
+def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, converts: Collection[str] = (),
+                       task: str | None = None) -> None:
     """A --model folder that cannot train, read from its config.json before anything is loaded: none there (a
     tokenizer's folder failed in `from_pretrained` with "Unrecognized model"), quantized weights (torchao's int8,
     bitsandbytes, GPTQ, ...: Trainer refused them with a traceback after the data work, the accelerate loop trained
     around them and failed at its first checkpoint), a native model that the command does not convert (`converts`:
     the model types it does; Trainer trained it as the native class, with a card naming ours and the native loss's
-    count of tokens), or no weights or tokenizer. A name that is no local folder is left to `from_pretrained` (a Hub
-    id)."""
+    count of tokens), a model of another family than the training commands' `task` trains, or no weights or
+    tokenizer. A name that is no local folder is left to `from_pretrained` (a Hub id)."""
     if folder is None or not folder.is_dir():
         return
     config = folder / "config.json"
@@ -372,6 +419,19 @@ def check_model_folder(parser: argparse.ArgumentParser, folder: Path | None, con
     if not any((model_tokenizer(folder) / name).exists() for name in TOKENIZER_FILES):
         parser.error(f"--model {folder} holds no tokenizer (tokenizer.json, tokenizer_config.json, vocab files): save "
                      "the tokenizer the model was trained with into the folder (`tokenizer.save_pretrained`)")
+    if task is not None:
+        refuse_another_model_family(parser, folder, saved.get("model_type"), task)
+
+
+def refuse_another_model_family(parser: argparse.ArgumentParser, folder: Path, model_type: str, task: str) -> None:
+    """A --model of another family than --task trains (`hf-scratch train --model MASKED_LM_FOLDER`, --task left at
+    causal-lm): refused by its tokenizer's family in words about a --tokenizer never given, or, with a tokenizer that
+    records none, by `AutoModelFor*.from_pretrained` with a traceback after the data work."""
+    family = next(name for name, config_class in FAMILY_CONFIGS.items() if config_class.model_type == model_type)
+    if family != DEFAULTS[task][2]:
+        its_task = next(name for name, defaults in DEFAULTS.items() if defaults[2] == family)
+        parser.error(f"--model {folder} is a {model_type} model (the {family} family), but --task {task} trains the "
+                     f"{DEFAULTS[task][2]} family: continue it with --task {its_task}.")
 
 
 def config_overrides(parser: argparse.ArgumentParser, args) -> dict:

@@ -3,7 +3,7 @@ and loss curve, then a reload through the Auto classes and a sample. The main jo
 
     hf-scratch train                                   # causal LM on the embedded Tiny Shakespeare
     hf-scratch train --task masked-lm --train-files my.txt --preset bert-prenorm --set num_hidden_layers=4
-    hf-scratch train --task seq2seq --preset transformer-base --recipe vaswani \\
+    hf-scratch train --task seq2seq --preset transformer-base --recipe vaswani --max-steps 100000 \\
         --source-files train.en --target-files train.de --validation-source val.en --validation-target val.de
     hf-scratch train --model outputs/causal-lm/model --output-dir outputs/causal-lm-more \\
         --max-steps 200               # continue a saved folder, into a new --output-dir (not its run's own)
@@ -54,6 +54,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_data_and_model_arguments,
     check_model_fits,
     check_model_folder,
+    check_warmup,
     config_file_fields_replaced,
     config_overrides,
     follow_the_tokenizer,
@@ -64,8 +65,10 @@ from hf_scratch_transformer.cli.run_options import (
     non_negative_int,
     positive_float,
     positive_int,
+    random_seed,
     refuse_another_family,
     refuse_another_tokenizer,
+    refuse_force_bf16_alone,
     refuse_fp16_on_cpu,
     refuse_lone_processes,
     repo_id,
@@ -149,7 +152,7 @@ add_run_safety_arguments(run)
 run.add_argument("--num-beams", type=positive_int, default=4, help="seq2seq evaluation and sample (default 4)")
 run.add_argument("--sample-prompt", default="ROMEO:", help="causal LM sample prompt (default ROMEO:)")
 run.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: <preset>-<data>)")
-run.add_argument("--seed", type=int, default=1337, help="default 1337")
+run.add_argument("--seed", type=random_seed, default=1337, help="default 1337")
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()
 if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not (args.model or args.tokenizer):  # torchrun / accelerate launch
@@ -163,10 +166,18 @@ optimisation = {
                           ("adam_beta2", 0.99), ("adam_epsilon", 1e-8), ("label_smoothing", 0.0),
                           ("max_grad_norm", 1.0)]
 }
+if args.warmup_steps is not None:
+    check_warmup(parser, args.warmup_steps, optimisation["lr_scheduler"], args.max_steps)
+elif "warmup_steps" in recipe:
+    check_warmup(parser, recipe["warmup_steps"], optimisation["lr_scheduler"], args.max_steps,
+                 f"--recipe {args.recipe}'s warmup of")
+# Trainer's mixed precision: --bf16's, else the launch config's (`TrainingArguments` reads it so)
+refuse_force_bf16_alone(parser, args.force_bf16, "bf16" if args.bf16 else os.environ.get(
+    "ACCELERATE_MIXED_PRECISION", "no"), "--bf16")
 task = args.task
 output_dir = args.output_dir or Path("outputs") / task
 is_main_process = is_rank_zero()
-check_model_folder(parser, args.model)
+check_model_folder(parser, args.model, task=task)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_main_process, model=args.model)
 resumed = None  # the checkpoint this run continues: chosen once, before the tokenizer (it holds the run's own)

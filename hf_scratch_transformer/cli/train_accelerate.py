@@ -4,7 +4,7 @@ are those of `hf-scratch train`.
 
     hf-scratch train-accelerate                          # causal LM on the embedded Tiny Shakespeare
     hf-scratch train-accelerate --mixed-precision bf16 --gradient-accumulation-steps 4 --label-smoothing 0.1
-    hf-scratch train-accelerate --task seq2seq --lr-scheduler inverse_sqrt --warmup-steps 4000 \\
+    hf-scratch train-accelerate --task seq2seq --lr-scheduler inverse_sqrt --warmup-steps 4000 --max-steps 100000 \\
         --adam-betas 0.9 0.98 --adam-epsilon 1e-9 --label-smoothing 0.1 \\
         --source-files train.en --target-files train.de      # the seeds' recipe
     hf-scratch train-accelerate ... --resume             # continue from the newest checkpoint that verifies
@@ -81,6 +81,7 @@ from hf_scratch_transformer.cli.run_options import (
     add_data_and_model_arguments,
     check_model_fits,
     check_model_folder,
+    check_warmup,
     config_file_fields_replaced,
     config_overrides,
     follow_the_tokenizer,
@@ -93,8 +94,10 @@ from hf_scratch_transformer.cli.run_options import (
     non_negative_int,
     positive_float,
     positive_int,
+    random_seed,
     refuse_another_family,
     refuse_another_tokenizer,
+    refuse_force_bf16_alone,
     refuse_fp16_on_cpu,
     repo_id,
     run_file_written,
@@ -142,12 +145,14 @@ run.add_argument("--stop-at-step", type=positive_int, help="end this run after t
 run.add_argument("--max-eval-samples", type=positive_int,
                  help="final validation loss on the first N sequences (default: all)")
 run.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: <preset>-<data>)")
-run.add_argument("--seed", type=int, default=1337, help="default 1337")
+run.add_argument("--seed", type=random_seed, default=1337, help="default 1337")
 run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()
 
 
+if args.warmup_steps is not None:
+    check_warmup(parser, args.warmup_steps, args.lr_scheduler, args.max_steps)
 task, accumulation = args.task, args.gradient_accumulation_steps
 output_dir = args.output_dir or Path("outputs/accelerate") / task
 checkpoints = output_dir / "checkpoints"
@@ -166,10 +171,11 @@ if accelerator.num_processes != int(os.environ.get("WORLD_SIZE", 1)):  # else ea
     parser.error(f"launched as {os.environ['WORLD_SIZE']} processes, but Accelerate found no device to join them on: "
                  "on CPU pass --cpu (or set ACCELERATE_USE_CPU=1).")
 refuse_fp16_on_cpu(parser, accelerator.mixed_precision, accelerator.device)
+refuse_force_bf16_alone(parser, args.force_bf16, accelerator.mixed_precision, "--mixed-precision bf16")
 if refusal := mixed_precision.slow_bf16_refusal(accelerator.mixed_precision, accelerator.device, args.force_bf16,
                                          "--mixed-precision bf16"):
     parser.error(refusal)
-check_model_folder(parser, args.model)
+check_model_folder(parser, args.model, task=task)
 overrides = config_overrides(parser, args)
 claim_output_dir(parser, output_dir, args.resume or args.resume_from is not None, args.overwrite_output_dir,
                  accelerator.is_main_process, resume_from=args.resume_from, accelerator=accelerator,
