@@ -83,8 +83,9 @@ def save_checkpoint(accelerator, folder: str | Path, step: int, metadata: dict |
     final = checkpoint_path(folder, step)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
     if accelerator.is_main_process:
-        remove_leftovers(folder)
-        partial.mkdir(parents=True)
+        with reported_as_not_written(final):  # a new folder fails on a full disk too (ext4 gives it a block)
+            remove_leftovers(folder)
+            partial.mkdir(parents=True)
     accelerator.wait_for_everyone()
     with reported_as_not_written(final):
         accelerator.save_state(str(partial))
@@ -211,14 +212,26 @@ def folder_aside(final: str | Path, is_main_process: bool = True) -> Path:
 
 def replace_folder(partial: str | Path, final: str | Path) -> None:
     """Put the fully written folder `partial` in place of `final` (main process only): its files are flushed, an
-    earlier `final` is removed atomically (`remove_checkpoint`), then `partial` is renamed. A kill at any instant
-    leaves `final` complete (the earlier one or the new one) or absent, never half written."""
+    earlier `final` is renamed aside (`final.deleted`), `partial` is renamed in its place, then the earlier one is
+    removed. A kill at any instant leaves `final` complete (the earlier one or the new one) or absent, never half
+    written. An earlier one that cannot be removed (a file of it held open on NFS, a folder made read-only) is a
+    `WriteError` once the new one is in place: removed first, it left no `final`, said to be as it was."""
     partial, final = Path(partial), Path(final)
     _fsync_tree(partial)
-    if final.exists():
-        remove_checkpoint(final)
+    earlier = final.with_name(final.name + DELETED_SUFFIX)
+    shutil.rmtree(earlier, ignore_errors=True)  # an earlier removal of the same name, interrupted
+    try:
+        os.replace(final, earlier)
+    except FileNotFoundError:  # no earlier folder
+        earlier = None
     os.replace(partial, final)
     _fsync(final.parent)
+    if earlier is not None:
+        with write_error_named(f"The earlier {final.name}/", final.parent, f"{final} is complete, this run's; the "
+                               f"earlier one is left in {earlier}, which nothing reads and the next command into "
+                               f"{final.parent} removes: remove the cause (a file of it held open, its permissions) "
+                               "or the folder.", failed="could not be removed"):
+            shutil.rmtree(earlier)
 
 
 def place_folder(partial: str | Path, final: str | Path) -> None:

@@ -105,8 +105,9 @@ class CrashSafeCheckpoints:
         final = checkpoint_path(self._get_output_dir(trial), step, TRAINER_PREFIX)
         staging = final.with_name(final.name + PARTIAL_SUFFIX)
         if self.args.should_save:
-            remove_leftovers(final.parent)
-            staging.mkdir(parents=True)
+            with reported_as_not_written(final):  # a new folder fails on a full disk too (ext4 gives it a block)
+                remove_leftovers(final.parent)
+                staging.mkdir(parents=True)
         self.accelerator.wait_for_everyone()
         self._staging_dir = staging
         try:

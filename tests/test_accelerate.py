@@ -2,6 +2,7 @@
 (`hf_scratch_transformer/checkpointing.py`): exact resume, two CPU processes equal to one with the combined batch
 (and the Trainer script under the same launcher), checkpoint integrity, mixed precision, and the saved model."""
 
+import errno
 import json
 import os
 import platform
@@ -812,6 +813,25 @@ def test_a_save_that_fails_to_write_is_an_error_saying_so_and_keeps_the_earlier_
                  cwd=workspace, expect_failure=True, limit_file_size=40_000)
     assert "error: Checkpoint step-1 could not be written" in output and "File too large" in output
     assert "Traceback" not in output
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_is_an_error_saying_so(tmp_path, monkeypatch):
+    """On a full disk a new folder fails too (ext4 gives it a block), as it does over a quota: `step-N.tmp` was made
+    before the checkpoint's write errors were named, and the command ended in an OSError traceback at a training step.
+    It is the checkpoint's error now, as every other write of it is, and the earlier checkpoints stay."""
+    checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
+    make = os.mkdir
+
+    def disk_full(path, *args, **kwargs):
+        if Path(path).name == "step-4.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", disk_full)
+    message = r"Checkpoint step-4 could not be written in .* \(OSError: \[Errno 28\] No space left on device"
+    with pytest.raises(checkpointing.WriteError, match=message):
+        checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 4)
+    assert checkpointing.latest_checkpoint(tmp_path) == tmp_path / "step-2"
 
 
 def test_a_save_interrupted_midway_never_looks_complete(tmp_path):

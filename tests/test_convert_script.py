@@ -564,17 +564,34 @@ def _source_and_earlier_output(tmp_path: Path) -> tuple[Path, Path]:
     return source, output
 
 
-def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_was(tmp_path, monkeypatch, capsys):
-    """It ended in a safetensors traceback, leaving the partial copy (the model's size, on the full disk) in a hidden
-    folder beside the output that no later command removed."""
-    source, output = _source_and_earlier_output(tmp_path)
-    earlier = {path.name: path.read_bytes() for path in output.iterdir()}
-
+def full_disk_for_the_weights(monkeypatch) -> None:
     def full_disk(tensors, filename, **kwargs):
         Path(filename).write_bytes(b"\0" * 64)  # what fitted
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("transformers.modeling_utils.safe_save_file", full_disk)
+
+
+def full_disk_for_the_folder(monkeypatch) -> None:
+    make = os.mkdir
+
+    def full_disk(path, *args, **kwargs):  # ext4 gives a new folder a block
+        if ".converting-" in Path(path).name:
+            raise OSError(28, "No space left on device", str(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", full_disk)
+
+
+@pytest.mark.parametrize("full_disk", [full_disk_for_the_weights, full_disk_for_the_folder])
+def test_a_full_disk_while_the_converted_model_is_saved_leaves_the_output_as_it_was(tmp_path, monkeypatch, capsys,
+                                                                                     full_disk):
+    """It ended in a safetensors traceback, leaving the partial copy (the model's size, on the full disk) in a hidden
+    folder beside the output that no later command removed; and where the folder of that copy could not be made, in an
+    OSError traceback."""
+    source, output = _source_and_earlier_output(tmp_path)
+    earlier = {path.name: path.read_bytes() for path in output.iterdir()}
+    full_disk(monkeypatch)
     said = convert_refused(monkeypatch, capsys, source, output, "--overwrite-output-dir")
     assert "The converted model could not be written" in said.err
     assert "No space left on device" in said.err and f"{output} is as it was" in said.err

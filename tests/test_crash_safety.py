@@ -941,6 +941,54 @@ def test_a_prune_that_fails_after_the_commit_says_the_new_checkpoint_is_complete
     assert checkpointing.verify_checkpoint(final)["step"] == 6
 
 
+def test_a_trainer_checkpoint_folder_that_cannot_be_made_is_an_error_saying_so(tmp_path, monkeypatch):
+    """On a full disk a new folder fails too (ext4 gives it a block), as it does over a quota: `checkpoint-N.tmp` was
+    made before the checkpoint's write errors were named, and `hf-scratch train` ended in an OSError traceback. It is
+    the checkpoint's error now, as every other write of it is, and the earlier checkpoint is the one to resume."""
+    torch.manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 99, (8, 12))]
+    arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=1,
+                                  report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = trainer_checkpoints.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data)
+    make = os.mkdir
+
+    def disk_full(path, *args, **kwargs):
+        if Path(path).name == "checkpoint-2.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", disk_full)
+    message = r"Checkpoint checkpoint-2 could not be written in .* \(OSError: \[Errno 28\] No space left on device"
+    with pytest.raises(checkpointing.WriteError, match=message):
+        trainer.train()
+    assert checkpointing.latest_checkpoint(tmp_path, checkpointing.TRAINER_PREFIX) == tmp_path / "checkpoint-1"
+
+
+def test_an_earlier_model_folder_that_cannot_be_removed_leaves_the_new_one_in_place(tmp_path, monkeypatch):
+    """A run's model folder replaced the earlier one by renaming it `model.deleted` and removing it, then renaming the
+    new one in: a removal that failed (a file of it held open on NFS, a folder made read-only) left no `model/` at all,
+    and the error said it was "as it was before" (the next command then removed `model.deleted`). The new folder now
+    takes its place first; the error names the earlier one, left aside."""
+    final = tmp_path / "model"
+    for folder, weights in ((final, b"earlier"), (checkpointing.folder_aside(final), b"new")):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(weights)
+    rmtree = shutil.rmtree
+
+    def held_open(path, *args, **kwargs):  # NFS renames an open file it unlinks (.nfsNNNN): its folder stays
+        if Path(path) == tmp_path / "model.deleted" and not kwargs.get("ignore_errors"):
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(path))
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", held_open)
+    with pytest.raises(checkpointing.WriteError) as error, checkpointing.model_folder_reported_as_not_written(final):
+        checkpointing.replace_folder(tmp_path / "model.tmp", final)
+    assert (final / "model.safetensors").read_bytes() == b"new"
+    assert (tmp_path / "model.deleted/model.safetensors").read_bytes() == b"earlier"
+    assert str(error.value).startswith(f"The earlier model/ could not be removed in {tmp_path} (OSError: [Errno 39]")
+    assert f"{final} is complete, this run's" in str(error.value) and "as it was before" not in str(error.value)
+
+
 def test_what_an_interrupted_removal_left_in_the_output_folder_is_cleared(tmp_path):
     """A kill while --overwrite-output-dir removed the earlier checkpoints, or while a model folder was replaced,
     leaves them renamed aside, which nothing reads: the next command into the folder removes them."""

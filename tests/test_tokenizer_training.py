@@ -3,6 +3,7 @@ per-family templates; lossless round trips; drawn text's round trips, templates,
 (hypothesis); files, Dataset and DatasetDict sources; bad input; the CLI."""
 
 import copy
+import errno
 import os
 import re
 import subprocess
@@ -505,6 +506,29 @@ def test_cli_refuses_to_replace_a_tokenizer_unless_asked(corpus_file, trained, t
     assert not (folder / "special_tokens_map.json").exists()
     replaced = AutoTokenizer.from_pretrained(folder)
     assert replaced.init_kwargs["family"] == "decoder" and replaced.bos_token == "<s>" and len(replaced) == VOCAB
+
+
+def test_a_new_tokenizer_folder_that_cannot_take_its_place_is_a_write_error(trained, tmp_path, monkeypatch):
+    """A new folder is saved beside its place and renamed into it. Any error of that rename (a file system gone
+    read-only, a full disk or quota for the folder's entry) was taken for a folder made there meanwhile: the files were
+    then moved into a folder that did not exist, in a FileNotFoundError traceback saying nothing of the cause, and the
+    saved copy was left hidden beside it."""
+    from hf_scratch_transformer.checkpointing import WriteError
+    from tokenizer_training.saving import save_in_place
+
+    folder = tmp_path / "tokenizer"
+    replace = os.replace
+
+    def read_only(source, target, *args, **kwargs):
+        if Path(target) == folder:
+            raise OSError(errno.EROFS, "Read-only file system", str(target))
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", read_only)
+    message = rf"The tokenizer could not be written in {tmp_path} \(OSError: \[Errno 30\] Read-only file system"
+    with pytest.raises(WriteError, match=message):
+        save_in_place(trained("bpe", "decoder"), folder, [])
+    assert list(tmp_path.iterdir()) == [], "no copy left aside"
 
 
 def test_a_replaced_tokenizer_stopped_midway_is_never_mixed_with_the_earlier_one(corpus_file, trained, tmp_path,

@@ -15,7 +15,6 @@ tokenizer.json last: `AutoTokenizer` loads a fast tokenizer from tokenizer.json,
 config without it. Such a folder, a tokenizer's settings without a vocabulary, is refused as part of a tokenizer
 (`held_tokenizer`)."""
 
-import contextlib
 import shutil
 from pathlib import Path
 
@@ -41,6 +40,19 @@ def held_tokenizer(held: list[str]) -> str:
             "vocab.txt ...), which no tokenizer loads from")
 
 
+def placed(aside: Path, folder: Path) -> bool:
+    """Whether the saved folder `aside` took the place of `folder`, which held nothing when checked; False where a
+    folder was made there meanwhile (its files are checked, and these moved into it). Any other error of the rename
+    (a file system gone read-only, a quota) is raised: taken for such a folder, it ended in a FileNotFoundError."""
+    try:
+        checkpointing.place_folder(aside, folder)
+    except OSError:
+        if folder.is_dir():
+            return False
+        raise
+    return True
+
+
 def save_in_place(tokenizer, folder: Path, replaced: list[str]) -> list[str]:
     """Save `tokenizer` into `folder` in place of the files `replaced` (the earlier tokenizer's); returns those of
     them the new tokenizer does not write. A write error is a `CheckpointError` naming it, the earlier files kept."""
@@ -50,13 +62,11 @@ def save_in_place(tokenizer, folder: Path, replaced: list[str]) -> list[str]:
     try:
         with checkpointing.write_error_named("The tokenizer", aside.parent, f"{folder} is as it was."):
             written = sorted(Path(path).name for path in tokenizer.save_pretrained(aside))
+            if new and placed(aside, folder):
+                return []
     except checkpointing.CheckpointError:
         shutil.rmtree(aside, ignore_errors=True)  # a partial copy, on a disk that may be full
         raise
-    if new:
-        with contextlib.suppress(OSError):  # else a folder made meanwhile: its files are checked and moved into it
-            checkpointing.place_folder(aside, folder)
-            return []
     if meanwhile := [name for name in tokenizer_files(folder) if name not in replaced]:
         shutil.rmtree(aside)
         raise checkpointing.CheckpointError(

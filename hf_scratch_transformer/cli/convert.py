@@ -298,7 +298,6 @@ if args.check:
 # `recover_from_stopped_conversions`), never a mix, and no stale file of the earlier folder stays.
 output = args.output.resolve()
 staging, replaced = (aside(output, what) for what in ASIDE)
-staging.mkdir(parents=True)
 
 
 def checkpoint_dtype() -> str:
@@ -318,6 +317,7 @@ if args.check:
 try:  # a full disk: one line, and the partial copy (of the model's size) removed, not a traceback leaving it hidden
     with write_error_named("The converted model", output.parent, f"{args.output} is as it was, and the partial "
                            "copy is removed: free space (or remove the cause), then run the command again."):
+        staging.mkdir(parents=True)  # on a full disk too (ext4 gives a new folder a block)
         converted.to(getattr(torch, dtype)).save_pretrained(staging)  # with generation_config.json where it generates
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
