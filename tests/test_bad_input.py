@@ -918,21 +918,21 @@ def test_a_tokenizer_with_ids_past_the_models_vocabulary_is_refused_before_the_d
     assert refused in stderr and ids in stderr and "model.resize_token_embeddings(len(tokenizer))" in stderr
 
 
-def test_tokenizer_refuses_an_output_dir_that_is_a_file(tmp_path, corpus):
+def test_tokenizer_refuses_an_output_dir_that_is_a_file(tmp_path, corpus, monkeypatch, capsys):
     # `save_pretrained` only logged "should be a directory": the command said "saved to" and exited 0, writing nothing.
+    from hf_scratch_transformer.cli import main
+
     in_the_way = tmp_path / "afile"
     in_the_way.write_text("")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # this checkout, not an installed copy
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])  # `main` sets it: restored afterwards
     for output in (in_the_way, in_the_way / "tokenizer"):
-        result = subprocess.run(
-            [sys.executable, "-m", "hf_scratch_transformer.cli", "tokenizer", "--kind", "bpe", "--family", "decoder",
-             "--files", str(corpus), "--vocab-size", "300", "--output-dir", str(output)],
-            capture_output=True, text=True, env=env, timeout=300, check=False,
-        )
-        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-        assert f"--output-dir {output}: {in_the_way} is a file, not a folder" in result.stderr
-        assert "saved" not in result.stdout and in_the_way.read_text() == ""
+        with pytest.raises(SystemExit) as stopped:
+            main(["tokenizer", "--kind", "bpe", "--family", "decoder", "--files", str(corpus), "--vocab-size", "300",
+                  "--output-dir", str(output)])
+        said = capsys.readouterr()
+        assert stopped.value.code == 2 and "Traceback" not in said.err, said.err[-3000:]
+        assert f"--output-dir {output}: {in_the_way} is a file, not a folder" in said.err
+        assert "saved" not in said.out and in_the_way.read_text() == ""
 
 
 # finetune data: file name -> (task, content, words the refusal must hold)
