@@ -173,7 +173,8 @@ def commit_checkpoint(partial: Path, final: Path, step: int, metadata: dict | No
             print(f"removing {path}: a step at or after {step}, from the history this run left by resuming")
             remove_checkpoint(path)
     os.replace(partial, final)
-    _fsync(final.parent)
+    _fsync_renamed(final, f"--resume continues from {final.name}: remove the cause (check the disk), then continue "
+                   "with --resume.")
     if keep is not None:  # `final` is complete now: an error here was reported as its own, "could not be written"
         with write_error_named("The older checkpoints", final.parent, f"{final.name} is complete and kept: remove "
                                "the cause (or the older checkpoints), then continue with --resume.",
@@ -225,7 +226,7 @@ def replace_folder(partial: str | Path, final: str | Path) -> None:
     except FileNotFoundError:  # no earlier folder
         earlier = None
     os.replace(partial, final)
-    _fsync(final.parent)
+    _fsync_renamed(final)
     if earlier is not None:
         with write_error_named(f"The earlier {final.name}/", final.parent, f"{final} is complete, this run's; the "
                                f"earlier one is left in {earlier}, which nothing reads and the next command into "
@@ -241,7 +242,17 @@ def place_folder(partial: str | Path, final: str | Path) -> None:
     partial, final = Path(partial), Path(final)
     _fsync_tree(partial)
     os.replace(partial, final)
-    _fsync(final.parent)
+    _fsync_renamed(final)
+
+
+def _fsync_renamed(final: Path, next_step: str = "Remove the cause (check the disk).") -> None:
+    """Flush the folder of `final`, just renamed into place. A failure (an I/O error) is a `WriteError` saying that
+    `final` is complete in place: the caller's own error said it "could not be written" (a checkpoint that `--resume`
+    picks), or was "as it was"."""
+    with write_error_named(f"{final.name}/", final.parent, f"A machine stopped before the file system writes "
+                           f"{final.parent} may lose the rename. {next_step}",
+                           failed="is complete, but its rename could not be flushed to disk"):
+        _fsync(final.parent)
 
 
 # ----------------------------------------------------------------------------------------------- deleting

@@ -2,6 +2,7 @@
 it exits 0 and its table has one row per family and measurement, with finite positive numbers and a ratio.
 Speed itself is not asserted here (SPEC section 9: the benchmark reports it; timed unit tests do not)."""
 
+import errno
 import functools
 import importlib.util
 import itertools
@@ -513,6 +514,42 @@ def test_a_record_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, 
     assert record.with_suffix(".md").read_text() == "| new table |\n"
     assert json.loads(record.with_suffix(".json").read_text()) == report
     assert sorted(path.name for path in record.parent.iterdir()) == ["amd-epyc-avx512.json", "amd-epyc-avx512.md"]
+
+
+@pytest.mark.parametrize("failing", [".md", ".json"])
+def test_a_record_that_cannot_take_its_place_is_an_error_saying_what_is_there(tmp_path, monkeypatch, failing):
+    """The record is written beside its place, then renamed, the table first: a rename that failed (a file system gone
+    read-only) ended in a traceback; at the second, it left the new table beside the earlier figures without a word."""
+    record = tmp_path / "docs/benchmarks/amd-epyc-avx512"
+    record.parent.mkdir(parents=True)
+    record.with_suffix(".md").write_text("| earlier table |\n")
+    record.with_suffix(".json").write_text('{"earlier": true}\n')
+    report = {"machine": RECORDED_MACHINE, "results": []}
+    replace = os.replace
+
+    def read_only(source, target, *args, **kwargs):
+        if Path(target).suffix == failing:
+            raise OSError(errno.EROFS, "Read-only file system", str(source))
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "replace", read_only)
+    with pytest.raises(benchmark_report.WriteError) as error:
+        benchmark_report.write_record(report, "| new table |\n")
+    said, (table, figures) = str(error.value), (f"docs/benchmarks/amd-epyc-avx512{end}" for end in (".md", ".json"))
+    assert "(OSError: [Errno 30] Read-only file system" in said
+    if failing == ".md":
+        assert said.startswith("The benchmark record could not be written in docs/benchmarks")
+        assert "docs/benchmarks/amd-epyc-avx512.md and .json are as they were" in said
+        assert record.with_suffix(".md").read_text() == "| earlier table |\n"
+        assert sorted(path.name for path in record.parent.iterdir()) == ["amd-epyc-avx512.json", "amd-epyc-avx512.md"]
+    else:
+        assert said.startswith("The benchmark record's figures could not take their place in docs/benchmarks")
+        assert f"{table} is this run's table, beside the earlier figures in {figures}; this run's are in " \
+               f"{figures}.tmp" in said
+        assert record.with_suffix(".md").read_text() == "| new table |\n"
+        assert json.loads(Path(f"{figures}.tmp").read_text()) == report
+    assert record.with_suffix(".json").read_text() == '{"earlier": true}\n'
 
 
 @pytest.fixture

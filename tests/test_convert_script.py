@@ -4,6 +4,7 @@ classes with the native logits (1e-4); a Scratch folder exported the other way, 
 and the refusals (an unsupported model, a missing folder, config or weight, a knob with no native equivalent, a
 contradicting --to) exit with status 2 naming the problem, writing nothing."""
 
+import errno
 import importlib.util
 import json
 import os
@@ -615,6 +616,32 @@ def test_an_output_another_command_wrote_while_this_one_converted_is_kept(tmp_pa
     assert f"{output} was written while this conversion ran" in said.err
     assert not (output / "README.md").exists(), "the other command's model, kept"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"], "no staging folder left"
+
+
+@pytest.mark.parametrize("earlier", [True, False], ids=["over-an-earlier-output", "into-a-new-one"])
+def test_a_converted_model_that_cannot_take_its_place_leaves_the_output_as_it_was(tmp_path, monkeypatch, capsys,
+                                                                                   earlier):
+    """The converted model is renamed into place last (an earlier output renamed aside first): a file system gone
+    read-only there ended in an OSError traceback, the earlier output left hidden beside its place."""
+    if earlier:
+        source, output = _source_and_earlier_output(tmp_path)
+    else:
+        source, output = tmp_path / "native", tmp_path / "scratch"
+        gpt2().save_pretrained(source)
+    before = {path.name: path.read_bytes() for path in output.iterdir()} if earlier else None
+    replace = os.replace
+
+    def read_only(source, target, *args, **kwargs):
+        if ".converting-" in Path(source).name:
+            raise OSError(errno.EROFS, "Read-only file system", str(target))
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", read_only)
+    said = convert_refused(monkeypatch, capsys, source, output, "--overwrite-output-dir")
+    assert "The converted model could not take its place in" in said.err and "Traceback" not in said.err
+    assert "Read-only file system" in said.err and f"{output} is as it was" in said.err
+    assert (output.is_dir() and {path.name: path.read_bytes() for path in output.iterdir()}) == (before or False)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["native", "scratch"][:1 + earlier], "nothing aside"
 
 
 def _dead_pid() -> int:

@@ -941,6 +941,89 @@ def test_a_prune_that_fails_after_the_commit_says_the_new_checkpoint_is_complete
     assert checkpointing.verify_checkpoint(final)["step"] == 6
 
 
+def test_a_checkpoint_whose_rename_cannot_be_flushed_is_said_to_be_complete(tmp_path, monkeypatch):
+    """The folder is flushed after the rename, so that the rename is durable: an I/O error there was reported as
+    "Checkpoint step-4 could not be written ... what was written of this one is ignored", though step-4 was complete
+    under its name and `--resume` picks it."""
+    (tmp_path / "step-2").mkdir()
+    checkpointing.write_manifest(tmp_path / "step-2", 2)
+    (tmp_path / "step-4.tmp").mkdir()
+    fsync = checkpointing._fsync
+
+    def failing(path):
+        if path == tmp_path:
+            raise OSError(errno.EIO, "Input/output error")
+        fsync(path)
+
+    monkeypatch.setattr(checkpointing, "_fsync", failing)
+    final = tmp_path / "step-4"
+    with pytest.raises(checkpointing.WriteError) as error, checkpointing.reported_as_not_written(final):
+        checkpointing.commit_checkpoint(tmp_path / "step-4.tmp", final, 4)
+    said = f"step-4/ is complete, but its rename could not be flushed to disk in {tmp_path} (OSError: [Errno 5]"
+    assert str(error.value).startswith(said)
+    assert "--resume continues from step-4" in str(error.value) and "could not be written" not in str(error.value)
+    assert checkpointing.latest_checkpoint(tmp_path) == final
+
+
+@pytest.mark.parametrize("fails", ["rename", "removal", "loss log"])
+def test_an_earlier_run_that_cannot_be_removed_is_an_error_saying_so(tmp_path, monkeypatch, capsys, fails):
+    """--overwrite-output-dir removes the earlier run's checkpoints (renamed aside, then removed) and loss log as
+    training starts: on a file system gone read-only, or a file held open on NFS, that was an OSError traceback. It
+    is one line now, and the same command run again removes the rest."""
+    (tmp_path / "checkpoints/step-2").mkdir(parents=True)
+    checkpointing.write_manifest(tmp_path / "checkpoints/step-2", 2)
+    (tmp_path / "loss_curve.jsonl").write_text("{}\n")
+    replace, rmtree, unlink = os.replace, shutil.rmtree, Path.unlink
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    if fails == "rename":
+        monkeypatch.setattr(os, "replace", read_only)
+    elif fails == "removal":
+        monkeypatch.setattr(shutil, "rmtree", lambda path, *args, ignore_errors=False, **kwargs:
+                            read_only() if not ignore_errors else rmtree(path, *args, ignore_errors=True, **kwargs))
+    else:
+        monkeypatch.setattr(Path, "unlink", read_only)
+    parser = run_options.RunParser(prog="train")
+    with pytest.raises(SystemExit) as stopped:
+        output_folder.remove_the_earlier_run(parser, tmp_path, overwrite=True)
+    name = "loss_curve.jsonl" if fails == "loss log" else "checkpoints"
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in said
+    assert f"error: --overwrite-output-dir: the earlier run's {name} could not be removed in {tmp_path} (OSError: " \
+           "[Errno 30] Read-only file system" in said and "run the command again, which removes the rest" in said
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    output_folder.claim_output_dir(parser, tmp_path, resume=False, overwrite=True)  # the same command, again
+    output_folder.remove_the_earlier_run(parser, tmp_path, overwrite=True)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [output_folder.LOCK_FILE]
+
+
+@pytest.mark.parametrize("fails", ["folder", "lock file"])
+def test_an_output_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path, monkeypatch, capsys, fails):
+    """On a full disk (a new folder needs a block, the lock file an entry), over a quota, or on a file system gone
+    read-only since the check of its permissions, making the output folder or its lock file was an OSError traceback
+    before any work."""
+    output = tmp_path / "run"
+    owner, name, failing = (os, "mkdir", output) if fails == "folder" else (Path, "open", output / ".hf-scratch.lock")
+    make = getattr(owner, name)
+
+    def full_disk(path, *args, **kwargs):
+        if Path(path) == failing:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, full_disk)
+    with pytest.raises(SystemExit) as stopped:
+        output_folder.claim_output_dir(run_options.RunParser(prog="train"), output, resume=False, overwrite=False)
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in said
+    assert f"error: --output-dir {output} could not be made or locked in " in said
+    assert "[Errno 28] No space left on device" in said and "Nothing of the run is done yet" in said
+
+
 def test_a_trainer_checkpoint_folder_that_cannot_be_made_is_an_error_saying_so(tmp_path, monkeypatch):
     """On a full disk a new folder fails too (ext4 gives it a block), as it does over a quota: `checkpoint-N.tmp` was
     made before the checkpoint's write errors were named, and `hf-scratch train` ended in an OSError traceback. It is

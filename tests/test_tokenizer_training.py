@@ -564,8 +564,8 @@ def test_a_replaced_tokenizer_stopped_midway_is_never_mixed_with_the_earlier_one
     assert sorted(earlier) == sorted(path.name for path in folder.iterdir()), "the partial copy was removed"
     monkeypatch.setattr(TokenizersBackend, "_save_pretrained", save)
     move = Path.replace
-    monkeypatch.setattr(Path, "replace", lambda path, target: killed() if path.name == "tokenizer.json" else
-                        move(path, target))  # killed while the new files are moved in
+    monkeypatch.setattr(Path, "replace", lambda path, target: killed() if path.name == "tokenizer.json" and
+                        path.parent.name == ".tokenizer.tmp" else move(path, target))  # as the new files are moved in
     with pytest.raises(SystemExit):
         main(command)
     with pytest.raises(ValueError):  # neither tokenizer whole: a folder that does not load, not a mix that does
@@ -574,23 +574,81 @@ def test_a_replaced_tokenizer_stopped_midway_is_never_mixed_with_the_earlier_one
     main(command)
     assert sorted(path.name for path in folder.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
     assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder"
-    # Killed while the earlier files are removed (after the first): tokenizer.json goes first, else the earlier
+    # Killed while the earlier files are moved out (after the first): tokenizer.json goes first, else the earlier
     # vocabulary stayed, without its settings, in a folder that loads.
-    unlink, removed = Path.unlink, []
+    removed = []
 
-    def killed_at_the_second(path, *args, **kwargs):
+    def killed_at_the_second(path, target):
         if path.parent == folder:
             removed.append(path.name)
             if len(removed) == 2:
                 killed()
-        return unlink(path, *args, **kwargs)
+        return move(path, target)
 
-    monkeypatch.setattr(Path, "unlink", killed_at_the_second)
+    monkeypatch.setattr(Path, "replace", killed_at_the_second)
     with pytest.raises(SystemExit):
         main(command)
     assert removed == ["tokenizer.json", "tokenizer_config.json"]
     with pytest.raises(ValueError):
         AutoTokenizer.from_pretrained(folder)
+
+
+def test_a_replaced_tokenizer_that_cannot_be_moved_in_leaves_the_earlier_one_and_says_where_the_new_one_is(
+        corpus_file, trained, tmp_path, monkeypatch, capsys):
+    """Into a model's folder (--overwrite-output-dir) the new tokenizer is saved aside, then moved in: a move that
+    failed (a file system gone read-only, a full disk for the folder's entry) ended in a traceback, the earlier
+    tokenizer's files removed already and the new one left hidden in `.tokenizer.tmp`. The moves are undone now, and
+    where undoing fails too, the error says where each tokenizer's files are; the same command then completes it."""
+    from hf_scratch_transformer.cli import main
+
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    folder, aside = tmp_path / "model", tmp_path / "model/.tokenizer.tmp"
+    trained("bpe", "decoder").save_pretrained(folder)
+    (folder / "model.safetensors").write_bytes(b"the model's weights")
+    earlier = {path.name: path.read_bytes() for path in folder.iterdir()}
+    command = ["tokenizer", "--kind", "wordpiece", "--family", "encoder", "--files", str(corpus_file), "--vocab-size",
+               str(VOCAB), "--output-dir", str(folder), "--overwrite-output-dir"]
+    move, moved = Path.replace, []
+
+    def failing(error: int, after: int, for_good: bool):
+        """Path.replace failing with `error` once the earlier files are out and `after` new files are in: that move
+        alone, or every one from then on."""
+        def replace(path, target):
+            if path.parent == aside:
+                moved.append(path.name)
+            if len(moved) > after and (for_good or path.parent == aside):
+                raise OSError(error, os.strerror(error), str(target))
+            return move(path, target)
+        return replace
+
+    monkeypatch.setattr(Path, "replace", failing(errno.ENOSPC, after=1, for_good=False))  # the undoing works
+    with pytest.raises(SystemExit) as stopped:
+        main(command)
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in said and len(said.strip().splitlines()) == 1
+    assert f"The new tokenizer could not take the earlier one's place in {folder} (OSError: [Errno 28]" in said
+    assert f"{folder} is as it was, and the new tokenizer is whole in {aside}" in said
+    assert "run the command again" in said
+    assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == earlier
+    assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "decoder"
+    assert AutoTokenizer.from_pretrained(aside).init_kwargs["family"] == "encoder", "the new one, whole"
+    moved.clear()
+    monkeypatch.setattr(Path, "replace", failing(errno.EROFS, after=1, for_good=True))  # read-only: no undoing
+    with pytest.raises(SystemExit) as stopped:
+        main(command)
+    said = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in said
+    assert f"The tokenizer files moved could not be moved back in {folder} (OSError: [Errno 30]" in said
+    assert f"the earlier one's files are in it or in {folder / '.tokenizer.deleted'}, the new one's in it or in " \
+           f"{aside}" in said
+    with pytest.raises(ValueError):  # neither tokenizer whole: a folder that does not load, not a mix that does
+        AutoTokenizer.from_pretrained(folder)
+    monkeypatch.setattr(Path, "replace", move)
+    main(command)  # the same command, once the cause is gone
+    assert AutoTokenizer.from_pretrained(folder).init_kwargs["family"] == "encoder"
+    assert sorted(path.name for path in folder.iterdir()) == ["model.safetensors", "tokenizer.json",
+                                                              "tokenizer_config.json"]
+    assert (folder / "model.safetensors").read_bytes() == b"the model's weights"
 
 
 class Killed(BaseException):

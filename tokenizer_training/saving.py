@@ -10,10 +10,10 @@ A folder that does not exist yet is saved whole beside it (`.FOLDER.tokenizer.tm
 leaves it whole or absent. (Saved file by file, a kill left a new folder holding tokenizer_config.json alone, which
 the same command then refused as "a tokenizer" without --overwrite-output-dir.) Into a folder that exists (a model's,
 whose other files stay), the new tokenizer is saved aside (`FOLDER/.tokenizer.tmp`, which publishing skips as
-hidden); the earlier one's files are removed, its tokenizer.json first; then the new files are moved in,
-tokenizer.json last: `AutoTokenizer` loads a fast tokenizer from tokenizer.json, and fails on a folder that has its
-config without it. Such a folder, a tokenizer's settings without a vocabulary, is refused as part of a tokenizer
-(`held_tokenizer`)."""
+hidden); the earlier one's files are moved out (`FOLDER/.tokenizer.deleted`), its tokenizer.json first; then the
+new files are moved in, tokenizer.json last, and the earlier ones removed; a move that fails is undone (`move_in`).
+`AutoTokenizer` loads a fast tokenizer from tokenizer.json, and fails on a folder that has its config without it.
+Such a folder, a tokenizer's settings without a vocabulary, is refused as part of a tokenizer (`held_tokenizer`)."""
 
 import shutil
 from pathlib import Path
@@ -73,9 +73,40 @@ def save_in_place(tokenizer, folder: Path, replaced: list[str]) -> list[str]:
             f"{folder} holds a tokenizer saved while this one was trained ({', '.join(meanwhile)}), by another "
             "command into the same --output-dir perhaps: it is left as it is, and this one is not saved. Choose "
             "another --output-dir, or pass --overwrite-output-dir to replace it.")
-    for name in sorted(replaced, key=lambda name: name != VOCABULARY):
-        (folder / name).unlink()
-    for name in sorted(written, key=lambda name: name == VOCABULARY):
-        (aside / name).replace(folder / name)
-    aside.rmdir()
+    with checkpointing.write_error_named("The new tokenizer", folder, f"{folder} is as it was, and the new tokenizer "
+                                         f"is whole in {aside}: remove the cause, then run the command again, which "
+                                         "trains and saves it again.", failed="could not take the earlier one's place"):
+        move_in(aside, folder, written, replaced)
     return [name for name in replaced if name not in written]
+
+
+def move_in(aside: Path, folder: Path, written: list[str], replaced: list[str]) -> None:
+    """Move the files `written` of `aside` into `folder` in place of the files `replaced`, which are moved out first
+    (into `folder/.tokenizer.deleted`, tokenizer.json first) and removed once the new ones are in (tokenizer.json
+    last). A move that fails (a file system gone read-only, a full disk for a folder's entry) is undone, the last
+    first, and raised: `folder` is as it was. (The earlier files were removed first: a failed move left neither
+    tokenizer there.) Were the undoing to fail too, the `WriteError` says where the files are."""
+    earlier = folder / f".tokenizer{checkpointing.DELETED_SUFFIX}"
+    shutil.rmtree(earlier, ignore_errors=True)  # what an interrupted save left
+    earlier.mkdir()
+    moves = [(folder / name, earlier / name) for name in sorted(replaced, key=lambda name: name != VOCABULARY)]
+    moves += [(aside / name, folder / name) for name in sorted(written, key=lambda name: name == VOCABULARY)]
+    done = []
+    try:
+        for source, target in moves:
+            source.replace(target)
+            done.append((source, target))
+    except OSError:
+        with checkpointing.write_error_named(
+                "The tokenizer files moved", folder, f"Neither tokenizer is whole in {folder}: the earlier one's files "
+                f"are in it or in {earlier}, the new one's in it or in {aside}. Remove the cause, then run the command "
+                "again, which saves the new one.", failed="could not be moved back"):
+            for source, target in reversed(done):
+                target.replace(source)
+            earlier.rmdir()
+        raise
+    with checkpointing.write_error_named("The replaced tokenizer", folder, f"The new one is in place, whole; what is "
+                                         f"left in {earlier} and {aside} nothing reads, and the next tokenizer saved "
+                                         f"into {folder} removes it.", failed="could not be removed"):
+        shutil.rmtree(earlier)
+        aside.rmdir()

@@ -210,20 +210,24 @@ def write_record(report: dict, text: str) -> None:
     (NAME.tmp), then renamed into them: a full disk leaves the earlier record as it was, and raises the `WriteError`
     that the command stops with in one line (it left the table cut short beside the earlier figures, in a traceback);
     a kill leaves the earlier record or the new one, or between the two renames (microseconds) the new table beside
-    the earlier JSON."""
+    the earlier JSON; a failed second rename (a file system gone read-only) leaves the same, and says so."""
     path = RECORDS / machine_class(report["machine"])
     files = {path.with_suffix(".md"): text, path.with_suffix(".json"): json.dumps(report, indent=2) + "\n"}
     asides = {final: final.with_name(final.name + PARTIAL_SUFFIX) for final in files}
+    (table, new_table), (figures, new_figures) = asides.items()
     try:
         with write_error_named("The benchmark record", path.parent, f"{path}.md and .json are as they were, and the "
                                "table is printed above: free space (or remove the cause), then run again."):
             path.parent.mkdir(parents=True, exist_ok=True)
             for final, content in files.items():
                 asides[final].write_text(content)
+            os.replace(new_table, table)
     except WriteError:
         for aside in asides.values():
             aside.unlink(missing_ok=True)
         raise
-    for final, aside in asides.items():
-        os.replace(aside, final)
+    with write_error_named("The benchmark record's figures", path.parent, f"{table} is this run's table, beside the "
+                           f"earlier figures in {figures}; this run's are in {new_figures}: remove the cause, then "
+                           f"rename it to {figures.name} (or run again).", failed="could not take their place"):
+        os.replace(new_figures, figures)
     print(f"wrote {path.with_suffix('.md')} and .json")

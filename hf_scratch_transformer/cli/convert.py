@@ -327,18 +327,40 @@ try:  # a full disk: one line, and the partial copy (of the model's size) remove
 except CheckpointError as error:
     shutil.rmtree(staging, ignore_errors=True)
     fail(str(error))
-if args.overwrite_output_dir and output.exists():
-    os.replace(output, replaced)
-# Otherwise the output held nothing when checked: one that holds files now was written meanwhile (another conversion
-# into it, finished first), and was replaced without --overwrite-output-dir. `rmdir` and the rename refuse it.
-try:
-    if output.exists():
-        output.rmdir()
-    os.replace(staging, output)
-except OSError as error:
-    if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+
+
+def written_meanwhile(error: BaseException | None) -> bool:
+    """Whether `error`, of putting the converted model in place, is the refusal of an output that holds files now."""
+    return isinstance(error, OSError) and error.errno in (errno.ENOTEMPTY, errno.EEXIST)
+
+
+def put_in_place() -> None:
+    """Rename `staging` to `output`, an earlier output (--overwrite-output-dir) renamed aside first and put back when
+    the rename fails (a file system gone read-only: it was a traceback, the earlier output left hidden). Otherwise the
+    output held nothing when checked: one that holds files now was written meanwhile (another conversion into it,
+    finished first), and was replaced without --overwrite-output-dir. `rmdir` and the rename refuse it."""
+    if args.overwrite_output_dir and output.exists():
+        os.replace(output, replaced)
+    try:
+        if output.exists():
+            output.rmdir()
+        os.replace(staging, output)
+    except OSError as error:
+        if replaced.exists() and not written_meanwhile(error):
+            os.replace(replaced, output)
         raise
-    shutil.rmtree(staging)
+
+
+try:
+    with write_error_named("The converted model", output.parent, f"{args.output} is as it was (an earlier one renamed "
+                           "aside is put back, by the next conversion into it where that fails too), and the converted "
+                           "copy is removed: remove the cause, then run the command again.",
+                           failed="could not take its place"):
+        put_in_place()
+except CheckpointError as error:
+    shutil.rmtree(staging, ignore_errors=True)
+    if not written_meanwhile(error.__cause__):
+        fail(str(error))
     fail(f"{args.output} was written while this conversion ran (by another command into the same output?): it is "
          "left as it is, and the converted model is not saved. Choose another output folder, or pass "
          "--overwrite-output-dir to replace it.")

@@ -443,7 +443,7 @@ if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, tr
                                                 "the launch config's mixed_precision bf16"):
     parser.error(refusal)  # trained a hundred times slower without a word on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
-remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_rank_zero())
+remove_the_earlier_run(parser, output_dir, args.overwrite_output_dir, is_rank_zero())
 train_until_stopped(parser, trainer, resumed, preemption)
 reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()

@@ -15,7 +15,7 @@ except ImportError:  # Windows: runs are not locked
     fcntl = None
 
 from hf_scratch_transformer import checkpointing
-from hf_scratch_transformer.cli.run_errors import fail, fail_together
+from hf_scratch_transformer.cli.run_errors import fail, fail_together, fail_with
 
 RUN_FOLDERS = ("checkpoints", "tokenizer", "model")  # the folders a run writes into its output folder
 RUN_FILES = (*RUN_FOLDERS, "loss_curve.jsonl")  # all it writes there
@@ -41,15 +41,19 @@ def continues_run(checkpoint: Path, output_dir: Path) -> bool:
 
 def lock_output_dir(output_dir: Path) -> str | None:
     """Hold a lock on `output_dir` until the process ends; the problem when another run holds it. Two runs writing
-    one folder would remove each other's checkpoints being written and interleave their loss logs."""
-    try:  # made for the lock: a command that stops before writing leaves no folder behind
-        output_dir.mkdir(parents=True)
-        _made_for_the_lock.append(output_dir)
-    except FileExistsError:  # there already, or made by another run starting at the same instant
-        pass
-    if fcntl is None:
+    one folder would remove each other's checkpoints being written and interleave their loss logs. A folder or lock
+    file that cannot be made (a full disk, a quota, a file system gone read-only) is the problem too: it was a
+    traceback."""
+    where = next(folder for folder in (output_dir, *output_dir.parents) if folder.is_dir())  # it, or its parent
+    try:
+        with checkpointing.write_error_named(f"--output-dir {output_dir}", where, "Nothing of the run is done yet: "
+                                             "free space (or remove the cause), then run the command again.",
+                                             failed="could not be made or locked"):
+            lock = open_the_lock(output_dir)
+    except checkpointing.WriteError as error:
+        return str(error)
+    if lock is None:
         return None
-    lock = (output_dir / LOCK_FILE).open("a")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -63,6 +67,16 @@ def lock_output_dir(output_dir: Path) -> str | None:
         return None
     _held_locks.append(lock)
     return None
+
+
+def open_the_lock(output_dir: Path):
+    """`output_dir`'s LOCK_FILE, open (and the folder, made where missing); None where files cannot be locked."""
+    try:  # made for the lock: a command that stops before writing leaves no folder behind
+        output_dir.mkdir(parents=True)
+        _made_for_the_lock.append(output_dir)
+    except FileExistsError:  # there already, or made by another run starting at the same instant
+        pass
+    return (output_dir / LOCK_FILE).open("a") if fcntl is not None else None
 
 
 @atexit.register
@@ -195,15 +209,16 @@ def claim_output_dir(parser: argparse.ArgumentParser, output_dir: Path, resume: 
             shutil.rmtree(output_dir / (name + checkpointing.DELETED_SUFFIX), ignore_errors=True)
 
 
-def remove_the_earlier_run(output_dir: Path, overwrite: bool, is_main_process: bool = True,
-                           tokenizer: Path | None = None) -> None:
+def remove_the_earlier_run(parser: argparse.ArgumentParser, output_dir: Path, overwrite: bool,
+                           is_main_process: bool = True, tokenizer: Path | None = None) -> None:
     """--overwrite-output-dir: remove what the earlier run left, its checkpoints atomically, so that no later `--resume`
     mixes the two runs, and its tokenizer folder and loss log (train-accelerate's), which a run given --tokenizer or
     --model, or a `train` or `finetune` run, writes none of: left beside the new run's model and checkpoints, they
     passed for its own (another vocabulary, which `--resume` took for a checkpoint that carries no tokenizer). A
     --tokenizer (`tokenizer`) that is the earlier run's tokenizer folder stays: it is this run's. Called as training
     starts, once every check has passed: removed as the output folder was claimed, they went with a run then refused
-    for a mistyped data file, and nothing came in their place."""
+    for a mistyped data file, and nothing came in their place. One that cannot be removed (a file system gone
+    read-only, a file of it held open on NFS) stops the command in one line: it was a traceback."""
     if not (is_main_process and overwrite):
         return
     given = tokenizer and Path(tokenizer).resolve()
@@ -212,8 +227,15 @@ def remove_the_earlier_run(output_dir: Path, overwrite: bool, is_main_process: b
     if earlier:
         print(f"--overwrite-output-dir: removing the earlier run's {', '.join(path.name for path in earlier)} in "
               f"{output_dir}")
-    for path in earlier:
-        if path.is_dir() and not path.is_symlink():
-            checkpointing.remove_checkpoint(path)
-        else:  # the loss log, or a link (to a tokenizer folder elsewhere, left as it is)
-            path.unlink()
+    try:
+        for path in earlier:
+            with checkpointing.write_error_named(f"--overwrite-output-dir: the earlier run's {path.name}", output_dir,
+                                                 "Nothing of this run is written yet: remove the cause, then run the "
+                                                 "command again, which removes the rest.",
+                                                 failed="could not be removed"):
+                if path.is_dir() and not path.is_symlink():
+                    checkpointing.remove_checkpoint(path)
+                else:  # the loss log, or a link (to a tokenizer folder elsewhere, left as it is)
+                    path.unlink()
+    except checkpointing.CheckpointError as error:
+        fail_with(parser, error)

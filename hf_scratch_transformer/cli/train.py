@@ -324,7 +324,7 @@ if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, tr
                                                 bf16_option):
     parser.error(refusal)  # bf16 from --bf16 or the launch config, on a CPU without native bf16
 refuse_lone_processes(parser, trainer)
-remove_the_earlier_run(output_dir, args.overwrite_output_dir, is_main_process, tokenizer=given)
+remove_the_earlier_run(parser, output_dir, args.overwrite_output_dir, is_main_process, tokenizer=given)
 train_until_stopped(parser, trainer, resumed, preemption)
 if stopper.stopped_at:
     say(f"--max-minutes {args.max_minutes:g}: stopped after step {stopper.stopped_at} of {args.max_steps} "

@@ -435,7 +435,8 @@ def summed_loss(batch: dict, epsilon: float) -> torch.Tensor:
 stop = min(args.max_steps, args.stop_at_step or args.max_steps)
 save_steps = args.save_steps or max(1, args.max_steps // 4)
 log_file = output_dir / "loss_curve.jsonl"
-remove_the_earlier_run(output_dir, args.overwrite_output_dir, accelerator.is_main_process, tokenizer=given)
+remove_the_earlier_run(parser, output_dir, args.overwrite_output_dir, accelerator.is_main_process,
+                       tokenizer=given)
 if accelerator.is_main_process:  # the log so far, as the checkpoint saw it
     with run_file_written(parser, "The run's tokenizer and loss log", output_dir):
         output_dir.mkdir(parents=True, exist_ok=True)
