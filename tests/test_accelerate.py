@@ -2,7 +2,6 @@
 (`hf_scratch_transformer/checkpointing.py`): exact resume, two CPU processes equal to one with the combined batch
 (and the Trainer script under the same launcher), checkpoint integrity, mixed precision, and the saved model."""
 
-import errno
 import json
 import os
 import platform
@@ -25,6 +24,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
 from accelerate.utils.dataclasses import get_module_class_from_name
 from forked_python import run_python
+from full_disk import fail_as_on_a_full_disk
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_config, tiny_lm
@@ -820,14 +820,7 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_an_error_saying_so(tmp_path,
     before the checkpoint's write errors were named, and the command ended in an OSError traceback at a training step.
     It is the checkpoint's error now, as every other write of it is, and the earlier checkpoints stay."""
     checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 2)
-    make = os.mkdir
-
-    def disk_full(path, *args, **kwargs):
-        if Path(path).name == "step-4.tmp":
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return make(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "mkdir", disk_full)
+    fail_as_on_a_full_disk(monkeypatch, os, "mkdir", lambda path: path.name == "step-4.tmp")
     message = r"Checkpoint step-4 could not be written in .* \(OSError: \[Errno 28\] No space left on device"
     with pytest.raises(checkpointing.WriteError, match=message):
         checkpointing.save_checkpoint(FakeAccelerator(), tmp_path, 4)

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from forked_python import run_python
+from full_disk import fail_as_on_a_full_disk
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
 from tiny_tokenizers import wordpiece, write_run_corpus
@@ -1008,14 +1009,7 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_any_work(tmp_pat
     before any work."""
     output = tmp_path / "run"
     owner, name, failing = (os, "mkdir", output) if fails == "folder" else (Path, "open", output / ".hf-scratch.lock")
-    make = getattr(owner, name)
-
-    def full_disk(path, *args, **kwargs):
-        if Path(path) == failing:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return make(path, *args, **kwargs)
-
-    monkeypatch.setattr(owner, name, full_disk)
+    fail_as_on_a_full_disk(monkeypatch, owner, name, lambda path: path == failing)
     with pytest.raises(SystemExit) as stopped:
         output_folder.claim_output_dir(run_options.RunParser(prog="train"), output, resume=False, overwrite=False)
     said = capsys.readouterr().err
@@ -1033,14 +1027,7 @@ def test_a_trainer_checkpoint_folder_that_cannot_be_made_is_an_error_saying_so(t
     arguments = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=1,
                                   report_to=[], use_cpu=True, disable_tqdm=True)
     trainer = trainer_checkpoints.CrashSafeTrainer(model=tiny_lm("decoder").train(), args=arguments, train_dataset=data)
-    make = os.mkdir
-
-    def disk_full(path, *args, **kwargs):
-        if Path(path).name == "checkpoint-2.tmp":
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return make(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "mkdir", disk_full)
+    fail_as_on_a_full_disk(monkeypatch, os, "mkdir", lambda path: path.name == "checkpoint-2.tmp")
     message = r"Checkpoint checkpoint-2 could not be written in .* \(OSError: \[Errno 28\] No space left on device"
     with pytest.raises(checkpointing.WriteError, match=message):
         trainer.train()
