@@ -215,8 +215,9 @@ def replace_folder(partial: str | Path, final: str | Path) -> None:
     """Put the fully written folder `partial` in place of `final` (main process only): its files are flushed, an
     earlier `final` is renamed aside (`final.deleted`), `partial` is renamed in its place, then the earlier one is
     removed. A kill at any instant leaves `final` complete (the earlier one or the new one) or absent, never half
-    written. An earlier one that cannot be removed (a file of it held open on NFS, a folder made read-only) is a
-    `WriteError` once the new one is in place: removed first, it left no `final`, said to be as it was."""
+    written; a failed rename of `partial` puts the earlier one back. An earlier one that cannot be removed (a file
+    of it held open on NFS, a folder made read-only) is a `WriteError` once the new one is in place: removed first,
+    it left no `final`, said to be as it was."""
     partial, final = Path(partial), Path(final)
     _fsync_tree(partial)
     earlier = final.with_name(final.name + DELETED_SUFFIX)
@@ -225,7 +226,12 @@ def replace_folder(partial: str | Path, final: str | Path) -> None:
         os.replace(final, earlier)
     except FileNotFoundError:  # no earlier folder
         earlier = None
-    os.replace(partial, final)
+    try:
+        os.replace(partial, final)
+    except OSError:  # put back: left aside, the earlier one went with the next command's clearing of leftovers
+        if earlier is not None:
+            os.replace(earlier, final)
+        raise
     _fsync_renamed(final)
     if earlier is not None:
         with write_error_named(f"The earlier {final.name}/", final.parent, f"{final} is complete, this run's; the "

@@ -1059,6 +1059,29 @@ def test_an_earlier_model_folder_that_cannot_be_removed_leaves_the_new_one_in_pl
     assert f"{final} is complete, this run's" in str(error.value) and "as it was before" not in str(error.value)
 
 
+def test_a_model_folder_that_cannot_take_its_place_leaves_the_earlier_one_in_place(tmp_path, monkeypatch):
+    """The earlier model folder is renamed aside before the new one is renamed in: a second rename that failed left
+    it in `model.deleted`, which the next command into the folder removes, under an error saying `model/` was as it
+    was before. It is put back now."""
+    final = tmp_path / "model"
+    for folder, weights in ((final, b"earlier"), (checkpointing.folder_aside(final), b"new")):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(weights)
+    replace = os.replace
+
+    def read_only(source, target, *args, **kwargs):
+        if Path(source).name == "model.tmp":
+            raise OSError(errno.EROFS, "Read-only file system", str(target))
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", read_only)
+    with pytest.raises(checkpointing.WriteError) as error, checkpointing.model_folder_reported_as_not_written(final):
+        checkpointing.replace_folder(tmp_path / "model.tmp", final)
+    assert (final / "model.safetensors").read_bytes() == b"earlier"
+    assert not (tmp_path / "model.deleted").exists()
+    assert "Read-only file system" in str(error.value) and "model/ as it was before" in str(error.value)
+
+
 def test_what_an_interrupted_removal_left_in_the_output_folder_is_cleared(tmp_path):
     """A kill while --overwrite-output-dir removed the earlier checkpoints, or while a model folder was replaced,
     leaves them renamed aside, which nothing reads: the next command into the folder removes them."""
