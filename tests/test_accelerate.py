@@ -23,7 +23,7 @@ import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
 from accelerate.utils.dataclasses import get_module_class_from_name
-from forked_python import run_python
+from forked_python import run_python, with_forked_processes
 from full_disk import fail_as_on_a_full_disk
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
@@ -112,21 +112,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def two_cpu_processes(launcher: str) -> tuple[list[str], dict]:
+def two_cpu_processes(launcher: str, fresh: bool = False) -> tuple[list[str], dict]:
     """A launcher command for 2 gloo processes on this CPU; ACCELERATE_USE_CPU=1 makes Accelerate (and Trainer) join
-    them on the CPU instead of running each alone."""
+    them on the CPU instead of running each alone. The processes are forked from forked_python's server, which has
+    imported what they import; `fresh`: fresh interpreters, as users' runs start (a test per launcher)."""
     env = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], env
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "cpu_2proc.yaml"),
-            "--main_process_port", str(free_port())], env
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    else:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "cpu_2proc.yaml"),
+                   "--main_process_port", str(free_port())]
+    return (command if fresh else with_forked_processes(command)), env
 
 
-def fsdp_launcher() -> list[str]:
+def fsdp_launcher(fresh: bool = False) -> list[str]:
     """2 gloo processes sharded as configs/accelerate/fsdp.yaml shards on GPUs (needs the environment of
-    `two_cpu_processes`)."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp_cpu_2proc.yaml"),
-            "--main_process_port", str(free_port())]
+    `two_cpu_processes`), forked as there unless `fresh`."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(CONFIGS / "fsdp_cpu_2proc.yaml"), "--main_process_port", str(free_port())]
+    return command if fresh else with_forked_processes(command)
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +288,7 @@ def test_two_processes_equal_one_process_with_the_combined_batch(workspace):
     arguments = [SCRIPT, *causal(workspace), *RUN, *TINY, *NO_DROPOUT, "--max-steps", 3,
                  "--gradient-accumulation-steps", 2, "--label-smoothing", 0.1, "--max-length", 16,
                  "--max-eval-samples", 3]
-    launcher, env = two_cpu_processes("accelerate")
+    launcher, env = two_cpu_processes("accelerate", fresh=True)
     stdout = run(*arguments, "--batch-size", 2, "--output-dir", workspace / "ddp", launcher=launcher, env=env,
                  cwd=workspace)
     assert "2 x MULTI_CPU" in stdout
@@ -428,7 +432,7 @@ def test_trainer_script_runs_under_torchrun_with_two_processes(workspace):
     over every token was 5.710; in one process it is the mean of the batches' means)."""
     validation = workspace / "validation.txt"  # 5 blocks: the other process gets the last one and 3 repeats
     validation.write_text("\n\n".join((workspace / "corpus.txt").read_text().split("\n\n")[:17]))
-    launcher, env = two_cpu_processes("torchrun")
+    launcher, env = two_cpu_processes("torchrun", fresh=True)
     stdout = run(ROOT / "scripts/train.py", *causal(workspace), *RUN, *TINY, "--max-steps", 2, "--batch-size", 4,
                  "--eval-steps", 2, "--validation-files", validation, "--output-dir", workspace / "trainer-ddp",
                  launcher=launcher, env=env, cwd=workspace)
@@ -578,7 +582,8 @@ def test_finetune_under_an_fsdp_launch_shards_and_saves_every_weight(classificat
     folder, finetune = classification_run
     sharded = folder / "fsdp"
     _, env = two_cpu_processes("torchrun")
-    stdout = run(*finetune, "--batch-size", 2, "--output-dir", sharded, launcher=fsdp_launcher(), env=env, cwd=folder)
+    stdout = run(*finetune, "--batch-size", 2, "--output-dir", sharded, launcher=fsdp_launcher(fresh=True), env=env,
+                 cwd=folder)
     assert stdout.count("saved a Hub-ready folder:") == 1
     checkpoint = sharded / "checkpoints/checkpoint-2"
     assert (checkpoint / "pytorch_model_fsdp_0").is_dir() and not (checkpoint / "model.safetensors").exists()

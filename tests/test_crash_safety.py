@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from forked_python import run_python
+from forked_python import run_python, with_forked_processes
 from full_disk import fail_as_on_a_full_disk
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
@@ -528,7 +528,9 @@ def run_two_processes(arguments: list[str], cwd: Path) -> str:
     """`arguments` (a `command`) under torchrun; it must fail with every process stopping on the same error."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1",
                         "OMP_NUM_THREADS": "1"}
-    launched = [*TWO_PROCESSES, "-m", *arguments[2:], *(["--cpu"] if "train_accelerate" in arguments[2] else [])]
+    # the processes forked from forked_python's server (test_accelerate runs fresh ones too)
+    launched = [*with_forked_processes(TWO_PROCESSES), "-m", *arguments[2:],
+                *(["--cpu"] if "train_accelerate" in arguments[2] else [])]
     result = subprocess.run(launched, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-4000:]

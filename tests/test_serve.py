@@ -19,7 +19,7 @@ import openai
 import psutil
 import pytest
 import torch
-from forked_python import run_python
+from forked_python import forked_command, run_python
 from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -123,18 +123,21 @@ def server(request, folder):
     options = []
     if request.param == "continuous-batching":
         options = ["--continuous-batching", "--cb-num-blocks", "16", "--cb-max-batch-tokens", "64"]
-    with _running(folder, options, folder.parent / f"server-{request.param}.log") as client:
+    # a fresh interpreter: test_memory_stays_flat_over_prompts_of_new_lengths measures the server's own process
+    with _running(folder, options, folder.parent / f"server-{request.param}.log", forked=False) as client:
         yield client
 
 
 @contextlib.contextmanager
-def _running(folder, options: list[str], log, env: dict | None = None):
+def _running(folder, options: list[str], log, env: dict | None = None, forked: bool = True):
     """`hf-scratch serve [FOLDER] OPTIONS` on a free loopback port, its output in `log` (a file: a pipe nobody reads
-    could fill and block it), `env` added to its environment; yields an `openai` client, then stops the server."""
+    could fill and block it), `env` added to its environment; yields an `openai` client, then stops the server.
+    `forked`: the server forked from forked_python's (a fresh interpreter spent 9-21 s importing before it served)."""
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    command = _serve_command(folder, port) + options
     with open(log, "w") as output:
-        process = subprocess.Popen(_serve_command(folder, port) + options, env=env, stdout=output,
+        process = subprocess.Popen(forked_command(command) if forked else command, env=env, stdout=output,
                                    stderr=subprocess.STDOUT)
     try:
         _wait_until_healthy(process, port, log)
