@@ -19,9 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from forked_python import run_python, with_forked_processes
+from forked_python import run_python
 from full_disk import fail_as_on_a_full_disk
 from safetensors.torch import load_file, save_file
+from test_accelerate import two_cpu_processes
 from tiny_models import tiny_lm
 from tiny_tokenizers import wordpiece, write_run_corpus
 from transformers import TrainerControl, TrainingArguments
@@ -520,17 +521,12 @@ def test_a_step_that_fp16_skipped_goes_on_and_nan_weights_are_never_saved(tmp_pa
         checkpointing.check_weights_finite(model, 6, tmp_path)
 
 
-# Two gloo processes on this CPU (ACCELERATE_USE_CPU joins Trainer's too); torchrun itself reports a failed process.
-TWO_PROCESSES = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-
-
 def run_two_processes(arguments: list[str], cwd: Path) -> str:
-    """`arguments` (a `command`) under torchrun; it must fail with every process stopping on the same error."""
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": "1",
-                        "OMP_NUM_THREADS": "1"}
-    # the processes forked from forked_python's server (test_accelerate runs fresh ones too)
-    launched = [*with_forked_processes(TWO_PROCESSES), "-m", *arguments[2:],
-                *(["--cpu"] if "train_accelerate" in arguments[2] else [])]
+    """`arguments` (a `command`) under torchrun, as two gloo processes on this CPU (forked as test_accelerate's are);
+    torchrun itself reports a failed process. It must fail with every process stopping on the same error."""
+    launcher, launch_env = two_cpu_processes("torchrun")
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | launch_env
+    launched = [*launcher, "-m", *arguments[2:], *(["--cpu"] if "train_accelerate" in arguments[2] else [])]
     result = subprocess.run(launched, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-4000:]

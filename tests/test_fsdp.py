@@ -6,15 +6,13 @@ Accelerate alone runs an FSDP launch on CPU processes as DDP; the scripts switch
 
 import json
 import shutil
-import sys
 
 import pytest
 import torch
 import yaml
 from accelerate.utils import merge_fsdp_weights
-from forked_python import with_forked_processes
 from safetensors.torch import load_file
-from test_accelerate import CONFIGS, NO_DROPOUT, ROOT, RUN, SCRIPT, fsdp_launcher, losses, run
+from test_accelerate import CONFIGS, NO_DROPOUT, ROOT, RUN, SCRIPT, fsdp_launcher, losses, run, two_cpu_processes
 from tiny_tokenizers import write_run_corpus
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
@@ -147,8 +145,7 @@ def test_trainer_fsdp_equals_one_process_and_resumes_its_sharded_checkpoint(work
     arguments = [TRAINER_SCRIPT, *causal(workspace), *RUN, *DECODER, "--label-smoothing", 0.1, "--max-steps", 3,
                  "--eval-steps", 2]  # 3 steps: within the first epoch, whose last batch is split unevenly
     sharded, single = workspace / "trainer-fsdp", workspace / "trainer-single"
-    torchrun = with_forked_processes([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                      "2"])
+    torchrun, _ = two_cpu_processes("torchrun")
     run(*arguments, "--fsdp", "--batch-size", 4, "--output-dir", sharded, launcher=torchrun, env=CPU, cwd=workspace)
     run(*arguments, "--batch-size", 8, "--output-dir", single, cwd=workspace)
 
@@ -196,8 +193,7 @@ def test_trainer_fsdp_seq2seq_evaluates_as_one_process_and_once_more_when_resume
                  workspace / "train.tgt", "--tokenizer", workspace / "seq2seq", *SEQ2SEQ, *RUN, "--max-eval-samples", 5,
                  "--max-steps", 2, "--eval-steps", 2, "--num-beams", 1]
     sharded, single = workspace / "trainer-seq2seq-fsdp", workspace / "trainer-seq2seq-single"
-    torchrun = with_forked_processes([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                      "2"])
+    torchrun, _ = two_cpu_processes("torchrun")
     run(*arguments, "--fsdp", "--batch-size", 2, "--output-dir", sharded, launcher=torchrun, env=CPU, cwd=workspace)
     run(*arguments, "--batch-size", 4, "--output-dir", single, cwd=workspace)
 
