@@ -484,6 +484,18 @@ def test_write_refuses_a_folder_it_cannot_write_its_record_in_before_measuring_a
     assert "leave --write out" in said.err and said.out == ""
 
 
+def test_write_leaves_no_folder_of_its_own_before_the_record(tmp_path, monkeypatch):
+    """--write tries the record's folder before the run by making it: a run stopped before its record (a Ctrl-C, a
+    failure) left an empty docs/benchmarks behind; the folders it made to try are gone again, the user's are kept."""
+    unforced(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert import_benchmark(monkeypatch, "--write").args.write
+    assert not any(tmp_path.iterdir())
+    (tmp_path / "docs").mkdir()
+    import_benchmark(monkeypatch, "--write")
+    assert [path.name for path in tmp_path.rglob("*")] == ["docs"]
+
+
 RECORDED_MACHINE = {"gpu": None, "cpu": "AMD EPYC 7B13 64-Core Processor", "cpu_capability": "AVX512"}
 WRITE_A_RECORD = """import json, sys
 sys.argv = ["hf-scratch benchmark"]

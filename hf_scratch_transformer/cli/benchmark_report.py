@@ -3,6 +3,7 @@
 the record written to docs/benchmarks. Functions of the results and machine dicts alone: nothing here parses options
 or times anything."""
 
+import contextlib
 import json
 import os
 import re
@@ -197,11 +198,19 @@ RECORDS = Path("docs", "benchmarks")  # in the folder the command runs in
 
 def take_a_record_here() -> None:
     """Raise the `WriteError` of a RECORDS folder that cannot be made or written in (a read-only checkout, the
-    folder of an installed package), before the run rather than after it."""
-    with write_error_named("The benchmark record", Path("."), f"Run `--write` from a folder where {RECORDS} can be "
-                           "written, or leave --write out: the table is printed either way."):
-        RECORDS.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=RECORDS).close()
+    folder of an installed package), before the run rather than after it. The folders made to try are removed again
+    (`write_record` makes them): a run stopped before its record (a Ctrl-C, a failure) left an empty docs/benchmarks
+    in the folder it ran in."""
+    made = [folder for folder in (RECORDS, *RECORDS.parents) if not folder.exists()]  # the innermost first
+    try:
+        with write_error_named("The benchmark record", Path("."), f"Run `--write` from a folder where {RECORDS} can "
+                               "be written, or leave --write out: the table is printed either way."):
+            RECORDS.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=RECORDS).close()
+    finally:
+        for folder in made:
+            with contextlib.suppress(OSError):  # not made after all, or another process has written in it since
+                folder.rmdir()
 
 
 def write_record(report: dict, text: str) -> None:
