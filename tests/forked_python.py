@@ -168,7 +168,9 @@ def _serve_forks(listener: socket.socket) -> None:
     """For each client that connects: a process forked from here runs its request (or, where its environment would
     have been read at import, the reply `{}` tells the client to run a fresh interpreter instead); the client hears
     the process's pid, then its exit status. A client that dies (killed: a connection that ends before its process)
-    takes its process with it, as a fresh interpreter's launcher would take the interpreter."""
+    takes its process with it, as a fresh interpreter's launcher would take the interpreter, at any instant: the
+    launchers' processes are killed at random ones (test_crash_safety), and an error here would end the server and
+    leave its processes running."""
     wakeup_read, wakeup_write = os.pipe()
     for descriptor in (wakeup_read, wakeup_write):
         os.set_blocking(descriptor, False)
@@ -183,9 +185,13 @@ def _serve_forks(listener: socket.socket) -> None:
             if key.fileobj is listener:
                 connection = listener.accept()[0]
                 message, descriptors, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+                if not message:  # a client killed before its request
+                    connection.close()
+                    continue
                 request = json.loads(message)
                 if not _forks_as_it_is(request["env"]):
-                    connection.send(b"{}")
+                    with contextlib.suppress(OSError):  # a client killed since its request
+                        connection.send(b"{}")
                     connection.close()
                     for descriptor in descriptors:
                         os.close(descriptor)
@@ -200,9 +206,10 @@ def _serve_forks(listener: socket.socket) -> None:
                     _run_forked(request, descriptors, connection)
                 for descriptor in descriptors:
                     os.close(descriptor)
-                connection.send(json.dumps({"pid": pid}).encode())
                 clients[pid] = connection
                 selector.register(connection, selectors.EVENT_READ, pid)
+                with contextlib.suppress(OSError):  # a client killed since its request: its connection's end is seen
+                    connection.send(json.dumps({"pid": pid}).encode())  # next, and kills the process
             elif key.fileobj == wakeup_read:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wakeup_read, 512):

@@ -1,0 +1,79 @@
+"""The suite's fork server (forked_python.py), through the client the launchers run: a command forked from the
+server's imports ends as `python -u` would, an environment read at import runs a fresh interpreter, and the server
+outlives clients killed at any instant (test_crash_safety kills the launchers' processes at random ones)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from forked_python import forked_command
+
+# Prints whether it runs in a fork of the server (which has imported torch) and its arguments, then waits if told to.
+SCRIPT = """import pathlib, sys, time
+print("forked" if "torch" in sys.modules else "fresh", sys.argv[1:], flush=True)
+if sys.argv[1:2] == ["wait"]:
+    time.sleep(float(sys.argv[2]))
+    pathlib.Path(sys.argv[3]).write_text("ran to its end")
+sys.exit(3)
+"""
+
+
+def _script(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    return str(script)
+
+
+def _run_script(tmp_path, *arguments: str, env: dict | None = None) -> tuple[int, str]:
+    """SCRIPT run through the client as a launcher would: its exit status and what it printed."""
+    completed = subprocess.run(forked_command([sys.executable, _script(tmp_path), *arguments]), capture_output=True,
+                               text=True, env=env, timeout=120, check=False)
+    return completed.returncode, completed.stdout
+
+
+def test_a_forked_command_ends_as_the_interpreter_would(tmp_path):
+    assert _run_script(tmp_path, "a") == (3, "forked ['a']\n")
+
+
+def test_a_signal_to_the_client_ends_the_forked_process_by_it(tmp_path):
+    client = subprocess.Popen(forked_command([sys.executable, _script(tmp_path), "wait", "60", tmp_path / "ended"]),
+                              stdout=subprocess.PIPE, text=True)
+    assert client.stdout.readline() == f"forked ['wait', '60', '{tmp_path / 'ended'}']\n"
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(timeout=30) == -signal.SIGTERM
+    assert not (tmp_path / "ended").exists()
+
+
+def test_an_environment_read_at_import_runs_a_fresh_interpreter(tmp_path):
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}  # read as oneDNN loads
+    assert _run_script(tmp_path, env=env) == (3, "fresh []\n")
+
+
+def _a_clients_environment() -> dict:
+    """The environment a client started from here sends: the process's own, which can hold variables that C code set
+    beside `os.environ` (under pytest here, COLUMNS and LINES: a subprocess has them, `os.environ` does not)."""
+    printed = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    return json.loads(printed)
+
+
+def test_the_server_outlives_clients_killed_before_their_request_or_its_answer(tmp_path):
+    """A client killed after it connected and before its request, and one killed after its request and before it
+    heard its process's pid: either ended the server (the next commands ran fresh), and the second one's process ran
+    on. Now the server serves on, and the process goes with its client."""
+    server = forked_command([sys.executable])[2]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        connection.connect(server)
+    ended = tmp_path / "ended"
+    request = {"arguments": [_script(tmp_path), "wait", "2", str(ended)], "cwd": str(tmp_path),
+               "env": _a_clients_environment()}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        connection.connect(server)
+        socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+    assert _run_script(tmp_path) == (3, "forked []\n")
+    time.sleep(3)  # the process, had it run on, wrote its file after 2 s
+    assert not ended.exists()
