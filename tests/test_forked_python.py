@@ -71,9 +71,10 @@ def test_the_server_outlives_clients_killed_before_their_request_or_its_answer(t
     ended = tmp_path / "ended"
     request = {"arguments": [_script(tmp_path), "wait", "2", str(ended)], "cwd": str(tmp_path),
                "env": _a_clients_environment()}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection, \
+            open(tmp_path / "output", "w+") as output:  # its stdin, stdout and stderr: not the test process's
         connection.connect(server)
-        socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+        socket.send_fds(connection, [json.dumps(request).encode()], [output.fileno()] * 3)
     assert _run_script(tmp_path) == (3, "forked []\n")
     time.sleep(3)  # the process, had it run on, wrote its file after 2 s
     assert not ended.exists()
