@@ -51,7 +51,13 @@ RUNTIME_VARIABLES = ("HF_SCRATCH_", "ACCELERATE_", "TOKENIZERS_PARALLELISM", "HF
                      "ROLE_", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_", "TORCH_NCCL_", "FSDP_",
                      # pytest's own (the server was forked in another test); threadpoolctl's, which the suite
                      # imports late and only Intel's OpenMP reads (torch's CPU wheel loads GNU's)
-                     "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK")
+                     "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK",
+                     # and those the suite's libraries set in the test process once the server runs, which made
+                     # every later command of that process run fresh: inductor's, which it sets in a process right
+                     # before it loads a compiled kernel there (test_compile; test_serve and test_fsdp ran fresh
+                     # after it), and lm_eval's, set as it is imported (test_ecosystem) and read by huggingface_hub's
+                     # import for transfers from the Hub, which no test makes
+                     "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "HF_XET_HIGH_PERFORMANCE")
 CLIENT = Path(__file__).with_name("forked_python_client.py")
 FORKSERVER = multiprocessing.get_context("forkserver")
 FORKSERVER.set_forkserver_preload([__name__, *PRELOAD])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from forked_python import forked_command
 
 # Prints whether it runs in a fork of the server (which has imported torch) and its arguments, then waits if told to.
@@ -51,6 +52,16 @@ def test_a_signal_to_the_client_ends_the_forked_process_by_it(tmp_path):
 def test_an_environment_read_at_import_runs_a_fresh_interpreter(tmp_path):
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}  # read as oneDNN loads
     assert _run_script(tmp_path, env=env) == (3, "fresh []\n")
+
+
+@pytest.mark.parametrize("variable, value", [("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "140550085463072"),
+                                             ("HF_XET_HIGH_PERFORMANCE", "1")])
+def test_what_the_suites_libraries_set_in_the_test_process_keeps_commands_forked(monkeypatch, tmp_path, variable,
+                                                                                   value):
+    """Set in the test process once its server runs (inductor before it loads a compiled kernel, in test_compile;
+    lm_eval as it is imported, in test_ecosystem), each made every later command of that process run fresh."""
+    monkeypatch.setenv(variable, value)
+    assert _run_script(tmp_path) == (3, "forked []\n")
 
 
 def _a_clients_environment() -> dict:
