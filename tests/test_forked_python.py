@@ -60,13 +60,14 @@ def test_what_the_suites_libraries_set_in_the_test_process_keeps_commands_forked
                                                                                    value):
     """Set in the test process once its server runs (inductor before it loads a compiled kernel, in test_compile;
     lm_eval as it is imported, in test_ecosystem), each made every later command of that process run fresh."""
+    forked_command([sys.executable])  # the server started before the variable is set, whichever test runs first
     monkeypatch.setenv(variable, value)
     assert _run_script(tmp_path) == (3, "forked []\n")
 
 
 def _a_clients_environment() -> dict:
-    """The environment a client started from here sends: the process's own, which can hold variables that C code set
-    beside `os.environ` (under pytest here, COLUMNS and LINES: a subprocess has them, `os.environ` does not)."""
+    """The environment a client started from here sends: a subprocess's own, which can differ from `os.environ`
+    (under pytest here a subprocess has COLUMNS and LINES, `os.environ` has not)."""
     printed = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
                              capture_output=True, text=True, check=True, timeout=60).stdout
     return json.loads(printed)
