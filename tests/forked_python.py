@@ -6,10 +6,12 @@ does anything, which was most of the suite's time; a fork starts in milliseconds
 The command runs as under `python -m MODULE ARGS` or `python FILE ARGS`: its own working folder, environment,
 `sys.argv`, stdout (block-buffered) and stderr (line-buffered), exit status (a signal's negated, as subprocess gives).
 What differs from a fresh interpreter: modules that read the environment as they are imported (torch's thread count,
-oneDNN's and MKL's instruction sets, transformers' cache folders) have read the test process's, which conftest.py
-sets before any import. So a command whose environment changes any variable but those read as it runs
-(`RUNTIME_VARIABLES`) runs in a fresh interpreter, through `subprocess`. The server is multiprocessing's forkserver:
-it has run no torch operation, so no thread pool is forked.
+oneDNN's and MKL's instruction sets, transformers' cache folders) have read the server's, the test process's as it
+started the server (conftest.py sets it before any import). So a command whose environment differs from that in any
+variable but those read as it runs (`RUNTIME_VARIABLES`) runs in a fresh interpreter, through `subprocess`; where the
+difference is the test process's own (a library set a variable there since), a warning names it, as every later
+command of that process then runs fresh (5 s each). The server is multiprocessing's forkserver: it has run no torch
+operation, so no thread pool is forked.
 
 `with_forked_processes`: the same for the processes that torchrun and `accelerate launch` start (each of a 2-process
 run spent 6-8 s importing, and a launch test ran two of them at once on the suite's share of the cores). The launcher
@@ -35,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
+from multiprocessing import forkserver
 from pathlib import Path
 
 # What every command imports first; the command modules themselves run as they are imported, so they are not here.
@@ -103,11 +107,27 @@ def _run_command(arguments: list[str], cwd: str, env: dict, unbuffered: bool) ->
         runpy.run_path(arguments[0], run_name="__main__")
 
 
-def _forks_as_it_is(env: dict) -> bool:
-    """Whether a command with environment `env` can run in a fork of this process: it changes only variables read as
-    a command runs."""
-    changed = {name for name in env.keys() | os.environ.keys() if env.get(name) != os.environ.get(name)}
-    return all(name.startswith(RUNTIME_VARIABLES) for name in changed)
+def _read_at_import_and_changed(env: dict, server_env: dict) -> list[str]:
+    """The variables that make a command with environment `env` unfit to run in a fork of a server that started with
+    `server_env`: those it changes, but for those read as a command runs."""
+    return sorted(name for name in env.keys() | server_env.keys()
+                  if env.get(name) != server_env.get(name) and not name.startswith(RUNTIME_VARIABLES))
+
+
+@functools.cache
+def _forkserver_environment() -> dict:
+    """The environment the forkserver started with, which its forks' imports read: this process's as it starts it."""
+    environment = dict(os.environ)
+    forkserver.ensure_running()
+    return environment
+
+
+def _warn_of_changes_in_this_process() -> None:
+    changed = _read_at_import_and_changed(dict(os.environ), _forkserver_environment())
+    if changed:
+        warnings.warn(f"{', '.join(changed)} changed in this test process since its fork server started: its "
+                      "commands that inherit them run in a fresh interpreter, about 5 s slower each; if no module "
+                      "reads them as it is imported, add them to forked_python.RUNTIME_VARIABLES", stacklevel=3)
 
 
 def run_python(command: list[str], *, cwd: Path, env: dict | None = None, timeout: float,
@@ -115,8 +135,9 @@ def run_python(command: list[str], *, cwd: Path, env: dict | None = None, timeou
     """`command`: `[sys.executable, "-m", MODULE, ...]` or `[sys.executable, FILE, ...]`, as for subprocess.run
     (with capture_output=True, text=True); `env` replaces the environment, as there."""
     assert command[0] == sys.executable, f"not a Python command: {command}"
+    _warn_of_changes_in_this_process()
     env = dict(os.environ if env is None else env)
-    if not _forks_as_it_is(env):
+    if _read_at_import_and_changed(env, _forkserver_environment()):
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
                               preexec_fn=(lambda: _limit_file_size(limit_file_size)) if limit_file_size else None)
     with tempfile.TemporaryDirectory(prefix="forked-python-") as captured:
@@ -139,7 +160,9 @@ def forked_command(command: list[str]) -> list[str]:
     """`command` (`[sys.executable, ...]`, run with subprocess.Popen or a launcher) as a client of the server of
     this test process (started at the first call): the same, as `python -u` runs it, forked from the server."""
     assert command[0] == sys.executable, f"not a Python command: {command}"
-    return [sys.executable, str(CLIENT), _server_socket(), *command[1:]]
+    path = _server_socket()
+    _warn_of_changes_in_this_process()
+    return [sys.executable, str(CLIENT), path, *command[1:]]
 
 
 def with_forked_processes(launcher: list[str]) -> list[str]:
@@ -152,6 +175,7 @@ def with_forked_processes(launcher: list[str]) -> list[str]:
 @functools.cache
 def _server_socket() -> str:
     """The server's socket path. The socket listens before the server starts, so no client finds it missing."""
+    _forkserver_environment()  # its snapshot before the forkserver starts
     folder = tempfile.mkdtemp(prefix="forked-python-")
     path = os.path.join(folder, "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -195,7 +219,7 @@ def _serve_forks(listener: socket.socket) -> None:
                     connection.close()
                     continue
                 request = json.loads(message)
-                if not _forks_as_it_is(request["env"]):
+                if _read_at_import_and_changed(request["env"], dict(os.environ)):
                     with contextlib.suppress(OSError):  # a client killed since its request
                         connection.send(b"{}")
                     connection.close()

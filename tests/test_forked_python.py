@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from forked_python import forked_command
+from forked_python import forked_command, run_python
 
 # Prints whether it runs in a fork of the server (which has imported torch) and its arguments, then waits if told to.
 SCRIPT = """import pathlib, sys, time
@@ -49,9 +49,25 @@ def test_a_signal_to_the_client_ends_the_forked_process_by_it(tmp_path):
     assert not (tmp_path / "ended").exists()
 
 
+@pytest.mark.filterwarnings("error")  # the command's own environment: nothing of the test process's to warn of
 def test_an_environment_read_at_import_runs_a_fresh_interpreter(tmp_path):
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}  # read as oneDNN loads
     assert _run_script(tmp_path, env=env) == (3, "fresh []\n")
+    completed = run_python([sys.executable, _script(tmp_path)], cwd=tmp_path, env=env, timeout=120)
+    assert (completed.returncode, completed.stdout) == (3, "fresh []\n")
+
+
+def test_a_variable_read_at_import_set_in_the_test_process_runs_fresh_and_warns(monkeypatch, tmp_path):
+    """Set in the test process after its server started, a variable read at import ran `run_python`'s commands in a
+    fork that had read the server's value (it compared the command's environment with the test process's, not the
+    server's); and the launchers' commands ran fresh with no word of why."""
+    forked_command([sys.executable])
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    with pytest.warns(UserWarning, match="^ONEDNN_MAX_CPU_ISA changed in this test process since its fork server"):
+        completed = run_python([sys.executable, _script(tmp_path)], cwd=tmp_path, timeout=120)
+    assert (completed.returncode, completed.stdout) == (3, "fresh []\n")
+    with pytest.warns(UserWarning, match="add them to forked_python.RUNTIME_VARIABLES"):
+        assert _run_script(tmp_path) == (3, "fresh []\n")
 
 
 @pytest.mark.parametrize("variable, value", [("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "140550085463072"),
