@@ -4,6 +4,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The tested versions (constraints.txt) on the Python they were tested on; elsewhere, or with `CONSTRAINTS=`, the newest
+# releases pyproject.toml's ranges allow.
+CONSTRAINTS ?= $(if $(filter 3.11,$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')),constraints.txt)
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
 .PHONY: quickstart test clean
 
@@ -11,13 +15,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e . $(PIP_CONSTRAINTS)
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[test]"
+$(VENV)/.installed-test: pyproject.toml constraints.txt $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[test]" $(PIP_CONSTRAINTS)
 	touch $@
 
 quickstart: $(VENV)/.installed

@@ -131,12 +131,14 @@ def test_the_installed_help_examples_name_no_file_outside_the_users_folder(insta
 
 def test_the_sdist_carries_what_its_tests_scripts_and_docs_need(tmp_path):
     """setuptools' sdist held tests/test_*.py but not conftest.py, the tiny-model helpers, scripts/, docs/ or the
-    Makefile: 31 of 33 test modules failed to import in an unpacked sdist. MANIFEST.in grafts them in."""
+    Makefile (and the constraints.txt it installs with): 31 of 33 test modules failed to import in an unpacked sdist.
+    MANIFEST.in grafts them in."""
     source = shutil.copytree(ROOT, tmp_path / "source", ignore=shutil.ignore_patterns(
         ".git", ".venv", "outputs", "build", "*.egg-info", ".hf_conformance", "__pycache__", "*.pyc"))
     run([sys.executable, "-c", "from setuptools import build_meta; build_meta.build_sdist('dist')"], cwd=source)
     with tarfile.open(next((source / "dist").glob("*.tar.gz"))) as sdist:
         carried = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    needed = {"Makefile"} | {path.relative_to(source).as_posix() for folder in ("tests", "scripts", "docs")
-                             for path in (source / folder).rglob("*") if path.is_file()}
+    needed = {"Makefile", "constraints.txt"} | {path.relative_to(source).as_posix()
+                                                for folder in ("tests", "scripts", "docs")
+                                                for path in (source / folder).rglob("*") if path.is_file()}
     assert needed - carried == set()
