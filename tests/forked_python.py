@@ -48,8 +48,8 @@ PRELOAD = ["hf_scratch_transformer", "hf_scratch_transformer.checkpointing", "hf
            "hf_scratch_transformer.evaluation", "hf_scratch_transformer.mixed_precision", "transformers.trainer",
            "accelerate", "datasets"]
 # Read by the commands as they run, not as they are imported: the variables the tests set.
-RUNTIME_VARIABLES = ("HF_SCRATCH_", "ACCELERATE_", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "CRASH_SIGNAL",
-                     "COLUMNS",
+RUNTIME_VARIABLES = ("HF_SCRATCH_", "ACCELERATE_", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "HF_TOKEN",
+                     "CRASH_SIGNAL", "COLUMNS",
                      # and those torchrun and `accelerate launch` set for the processes they start
                      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                      "ROLE_", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_", "TORCH_NCCL_", "FSDP_",

@@ -484,7 +484,9 @@ def test_publish_cli_says_when_the_hub_cannot_be_reached_and_wants_a_namespace(f
     completed = run_python([*command, "someone/tiny"], env=env, cwd=ROOT, timeout=300)
     assert completed.returncode == 1
     assert "error: could not publish" in completed.stderr and "Traceback" not in completed.stderr, completed.stderr
-    completed = run_python([*command, "tiny", "--dry-run"], env=env, cwd=ROOT, timeout=300)
+    # no Hub to name: in a fork of the test process (HF_ENDPOINT, read as huggingface_hub is imported, runs fresh)
+    completed = run_python([*command, "tiny", "--dry-run"], env=os.environ | {"HF_TOKEN": "hf_unused"}, cwd=ROOT,
+                           timeout=300)
     assert completed.returncode == 2 and "'tiny': give USER/NAME or ORG/NAME" in completed.stderr
 
 
