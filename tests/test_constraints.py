@@ -1,11 +1,13 @@
-"""constraints.txt, the versions `make quickstart` and `make test` install (on the Python the suite runs on): one
-exact version for every package pyproject.toml names, so that a fresh clone and CI install what the suite passed
-with, and each inside pyproject.toml's range, or pip's install fails."""
+"""What the package declares it installs with. constraints.txt, the versions `make quickstart` and `make test`
+install (on the Python the suite runs on): one exact version for every package pyproject.toml names, so that a fresh
+clone and CI install what the suite passed with, and each inside pyproject.toml's range, or pip's install fails.
+And no Python that the package admits is one that its transformers range excludes."""
 
-from importlib.metadata import requires
+from importlib.metadata import metadata, requires
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 CONSTRAINTS = Path(__file__).parents[1] / "constraints.txt"
@@ -34,3 +36,12 @@ def test_every_package_the_project_names_is_pinned_within_its_range():
             continue
         assert name in pins, f"{requirement.name} ({requirement}) has no version in constraints.txt"
         assert pins[name] in requirement.specifier, f"constraints.txt: {name}=={pins[name]}, outside {requirement}"
+
+
+def test_every_python_the_package_admits_has_a_transformers_it_takes():
+    """requires-python said >= 3.10, but transformers requires 3.11 from 5.21 on: on 3.10 pip found no transformers >=
+    5.23 and said only that. The installed transformers is one of the range's (two minor releases, tested)."""
+    ours = SpecifierSet(metadata("hf-scratch-transformer")["Requires-Python"])
+    transformers = SpecifierSet(metadata("transformers")["Requires-Python"])
+    pythons = [f"3.{minor}" for minor in range(8, 20)]
+    assert [python for python in pythons if python in ours and python not in transformers] == []
