@@ -98,7 +98,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -661,7 +661,7 @@ def machine(peaks: dict) -> dict:
                 torch_threads=torch.get_num_threads(), torch=torch.__version__,
                 transformers=transformers.__version__, python=platform.python_version(),
                 gpu=torch.cuda.get_device_name() if DEVICE.type == "cuda" else None, cuda=torch.version.cuda,
-                date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
+                date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), load_average=os.getloadavg())
 
 
 def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
