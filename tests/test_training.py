@@ -297,6 +297,31 @@ def test_mlm_sequences_hold_every_token_of_long_documents(documents, max_length)
     assert inner == [token for text in documents for token in tokenizer(text, add_special_tokens=False).input_ids]
 
 
+def test_mlm_sequences_refuse_a_tokenizer_that_loses_the_overflow(monkeypatch):
+    """tokenizers 0.23.1-0.23.2 returned truncated texts with little or none of their overflow (an environment
+    installed without dependencies may hold one): the run stops with what to install, not training on a document's
+    first sequence alone."""
+    tokenizer = wordpiece()
+    call = type(tokenizer).__call__
+
+    def first_sequences_only(self, texts, **kwargs):  # 0.23.1's answer: no overflow at all
+        encoded = call(self, texts, **kwargs)
+        if kwargs.get("return_overflowing_tokens"):
+            firsts = [encoded["overflow_to_sample_mapping"].index(text) for text in range(len(texts))]
+            for name in encoded:
+                encoded[name] = [encoded[name][sequence] for sequence in firsts]
+        return encoded
+
+    monkeypatch.setattr(type(tokenizer), "__call__", first_sequences_only)
+    long, short = (tokenizer(text, add_special_tokens=False).input_ids for text in ("ab cd " * 50, "ab"))
+    texts = Dataset.from_dict({"text": ["ab cd " * 50, "ab"]})
+    kept = 16 - 2 + len(short)  # the long text's first sequence, between [CLS] and [SEP]
+    with pytest.raises(RuntimeError, match=rf"' {len(long) + len(short)} tokens into sequences that hold {kept}: the "
+                                           r"overflow .* lost\. "
+                                           r"tokenizers \S+ is installed; .* Install tokenizers>=0\.23\.3"):
+        training_data.tokenize_for_mlm(texts, tokenizer, max_length=16)
+
+
 def mask_as_training(tokenizer, features: list[dict], masker) -> dict:
     """Both commands' training batches: padded, then each row masked from the seed, the step and its tokens."""
     seed = int(torch.randint(2**16, ()))
