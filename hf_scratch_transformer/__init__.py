@@ -1,7 +1,8 @@
 """hf-scratch-transformer: the Transformer of "Attention Is All You Need", written from scratch, as three
 Hugging Face model families (decoder-only, encoder-only, encoder-decoder).
 
-Importing the package registers every config and model with the `transformers` Auto classes (from each config's
+Importing the package checks the installed releases of its dependencies against its ranges (`installed_dependencies`)
+and registers every config and model with the `transformers` Auto classes (from each config's
 `family_auto_map`), marks each class for `register_for_auto_class`, so that `save_pretrained` writes the model
 code next to the weights; the seq2seq model file registers the pipeline task `scratch-text2text`. Saved folders
 then load with `trust_remote_code=True` where this package is not installed. This file is never copied there.
@@ -13,6 +14,7 @@ import transformers
 from transformers import AutoConfig
 
 from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
+from .installed_dependencies import check_installed_dependencies
 from .modeling_scratch_decoder import (
     ScratchDecoderForCausalLM,
     ScratchDecoderForSequenceClassification,
@@ -63,6 +65,7 @@ def _register() -> None:
             model_class.register_for_auto_class(auto_class.__name__)
 
 
+check_installed_dependencies()
 _register()
 
 __all__ = [
