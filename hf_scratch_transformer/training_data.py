@@ -262,9 +262,10 @@ def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
 def check_every_token_kept(sequences: list[list[int]], documents: list[list[int]], tokenizer) -> None:
     """Raise unless `sequences` (truncated with their overflow, special tokens added) hold as many tokens as the
     untruncated `documents`. tokenizers 0.23.1-0.23.2 return too little overflow (huggingface/tokenizers#2091: most
-    of Tiny Shakespeare at 128), which would leave the tail of every long document out of training without a word;
-    the package asks for a later release, but an environment installed without dependencies may hold one. Costs a
-    second, untruncated pass of the tokenizer: under half a second for Tiny Shakespeare."""
+    of Tiny Shakespeare at 128), which would leave the tail of every long document out of training without a word.
+    Importing the package refuses those releases where it was installed; this holds wherever it runs, and for any
+    later release that loses tokens again. Costs a second, untruncated pass of the tokenizer: under half a second for
+    Tiny Shakespeare."""
     kept = sum(map(len, sequences)) - len(sequences) * tokenizer.num_special_tokens_to_add()
     whole = sum(map(len, documents))
     if kept != whole:
