@@ -522,19 +522,32 @@ from hf_scratch_command import main
 main(["serve", *sys.argv[1:]])
 """
 
+# ... where openai 1.98 is installed, which transformers[serving] admits but its server cannot import.
+SERVE_WITH_OPENAI_1_98 = """
+import importlib.metadata, sys
+installed = importlib.metadata.version
+importlib.metadata.version = lambda name: "1.98.0" if name == "openai" else installed(name)
+from hf_scratch_command import main
+main(["serve", *sys.argv[1:]])
+"""
 
-def test_help_is_answered_without_the_serving_extra_and_serving_is_refused_in_one_line(tmp_path):
+
+@pytest.mark.parametrize("serve, refusal", [
+    (SERVE_WITHOUT_THE_EXTRA, 'missing dependencies for serving: pip install "transformers[serving]"'),
+    (SERVE_WITH_OPENAI_1_98, "transformers' server needs openai>=1.99, and 1.98.0 is installed: "
+                             "pip install 'openai>=1.99'"),
+])
+def test_help_is_answered_without_the_serving_extra_and_serving_is_refused_in_one_line(serve, refusal, tmp_path):
     """`hf-scratch serve --help` exited 1 with 'pip install "transformers[serving]"' where the extra is not
-    installed: only serving needs it."""
-    script = tmp_path / "serve_without_the_extra.py"
-    script.write_text(SERVE_WITHOUT_THE_EXTRA)
+    installed: only serving needs it. With openai 1.98 the server's import failed with a traceback."""
+    script = tmp_path / "serve_in_this_environment.py"
+    script.write_text(serve)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
     helped = run_python([sys.executable, script, "--help"], cwd=tmp_path, env=env, timeout=START_TIMEOUT)
     assert helped.returncode == 0 and "--continuous-batching" in helped.stdout, helped.stderr
     refused = run_python([sys.executable, script, "model"], cwd=tmp_path, env=env, timeout=START_TIMEOUT)
     assert refused.returncode == 1
-    assert refused.stderr.strip().splitlines()[-1] == ('hf-scratch serve: error: missing dependencies for serving: '
-                                                       'pip install "transformers[serving]"'), refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == f"hf-scratch serve: error: {refusal}", refused.stderr
     assert "Traceback" not in refused.stderr
 
 

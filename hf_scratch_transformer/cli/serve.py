@@ -17,6 +17,7 @@ exported to a native family (`hf-scratch convert FOLDER NATIVE_FOLDER`) needs ne
 
 import contextlib
 import functools
+import importlib.metadata
 import json
 import sys
 import time
@@ -27,6 +28,7 @@ import transformers
 import typer
 from huggingface_hub import is_offline_mode, try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
+from packaging.version import Version
 from transformers import AutoModelForCausalLM
 from transformers.cli.serve import Serve
 from transformers.cli.serving.utils import split_model_id
@@ -43,11 +45,18 @@ from hf_scratch_transformer.compiled_decoding import cpu_compile_config
 from hf_scratch_transformer.linear_kernels import bound_onednn_caches
 from hf_scratch_transformer.pipeline_scratch_text2text import ABSOLUTE_POSITIONS
 
+# What keeps transformers' server from importing here, in a line rather than the traceback of the imports below, once
+# the command runs: `--help` needs none of them, and typer answers it first (it was refused). The first line is the
+# one `transformers serve` says.
 if not is_serve_available():
-    # What `transformers serve` says, without the traceback of the imports below, once the command runs: `--help`
-    # needs none of them, and typer answers it first (it was refused with this line). typer.run exits here.
-    typer.run(functools.wraps(Serve, updated=())(lambda **options: sys.exit(
-        'hf-scratch serve: error: missing dependencies for serving: pip install "transformers[serving]"')))
+    refusal = 'missing dependencies for serving: pip install "transformers[serving]"'
+elif Version(openai_release := importlib.metadata.version("openai")) < Version("1.99"):
+    # transformers[serving] admits openai 1.98, which lacks a class the server imports
+    refusal = f"transformers' server needs openai>=1.99, and {openai_release} is installed: pip install 'openai>=1.99'"
+else:
+    refusal = None
+if refusal is not None:  # typer.run exits here
+    typer.run(functools.wraps(Serve, updated=())(lambda **options: sys.exit(f"hf-scratch serve: error: {refusal}")))
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
