@@ -33,7 +33,7 @@ def test_a_release_out_of_range_stops_the_import_with_the_fix(monkeypatch, name,
 
 
 def test_the_extras_ranges_are_left_to_whoever_installs_them(monkeypatch):
-    installed_instead(monkeypatch, "openai", "0.1.0")  # the `test` extra asks for >= 1.98
+    installed_instead(monkeypatch, "openai", "0.1.0")  # the `test` extra asks for >= 1.99.1
     check_installed_dependencies()
 
 

@@ -298,9 +298,9 @@ def test_mlm_sequences_hold_every_token_of_long_documents(documents, max_length)
 
 
 def test_mlm_sequences_refuse_a_tokenizer_that_loses_the_overflow(monkeypatch):
-    """tokenizers 0.23.1-0.23.2 returned truncated texts with little or none of their overflow (an environment
-    installed without dependencies may hold one): the run stops with what to install, not training on a document's
-    first sequence alone."""
+    """tokenizers 0.23.1-0.23.2 returned truncated texts with little or none of their overflow (a checkout run
+    without installing the package escapes the import's check): the run stops with what to install, not training on
+    a document's first sequence alone."""
     tokenizer = wordpiece()
     call = type(tokenizer).__call__
 
