@@ -2,7 +2,8 @@
 starts before anything heavy. Importing `hf_scratch_transformer` imports torch and transformers (11 s on a 2-core
 AVX2 host): `--help`, `--version` and an unknown command are answered without it, and a Ctrl-C while a command's
 imports run stops with one line and exit status 130 (not a KeyboardInterrupt traceback), as the training commands'
-own handler (`run_options.stop_cleanly_on_ctrl_c`) stops them later.
+own handler (`run_options.stop_cleanly_on_ctrl_c`) stops them later. An environment the package refuses (a dependency
+out of its range) is answered with the reason and the fix alone, without the import's traceback.
 
 Each subcommand is a flat script module of `hf_scratch_transformer.cli` (or `tokenizer_training`), run as
 `__main__` with the remaining arguments, so that
@@ -48,6 +49,16 @@ def command_help(docstring: str) -> str:
     return "\n\n".join(docstring.split("\n\n")[:2])
 
 
+def package_refusal(error: BaseException | None) -> ImportError | None:
+    """The package's refusal of the environment (`installed_dependencies`: an ImportError named after the package),
+    where `error` is it or was caused by it (runpy wraps an error raised while it imports the command's package)."""
+    while error is not None:
+        if isinstance(error, ImportError) and error.name == "hf_scratch_transformer":
+            return error
+        error = error.__cause__
+    return None
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
@@ -70,6 +81,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [f"hf-scratch {name}", *arguments]  # argparse's prog, as the user typed it
     try:
         runpy.run_module(COMMANDS[name][0], run_name="__main__")
+    except ImportError as error:
+        refusal = package_refusal(error)
+        if refusal is None:  # a fault of ours: its traceback is what finds it
+            raise
+        print(f"{sys.argv[0]}: error: {refusal}", file=sys.stderr)  # the reason and the fix, as argparse would
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C while the command's imports run (the package's included: seconds), or in a
         # command without a handler of its own (`run_options.stop_cleanly_on_ctrl_c`). One line and 130, as there.
         stopped_by_ctrl_c()

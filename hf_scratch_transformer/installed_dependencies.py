@@ -12,12 +12,13 @@ from packaging.requirements import Requirement
 from transformers.utils.versions import require_version
 
 DISTRIBUTION = "hf-scratch-transformer"
+PACKAGE = "hf_scratch_transformer"  # the ImportError's `name`: `hf-scratch` answers such an error in one line
 
 
 def check_installed_dependencies() -> None:
-    """Raise ImportError naming the first runtime requirement (not an extra's) the installed release falls outside,
-    and the pip command that mends it. Nothing to check where the package runs from a checkout it was never installed
-    from (no metadata)."""
+    """Raise ImportError (`name` PACKAGE) naming the first runtime requirement (not an extra's) the installed release
+    falls outside, or that is not installed, and the pip command that mends it. Nothing to check where the package
+    runs from a checkout it was never installed from (no metadata)."""
     try:
         requirements = importlib.metadata.requires(DISTRIBUTION) or []
     except importlib.metadata.PackageNotFoundError:
@@ -26,5 +27,8 @@ def check_installed_dependencies() -> None:
         if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
             continue  # an extra's (`[test]`), or for another Python or platform
         wanted = f"{requirement.name}{requirement.specifier}"
-        require_version(wanted, f"{DISTRIBUTION} needs it; a later install may have replaced the release it "
-                                f"installed. `pip install '{wanted}'` puts back one in range.")
+        try:
+            require_version(wanted, f"{DISTRIBUTION} needs it; a later install may have replaced the release it "
+                                    f"installed. `pip install '{wanted}'` puts back one in range.")
+        except ImportError as out_of_range:  # PackageNotFoundError (uninstalled since) is one too
+            raise ImportError(str(out_of_range), name=PACKAGE) from None

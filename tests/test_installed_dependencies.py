@@ -45,3 +45,21 @@ def test_importing_the_package_runs_the_check():
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "ImportError: accelerate>=1.15 is required" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["train", "convert"])
+def test_the_command_answers_an_environment_out_of_range_in_its_own_words(tmp_path, name):
+    """`hf-scratch` printed the ImportError's whole traceback, the reason on its last line: now the reason and the
+    fix alone, exit status 1, as a bad option is answered."""
+    script = ("import importlib.metadata as metadata, sys\n"
+              "real = metadata.version\n"
+              "metadata.version = lambda name: '1.14.0' if name == 'accelerate' else real(name)\n"
+              "from hf_scratch_command import main\n"
+              "main(sys.argv[1:])\n")
+    result = subprocess.run([sys.executable, "-c", script, name, "--help"], cwd=tmp_path, check=False,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    reason, fix = result.stderr.rstrip().splitlines()[-2:]  # under torch's and torchao's import-time warnings
+    assert reason.startswith(f"hf-scratch {name}: error: accelerate>=1.15 is required")
+    assert fix.endswith("`pip install 'accelerate>=1.15'` puts back one in range.")
