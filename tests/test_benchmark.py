@@ -50,8 +50,9 @@ ISAS = {"this CPU's": {}} if AVX2_HOST else {"this CPU's": {}, "AVX2 only": AVX2
 
 @pytest.fixture(scope="module")
 def quick_runs() -> dict[str, subprocess.CompletedProcess]:
-    """One quick run per instruction set, the two at once (about 40 s each on an AVX-512 host, half of it starting
-    processes and waiting on them): speed is not asserted, so sharing the cores changes nothing checked here."""
+    """One quick run per instruction set, the two at once (about 25 s each on a 2-core AVX2 host, most of it starting
+    processes: the run and its two memory workers): speed is not asserted, so sharing the cores changes nothing
+    checked here."""
     command = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--quick", "--family", "all"]
     running = {isa: subprocess.Popen(command, cwd=ROOT, env=os.environ | {"HF_HUB_OFFLINE": "1"} | limits,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
