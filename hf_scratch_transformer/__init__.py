@@ -8,13 +8,17 @@ code next to the weights; the seq2seq model file registers the pipeline task `sc
 then load with `trust_remote_code=True` where this package is not installed. This file is never copied there.
 """
 
+# First, before an import below fails on a release out of the package's ranges: the installed releases are checked
+# as this module is imported, and one out of range is named with its range, not by the name it lacks.
+from . import installed_dependencies  # noqa: F401
+
+# isort: split
 import importlib
 
 import transformers
 from transformers import AutoConfig
 
 from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
-from .installed_dependencies import check_installed_dependencies
 from .modeling_scratch_decoder import (
     ScratchDecoderForCausalLM,
     ScratchDecoderForSequenceClassification,
@@ -65,7 +69,6 @@ def _register() -> None:
             model_class.register_for_auto_class(auto_class.__name__)
 
 
-check_installed_dependencies()
 _register()
 
 __all__ = [

@@ -32,3 +32,7 @@ def check_installed_dependencies() -> None:
                                     f"installed. `pip install '{wanted}'` puts back one in range.")
         except ImportError as out_of_range:  # PackageNotFoundError (uninstalled since) is one too
             raise ImportError(str(out_of_range), name=PACKAGE) from None
+
+
+# As the package is imported: its `__init__` imports this module before any other.
+check_installed_dependencies()

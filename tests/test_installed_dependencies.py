@@ -57,6 +57,24 @@ def test_importing_the_package_runs_the_check(tmp_path):
     assert "ImportError: accelerate>=1.15 is required" in result.stderr
 
 
+def test_the_check_comes_before_an_import_that_a_release_out_of_range_breaks(tmp_path):
+    """The check ran after the package's imports: where a release out of range lacked a name the package imports
+    (transformers 5.22 standing in, without `merge_with_config_defaults`), the import stopped on that name."""
+    script = tmp_path / "import_over_transformers_5_22.py"
+    script.write_text("import importlib.metadata as metadata, sys\n"
+                      "for name in [name for name in sys.modules if name.split('.')[0] == 'hf_scratch_transformer']:\n"
+                      "    del sys.modules[name]\n"
+                      "real = metadata.version\n"
+                      "metadata.version = lambda name: '5.22.0' if name == 'transformers' else real(name)\n"
+                      "import transformers.utils.generic\n"
+                      "del transformers.utils.generic.merge_with_config_defaults\n"
+                      "import hf_scratch_transformer\n")
+    result = run_python([sys.executable, script], cwd=tmp_path, timeout=300)
+    assert result.returncode != 0
+    assert "ImportError: transformers<5.25,>=5.23 is required" in result.stderr, result.stderr[-2000:]
+    assert "merge_with_config_defaults" not in result.stderr
+
+
 def test_the_command_answers_an_environment_out_of_range_in_its_own_words(tmp_path):
     """`hf-scratch` printed the ImportError's whole traceback, the reason on its last line: now the reason and the
     fix alone, exit status 1, as a bad option is answered."""
