@@ -28,10 +28,11 @@ def check_installed_dependencies() -> None:
             continue  # an extra's (`[test]`), or for another Python or platform
         wanted = f"{requirement.name}{requirement.specifier}"
         try:
-            require_version(wanted, f"{DISTRIBUTION} needs it; a later install may have replaced the release it "
-                                    f"installed. `pip install '{wanted}'` puts back one in range.")
+            require_version(wanted, f"{DISTRIBUTION} needs it; a later pip command may have replaced or removed the "
+                                    f"release it installed. `pip install '{wanted}'` puts back one in range.")
         except ImportError as out_of_range:  # PackageNotFoundError (uninstalled since) is one too
-            raise ImportError(str(out_of_range), name=PACKAGE) from None
+            # args[0], the message: a PackageNotFoundError's str() reads "No package metadata was found for" it
+            raise ImportError(out_of_range.args[0], name=PACKAGE) from None
 
 
 # As the package is imported: its `__init__` imports this module before any other.

@@ -32,6 +32,21 @@ def test_a_release_out_of_range_stops_the_import_with_the_fix(monkeypatch, name,
         check_installed_dependencies()
 
 
+def test_a_dependency_uninstalled_since_is_named_as_missing(monkeypatch):
+    real = importlib.metadata.version
+
+    def uninstalled(name):
+        if name == "seqeval":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", uninstalled)
+    with pytest.raises(ImportError) as refused:
+        check_installed_dependencies()
+    assert str(refused.value).startswith("The 'seqeval>=1.2.2' distribution was not found and is required")
+    assert "replaced or removed the release it installed. `pip install 'seqeval>=1.2.2'`" in str(refused.value)
+
+
 def test_the_extras_ranges_are_left_to_whoever_installs_them(monkeypatch):
     installed_instead(monkeypatch, "openai", "0.1.0")  # the `test` extra asks for >= 1.99.1
     check_installed_dependencies()
