@@ -52,21 +52,20 @@ def test_the_extras_ranges_are_left_to_whoever_installs_them(monkeypatch):
     check_installed_dependencies()
 
 
-# Run in a fork of the suite's server (`run_python`), which has imported the package: its modules are dropped so that
-# the import runs again (torch and transformers stay imported: a second, not the 10 s of a fresh interpreter), with
-# accelerate 1.14 in place of the release installed.
-WITH_ACCELERATE_1_14 = """
-import importlib.metadata as metadata, sys
-for name in [name for name in sys.modules if name.split(".")[0] == "hf_scratch_transformer"]:
-    del sys.modules[name]
-real = metadata.version
-metadata.version = lambda name: "1.14.0" if name == "accelerate" else real(name)
-"""
+def reimported_with(name: str, version: str) -> str:
+    """The start of a script run in a fork of the suite's server (`run_python`), which has imported the package: its
+    modules are dropped so that the import runs again (torch and transformers stay imported: a second, not the 10 s
+    of a fresh interpreter), with `version` of distribution `name` in place of the release installed."""
+    return ("import importlib.metadata as metadata, sys\n"
+            "for module in [module for module in sys.modules if module.split('.')[0] == 'hf_scratch_transformer']:\n"
+            "    del sys.modules[module]\n"
+            "real = metadata.version\n"
+            f"metadata.version = lambda name: {version!r} if name == {name!r} else real(name)\n")
 
 
 def test_importing_the_package_runs_the_check(tmp_path):
     script = tmp_path / "import_the_package.py"
-    script.write_text(WITH_ACCELERATE_1_14 + "import hf_scratch_transformer\n")
+    script.write_text(reimported_with("accelerate", "1.14.0") + "import hf_scratch_transformer\n")
     result = run_python([sys.executable, script], cwd=tmp_path, timeout=300)
     assert result.returncode != 0
     assert "ImportError: accelerate>=1.15 is required" in result.stderr
@@ -76,12 +75,8 @@ def test_the_check_comes_before_an_import_that_a_release_out_of_range_breaks(tmp
     """The check ran after the package's imports: where a release out of range lacked a name the package imports
     (transformers 5.22 standing in, without `merge_with_config_defaults`), the import stopped on that name."""
     script = tmp_path / "import_over_transformers_5_22.py"
-    script.write_text("import importlib.metadata as metadata, sys\n"
-                      "for name in [name for name in sys.modules if name.split('.')[0] == 'hf_scratch_transformer']:\n"
-                      "    del sys.modules[name]\n"
-                      "real = metadata.version\n"
-                      "metadata.version = lambda name: '5.22.0' if name == 'transformers' else real(name)\n"
-                      "import transformers.utils.generic\n"
+    script.write_text(reimported_with("transformers", "5.22.0")
+                      + "import transformers.utils.generic\n"
                       "del transformers.utils.generic.merge_with_config_defaults\n"
                       "import hf_scratch_transformer\n")
     result = run_python([sys.executable, script], cwd=tmp_path, timeout=300)
@@ -94,7 +89,8 @@ def test_the_command_answers_an_environment_out_of_range_in_its_own_words(tmp_pa
     """`hf-scratch` printed the ImportError's whole traceback, the reason on its last line: now the reason and the
     fix alone, exit status 1, as a bad option is answered."""
     script = tmp_path / "run_the_command.py"
-    script.write_text(WITH_ACCELERATE_1_14 + "from hf_scratch_command import main\nmain(sys.argv[1:])\n")
+    script.write_text(reimported_with("accelerate", "1.14.0")
+                      + "from hf_scratch_command import main\nmain(sys.argv[1:])\n")
     result = run_python([sys.executable, script, "train", "--help"], cwd=tmp_path, timeout=300)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
