@@ -3,36 +3,64 @@
 pip installs a later request over an earlier one with a warning only: a package pinning `accelerate==1.14`, installed
 after this one, leaves an environment where a resumed run silently departs from the uninterrupted one, and tokenizers
 0.23.2 one that trains masked-LMs on each document's first sequence alone. Each range's reason is beside it in
-pyproject.toml. This module is never copied next to saved weights (remote code needs only transformers and torch).
+pyproject.toml. transformers' own ranges are checked here too, before transformers is imported (this module imports
+neither it nor torch): where transformers refuses a release (a `pip install -U tokenizers` past its range), its import
+stopped `hf-scratch` with a traceback. This module is never copied next to saved weights (remote code needs only
+transformers and torch).
 """
 
 import importlib.metadata
+from collections.abc import Iterator
 
 from packaging.requirements import Requirement
-from transformers.utils.versions import require_version
 
 DISTRIBUTION = "hf-scratch-transformer"
 PACKAGE = "hf_scratch_transformer"  # the ImportError's `name`: `hf-scratch` answers such an error in one line
 
 
-def check_installed_dependencies() -> None:
-    """Raise ImportError (`name` PACKAGE) naming the first runtime requirement (not an extra's) the installed release
-    falls outside, or that is not installed, and the pip command that mends it. Nothing to check where the package
-    runs from a checkout it was never installed from (no metadata)."""
+def runtime_requirements(distribution: str) -> Iterator[Requirement]:
+    """The requirements of an installed `distribution` that hold whatever extras are installed, on this Python and
+    platform; none where it runs from a checkout it was never installed from (no metadata)."""
     try:
-        requirements = importlib.metadata.requires(DISTRIBUTION) or []
+        requirements = importlib.metadata.requires(distribution) or []
     except importlib.metadata.PackageNotFoundError:
         return
     for requirement in map(Requirement, requirements):
-        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
-            continue  # an extra's (`[test]`), or for another Python or platform
-        wanted = f"{requirement.name}{requirement.specifier}"
-        try:
-            require_version(wanted, f"{DISTRIBUTION} needs it; a later pip command may have replaced or removed the "
-                                    f"release it installed. `pip install '{wanted}'` puts back one in range.")
-        except ImportError as out_of_range:  # PackageNotFoundError (uninstalled since) is one too
-            # args[0], the message: a PackageNotFoundError's str() reads "No package metadata was found for" it
-            raise ImportError(out_of_range.args[0], name=PACKAGE) from None
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            yield requirement
+
+
+def refusal(requirement: Requirement, needed_by: str, missing_is_refused: bool = True) -> str | None:
+    """Why the installed release of `requirement` does not satisfy it, as pip reads a range (PEP 440: a pre-release
+    is compared, not admitted unless the range names one), and the pip command that mends it; None where it does."""
+    wanted = f"{requirement.name}{requirement.specifier}"
+    try:
+        installed = importlib.metadata.version(requirement.name)
+    except importlib.metadata.PackageNotFoundError:
+        if not missing_is_refused:
+            return None
+        found = f"{requirement.name} is not installed"
+    else:
+        if requirement.specifier.contains(installed, prereleases=True):
+            return None
+        found = f"{requirement.name} {installed} is installed"
+    return (f"{wanted} is required, but {found}.\n{needed_by} needs it; a later pip command may have replaced or "
+            f"removed the release it installed. `pip install '{wanted}'` puts back one in range.")
+
+
+def check_installed_dependencies() -> None:
+    """Raise ImportError (`name` PACKAGE) naming the first runtime requirement (not an extra's) of the package, or of
+    transformers, that the installed release falls outside, or (the package's) that is not installed, and the pip
+    command that mends it. transformers' requirements that are not installed are left to its import, which names the
+    module it lacks: it checks the ranges of what is installed only."""
+    for requirement in runtime_requirements(DISTRIBUTION):
+        if reason := refusal(requirement, DISTRIBUTION):
+            raise ImportError(reason, name=PACKAGE)
+    # After ours, which put transformers' own release in range.
+    for requirement in runtime_requirements("transformers"):
+        needed_by = f"transformers {importlib.metadata.version('transformers')}"
+        if reason := refusal(requirement, needed_by, missing_is_refused=False):
+            raise ImportError(reason, name=PACKAGE)
 
 
 # As the package is imported: its `__init__` imports this module before any other.
