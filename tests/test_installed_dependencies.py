@@ -18,6 +18,18 @@ def installed_instead(monkeypatch, name: str, version: str) -> None:
     monkeypatch.setattr(importlib.metadata, "version", lambda asked: version if asked == name else real(asked))
 
 
+def uninstalled(monkeypatch, name: str) -> None:
+    """importlib.metadata finds no distribution `name`, the truth for every other."""
+    real = importlib.metadata.version
+
+    def version(asked):
+        if asked == name:
+            raise importlib.metadata.PackageNotFoundError(asked)
+        return real(asked)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
 def test_the_environment_of_the_suite_is_in_range():
     check_installed_dependencies()
 
@@ -61,26 +73,12 @@ def test_a_pre_release_of_the_next_minor_is_out_of_range(monkeypatch):
 def test_a_requirement_of_transformers_not_installed_is_left_to_its_import(monkeypatch):
     """transformers checks the ranges of what is installed (tokenizers, say, only where installed): so does the
     package, for transformers' requirements, not to refuse an environment that transformers runs in."""
-    real = importlib.metadata.version
-
-    def without_regex(name):
-        if name == "regex":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without_regex)
+    uninstalled(monkeypatch, "regex")
     check_installed_dependencies()
 
 
 def test_a_dependency_uninstalled_since_is_named_as_missing(monkeypatch):
-    real = importlib.metadata.version
-
-    def uninstalled(name):
-        if name == "seqeval":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", uninstalled)
+    uninstalled(monkeypatch, "seqeval")
     with pytest.raises(ImportError) as refused:
         check_installed_dependencies()
     assert str(refused.value).startswith("seqeval>=1.2.2 is required, but seqeval is not installed.\n")
