@@ -30,22 +30,23 @@ def runtime_requirements(distribution: str) -> Iterator[Requirement]:
             yield requirement
 
 
-def refusal(requirement: Requirement, needed_by: str, missing_is_refused: bool = True) -> str | None:
+def out_of_range(requirement: Requirement, missing_is_refused: bool = True) -> str | None:
     """Why the installed release of `requirement` does not satisfy it, as pip reads a range (PEP 440: a pre-release
-    is compared, not admitted unless the range names one), and the pip command that mends it; None where it does."""
-    wanted = f"{requirement.name}{requirement.specifier}"
+    is compared, not admitted unless the range names one); None where it does."""
     try:
         installed = importlib.metadata.version(requirement.name)
     except importlib.metadata.PackageNotFoundError:
-        if not missing_is_refused:
-            return None
-        found = f"{requirement.name} is not installed"
+        found = f"{requirement.name} is not installed" if missing_is_refused else None
     else:
-        if requirement.specifier.contains(installed, prereleases=True):
-            return None
-        found = f"{requirement.name} {installed} is installed"
-    return (f"{wanted} is required, but {found}.\n{needed_by} needs it; a later pip command may have replaced or "
-            f"removed the release it installed. `pip install '{wanted}'` puts back one in range.")
+        found = None if requirement.specifier.contains(installed, prereleases=True) else \
+            f"{requirement.name} {installed} is installed"
+    return found and f"{requirement.name}{requirement.specifier} is required, but {found}"
+
+
+def refused(reason: str, requirement: Requirement, needed_by: str) -> ImportError:
+    wanted = f"{requirement.name}{requirement.specifier}"
+    return ImportError(f"{reason}.\n{needed_by} needs it; a later pip command may have replaced or removed the release "
+                       f"it installed. `pip install '{wanted}'` puts back one in range.", name=PACKAGE)
 
 
 def check_installed_dependencies() -> None:
@@ -54,13 +55,12 @@ def check_installed_dependencies() -> None:
     command that mends it. transformers' requirements that are not installed are left to its import, which names the
     module it lacks: it checks the ranges of what is installed only."""
     for requirement in runtime_requirements(DISTRIBUTION):
-        if reason := refusal(requirement, DISTRIBUTION):
-            raise ImportError(reason, name=PACKAGE)
+        if reason := out_of_range(requirement):
+            raise refused(reason, requirement, DISTRIBUTION)
     # After ours, which put transformers' own release in range.
     for requirement in runtime_requirements("transformers"):
-        needed_by = f"transformers {importlib.metadata.version('transformers')}"
-        if reason := refusal(requirement, needed_by, missing_is_refused=False):
-            raise ImportError(reason, name=PACKAGE)
+        if reason := out_of_range(requirement, missing_is_refused=False):
+            raise refused(reason, requirement, f"transformers {importlib.metadata.version('transformers')}")
 
 
 # As the package is imported: its `__init__` imports this module before any other.
