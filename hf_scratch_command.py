@@ -3,7 +3,7 @@ starts before anything heavy. Importing `hf_scratch_transformer` imports torch a
 AVX2 host): `--help`, `--version` and an unknown command are answered without it, and a Ctrl-C while a command's
 imports run stops with one line and exit status 130 (not a KeyboardInterrupt traceback), as the training commands'
 own handler (`run_options.stop_cleanly_on_ctrl_c`) stops them later. An environment the package refuses (a dependency
-out of its range) is answered with the reason and the fix alone, without the import's traceback.
+out of its range or of transformers') is answered with the reason and the fix alone, without the import's traceback.
 
 Each subcommand is a flat script module of `hf_scratch_transformer.cli` (or `tokenizer_training`), run as
 `__main__` with the remaining arguments, so that

@@ -1,10 +1,10 @@
 """hf-scratch-transformer: the Transformer of "Attention Is All You Need", written from scratch, as three
 Hugging Face model families (decoder-only, encoder-only, encoder-decoder).
 
-Importing the package checks the installed releases of its dependencies against its ranges (`installed_dependencies`)
-and registers every config and model with the `transformers` Auto classes (from each config's
-`family_auto_map`), marks each class for `register_for_auto_class`, so that `save_pretrained` writes the model
-code next to the weights; the seq2seq model file registers the pipeline task `scratch-text2text`. Saved folders
+Importing the package checks the installed releases of its dependencies against its ranges and transformers' own
+(`installed_dependencies`), and registers every config and model with the `transformers` Auto classes (from each
+config's `family_auto_map`), marks each class for `register_for_auto_class`, so that `save_pretrained` writes the
+model code next to the weights; the seq2seq model file registers the pipeline task `scratch-text2text`. Saved folders
 then load with `trust_remote_code=True` where this package is not installed. This file is never copied there.
 """
 
