@@ -13,8 +13,22 @@ Also, for runs that emulate another instruction set, an inductor cache of their 
 import os
 import re
 import tempfile
+import warnings
 
+import torch
+from packaging.version import Version
 from transformers import CompileConfig
+
+# The inductor of PyTorch 2.11 and 2.12 writes a CPU decoding step that does not compile (its bounds check on the
+# positions, for a static cache of a second length with absolute positions; with either wrapper), and 2.11's
+# `torch.compiler.is_exporting()` is true under torch.compile, so one-row products keep the BLAS: compiled CPU decoding
+# is tested from 2.13 (docs/testing.md, "Which versions").
+FIRST_SOUND_CPU_INDUCTOR = Version("2.13")
+
+
+def cpu_inductor_is_sound() -> bool:
+    """Whether this PyTorch compiles our CPU decoding steps as tested (`FIRST_SOUND_CPU_INDUCTOR`)."""
+    return Version(torch.__version__).release >= FIRST_SOUND_CPU_INDUCTOR.release
 
 
 def cpu_compile_config() -> CompileConfig:
@@ -24,6 +38,10 @@ def cpu_compile_config() -> CompileConfig:
     (1.08-1.10x the Python wrapper's rate, GPT-2 and Marian at 6 x 384 on an AVX-512 Intel Xeon; the same kernels,
     the same results). It costs compile time once per step shape: 10 s against 6 for a new maximum length (the
     first call about 19 s either way, 4.5 s against 4.1 from inductor's on-disk cache)."""
+    if not cpu_inductor_is_sound():
+        warnings.warn(f"PyTorch {torch.__version__}'s inductor fails to compile some CPU decoding steps (a static "
+                      "cache of a second length, absolute positions): compiled "
+                      f"decoding on a CPU is tested from PyTorch {FIRST_SOUND_CPU_INDUCTOR}.", stacklevel=2)
     config = CompileConfig(mode=None, options={"cpp_wrapper": True})  # torch.compile takes a mode or options
     config._compile_all_devices = True
     return config

@@ -3,6 +3,7 @@ Compilation takes tens of seconds on CPU, so these are marked slow; CI runs them
 
 import os
 import tempfile
+import warnings
 
 import pytest
 import torch
@@ -10,9 +11,17 @@ import torch.nn.functional as F
 from tiny_models import FAMILIES, lm_inputs, tiny_config, tiny_lm
 
 from hf_scratch_transformer import kernel_choice
-from hf_scratch_transformer.compiled_decoding import cpu_compile_config, inductor_cache_of_its_own_when_emulating
+from hf_scratch_transformer.compiled_decoding import (
+    cpu_compile_config,
+    cpu_inductor_is_sound,
+    inductor_cache_of_its_own_when_emulating,
+)
 from hf_scratch_transformer.scratch_layers import ScratchFeedForward
 from hf_scratch_transformer.scratch_linear import ScratchLinear
+
+# What the inductor of PyTorch 2.11-2.12 fails (compiled_decoding.FIRST_SOUND_CPU_INDUCTOR): cpu_compile_config() warns
+needs_a_sound_cpu_inductor = pytest.mark.skipif(not cpu_inductor_is_sound(),
+                                                reason=f"PyTorch {torch.__version__}'s inductor: see compiled_decoding")
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +114,7 @@ def test_compiled_static_cache_decoding_gives_the_same_tokens(family, batch, slo
     assert torch.equal(compiled, reference)
 
 
+@needs_a_sound_cpu_inductor
 @pytest.mark.parametrize("family, positions", [("decoder", "learned"), ("decoder", "sinusoidal"),
                                                ("seq2seq", "learned")])
 def test_compiled_decoding_past_the_absolute_positions_names_the_generation_lengths(family, positions):
@@ -126,6 +136,7 @@ def test_compiled_decoding_past_the_absolute_positions_names_the_generation_leng
                        **compiled)
 
 
+@needs_a_sound_cpu_inductor
 @pytest.mark.parametrize("slow_rows", [True, False], ids=["blas-slow-over-a-row", "blas-at-a-sums-rate"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bias, slow_rows, monkeypatch):
@@ -154,6 +165,7 @@ def test_a_compiled_fp32_product_of_one_row_is_a_row_dot_the_others_a_linear(bia
         assert ("linear" in graphs[-1], ".sum(" in graphs[-1]) == (not row_dot, row_dot), graphs[-1]
 
 
+@needs_a_sound_cpu_inductor
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 def test_a_compiled_feed_forward_of_one_row_writes_its_activation_out_for_the_down_projection(activation,
                                                                                                  slow_blas_rows):
@@ -243,3 +255,13 @@ def test_an_emulated_instruction_set_compiles_into_a_cache_of_its_own(setting, m
     expected = {"cache named": str(tmp_path), "machine's own": default_cache_dir()}.get(setting, own)
     assert folder == (own if setting.startswith("emulated") else None)
     assert cache_dir() == os.path.abspath(expected)  # where inductor compiles to
+
+
+def test_the_cpu_compile_config_warns_of_a_pytorch_whose_inductor_fails_our_steps(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.12.0+cu130")
+    with pytest.warns(UserWarning, match=r"PyTorch 2\.12\.0\+cu130's inductor fails .* from PyTorch 2\.13"):
+        cpu_compile_config()
+    monkeypatch.setattr(torch, "__version__", "2.13.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cpu_compile_config().options == {"cpp_wrapper": True}
