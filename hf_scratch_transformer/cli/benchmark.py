@@ -18,8 +18,8 @@ difference. The line under the table sorts the tok/s rows so: faster, tied, slow
 decoding, eager and (--compiled) compiled, against the native model's eager decoding, the reference of the 1.5x
 target, and names what reaches it, or else the fastest decoding of either model measured: the compiled row times the
 native model's eager decoding alongside its two sides (native, ours, native eager; then ours, native eager, native;
-...), so that every figure of the line is a paired ratio with its interval; the last sets bf16 training against its
-1.1x target, where the run has bf16 rows.
+...), so that every figure of the line is a median of paired ratios, with its interval; the last sets bf16
+training against its 1.1x target, where the run has bf16 rows.
 
 - training tokens/s: forward + backward + AdamW step (dropout on, as configured) on a batch x seq batch with
   labels (causal LM on the inputs; MLM with 15% masked positions; seq2seq with seq-long targets), in fp32 and
@@ -565,11 +565,12 @@ def decode_row(family: str, models: dict, batch: int, extra: dict, variant: str 
 
 
 def against_reference(samples: dict, tokens: int) -> dict:
-    """The batch-1 target's reference timed in a row (seconds in `samples`, beside each side's): its rate and the
-    interval of each side's paired throughput ratios against it."""
+    """The batch-1 target's reference timed in a row (seconds in `samples`, beside each side's): its rate, each
+    side's paired throughput ratios against it (`paired_ratios`) and their interval (under the side's name)."""
     reference = samples[TARGET_REFERENCE]
-    return dict(name=TARGET_REFERENCE, rate=tokens / statistics.median(reference), samples=reference) | {
-        side: median_interval([r / s for r, s in zip(reference, samples[side], strict=True)]) for side in SIDES}
+    paired = {side: [r / s for r, s in zip(reference, samples[side], strict=True)] for side in SIDES}
+    return dict(name=TARGET_REFERENCE, rate=tokens / statistics.median(reference), samples=reference,
+                paired_ratios=paired) | {side: median_interval(ratios) for side, ratios in paired.items()}
 
 
 def bench_int8_decode() -> tuple[list, dict]:
