@@ -28,7 +28,7 @@ quickstart: $(VENV)/.installed
 	$(BIN)/hf-scratch train --output-dir outputs/quickstart --overwrite-output-dir --max-minutes 3.5
 
 test: $(VENV)/.installed-test
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
 
 clean:
 	rm -rf $(VENV) outputs .hf_conformance
