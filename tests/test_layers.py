@@ -89,12 +89,14 @@ def test_eager_and_sdpa_models_give_the_same_outputs(family, variant):
     torch.testing.assert_close(sdpa_out.loss, eager_out.loss, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family, variant", [("decoder", dict(num_key_value_heads=2)),
-                                             ("decoder", dict(position_embedding_type="rope", sliding_window=4)),
-                                             ("encoder", dict()), ("seq2seq", dict(position_embedding_type="rope"))])
+@pytest.mark.parametrize("family, variant", [("decoder", dict(position_embedding_type="rope", sliding_window=4)),
+                                             ("encoder", dict())])
 def test_flex_attention_gives_the_outputs_of_sdpa(family, variant):
     """Every family was refused `attn_implementation="flex_attention"`, which native Llama, BERT and Marian take (on
-    CPU too): the masks come from transformers' `masking_utils`, which builds flex's block masks."""
+    CPU too): the masks come from transformers' `masking_utils`, which builds flex's block masks. Here what no native
+    model under flex has (sliding windows with padding; BERT has no flex); grouped-query attention and the
+    encoder-decoder's against Llama and Marian under flex: tests/test_parity_hf.py. Each variant compiles flex
+    attention for its masks and lengths: 15-40 s on a 2-core CPU."""
     sdpa = tiny_lm(family, **variant).eval()
     flex = tiny_lm(family, attn_implementation="flex_attention", **variant).eval()
     flex.load_state_dict(sdpa.state_dict())

@@ -206,16 +206,25 @@ def test_dropout_sits_where_the_native_models_has_it(native_factory, monkeypatch
 
 @pytest.mark.parametrize("native_factory", [llama, marian])
 def test_flex_attention_is_kept_both_ways(native_factory):
-    """A native model under `attn_implementation="flex_attention"` became ours under sdpa."""
+    """A native model under `attn_implementation="flex_attention"` became ours under sdpa. Under flex, with padding
+    (the decoder's on the left, the source's on the right), ours gives the native model's logits: grouped-query
+    rotary attention and the three attentions of an encoder-decoder (tests/test_layers.py: sliding windows, BERT's)."""
     native = native_factory(attn_implementation="flex_attention").eval()
     ours = from_hf(native)
     assert ours.config._attn_implementation == to_hf(ours).config._attn_implementation == "flex_attention"
     ids = _ids()
-    inputs = {"input_ids": ids}
+    mask = torch.ones_like(ids)
+    inputs = {"input_ids": ids, "attention_mask": mask}
     if native.config.is_encoder_decoder:
         inputs["decoder_input_ids"] = ids[:, :4]
+        mask[1, -3:] = 0
+        real = torch.ones(2, 4, dtype=torch.bool)
+    else:
+        mask[1, :3] = 0
+        real = mask.bool()  # a padding query's row is fully masked: its output means nothing
     with torch.no_grad():
-        torch.testing.assert_close(ours(**inputs).logits, native(**inputs).logits, atol=ATOL, rtol=0)
+        actual, expected = ours(**inputs).logits, native(**inputs).logits
+    torch.testing.assert_close(actual[real], expected[real], atol=ATOL, rtol=0)
 
 
 def test_flex_attention_exports_to_gpt2_under_its_default():
