@@ -18,6 +18,8 @@ import sys
 import traceback
 from pathlib import Path
 
+HEADER = "\n==> "  # before each script's output under --run, on stdout and stderr
+
 
 def run_without_package(folder: Path, *arguments) -> subprocess.CompletedProcess:
     """This file run as a script with `arguments`, in a fresh interpreter working in `folder` (its `trust_remote_code`
@@ -42,8 +44,6 @@ def _section(output: str, script) -> str:
     """The part of `output` under `script`'s header, up to the next header."""
     return output.split(_header(script))[1].split(HEADER)[0]
 
-
-HEADER = "\n==> "
 
 
 def _header(script) -> str:

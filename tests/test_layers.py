@@ -96,7 +96,7 @@ def test_flex_attention_gives_the_outputs_of_sdpa(family, variant):
     CPU too): the masks come from transformers' `masking_utils`, which builds flex's block masks. Here what no native
     model under flex has (sliding windows with padding; BERT has no flex); grouped-query attention and the
     encoder-decoder's against Llama and Marian under flex: tests/test_parity_hf.py. Each variant compiles flex
-    attention for its masks and lengths: 15-40 s on a 2-core CPU."""
+    attention for its masks and lengths: 15-40 s on 2 cores of an AVX2-only AMD EPYC."""
     sdpa = tiny_lm(family, **variant).eval()
     flex = tiny_lm(family, attn_implementation="flex_attention", **variant).eval()
     flex.load_state_dict(sdpa.state_dict())
