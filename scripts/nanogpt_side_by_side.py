@@ -14,8 +14,8 @@ The recipe is the one nanoGPT's README gives for CPU: 4 layers, 4 heads, 128 wid
 iterations, dropout 0, learning rate 1e-3 with 100 warm-up steps and cosine decay, AdamW beta2 0.99, weight decay
 0.1, gradient clipping 1.0, no bias in LayerNorm and Linear, tied embeddings, GELU. Both sides use nanoGPT's
 split: the first 90% of the characters for training, the last 10% for validation. Ours runs `scripts/train.py`
-(Trainer) with a byte-level BPE tokenizer trained without merges (one token per character: Tiny Shakespeare is
-ASCII), so its loss is per character like nanoGPT's; our documents are paragraphs wrapped in <s> ... </s>, and we
+(Trainer) with nanoGPT's vocabulary, the corpus's 65 characters (`tokenizer_training.character_tokenizer`), so its
+loss is per character like nanoGPT's; our documents are paragraphs wrapped in <s> ... </s>, and we
 evaluate on the whole validation split where nanoGPT estimates on 20 random batches. Results: docs/nanogpt.md.
 nanoGPT is not vendored: pass a checkout of github.com/karpathy/nanoGPT.
 """
@@ -32,11 +32,13 @@ from pathlib import Path
 
 import torch
 
+from tokenizer_training import character_tokenizer
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "tinyshakespeare" / "input.txt"
 
 OURS = [
-    "--preset", "gpt-mini", "--tokenizer-kind", "bpe", "--vocab-size", "260",  # the bytes and 4 specials: no merges
+    "--preset", "gpt-mini",  # and run_ours's --tokenizer: nanoGPT's characters
     "--set", "num_hidden_layers=4", "num_attention_heads=4", "hidden_size=128", "intermediate_size=512",
     'hidden_act="gelu"', "dropout=0", "max_position_embeddings=64", "use_bias=false",
     "--max-length", "64", "--batch-size", "12", "--max-steps", "2000", "--learning-rate", "1e-3",
@@ -68,7 +70,7 @@ def corpus_split() -> dict[str, str]:
 
 
 # What this script writes into its work folder; anything else there is someone else's.
-WORK_FILES = {"train.txt", "val.txt", "ours", "ours.log"}
+WORK_FILES = {"train.txt", "val.txt", "tokenizer", "ours", "ours.log"}
 
 
 def work_folder_problem(work: Path) -> str | None:
@@ -89,10 +91,15 @@ def work_folder_problem(work: Path) -> str | None:
 def run_ours(work: Path) -> dict:
     for name, text in corpus_split().items():
         (work / name).write_text(text)
+    # nanoGPT's vocabulary: the corpus's characters (its prepare.py), here after our decoder's 4 special tokens, and a
+    # model of exactly that many rows, not rounded up to 64 as a run's own tokenizer is.
+    tokenizer = character_tokenizer("decoder", CORPUS.read_text())
+    tokenizer.save_pretrained(work / "tokenizer")
     # The work folder is this script's own: a second comparison replaces the first one's run.
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--output-dir", str(work / "ours"),
                "--overwrite-output-dir", "--train-files", str(work / "train.txt"),
-               "--validation-files", str(work / "val.txt"), *OURS]
+               "--validation-files", str(work / "val.txt"), "--tokenizer", str(work / "tokenizer"), *OURS,
+               "--set", f"vocab_size={len(tokenizer)}"]
     seconds, output = timed(command, ROOT, work / "ours.log")
     train_seconds = float(re.findall(r"'train_runtime': '([\d.]+)'", output)[-1])
     eval_seconds = sum(float(t) for t in re.findall(r"'eval_runtime': '([\d.]+)'", output))

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, BertTokenizer
 from transformers.testing_utils import CaptureLogger
 from transformers.tokenization_utils_base import logger as tokenization_logger
 
-from tokenizer_training import load_data, padded_vocab_size, special_token_ids, train_tokenizer
+from tokenizer_training import character_tokenizer, load_data, padded_vocab_size, special_token_ids, train_tokenizer
 from tokenizer_training.trainers import FAMILIES, KINDS, SPECIAL_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -768,3 +768,53 @@ def test_cli_reads_every_file_of_a_repeated_files_option(tmp_path, monkeypatch):
           str(tmp_path / "b.txt"), "--vocab-size", "300", "--output-dir", str(tmp_path / "tokenizer")])
     vocabulary = AutoTokenizer.from_pretrained(tmp_path / "tokenizer").get_vocab()
     assert "abab" in vocabulary and "xyxy" in vocabulary
+
+
+# ----------------------------------------------------------------------------------------------- character_tokenizer
+CORPUS = (ROOT / "data/tinyshakespeare/input.txt").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_character_tokenizer_has_nanogpts_ids_after_the_familys_special_tokens(family, tmp_path):
+    """nanoGPT's shakespeare_char/prepare.py: `chars = sorted(list(set(data)))`, `stoi = {ch: i for i, ch in
+    enumerate(chars)}`; ours are those ids after the family's special tokens, with the family's template, reloaded
+    alike by AutoTokenizer."""
+    tok = character_tokenizer(family, CORPUS, model_max_length=64)
+    specials = EXPECTED_IDS[family]
+    stoi = {char: i for i, char in enumerate(sorted(set(CORPUS)))}
+    assert len(stoi) == 65 and len(tok) == len(specials) + 65
+    assert tok.convert_tokens_to_ids(list(specials)) == list(specials.values())
+    ids = tok(SAMPLE, add_special_tokens=False).input_ids
+    assert ids == [len(specials) + stoi[char] for char in SAMPLE]
+    assert tok(SAMPLE).input_ids == _framed(tok, family, ids)
+    first, second = (tok(text, add_special_tokens=False).input_ids for text in LINES[:2])
+    assert tok(LINES[0], LINES[1]).input_ids == _framed(tok, family, first, second)
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded(SAMPLE).input_ids == tok(SAMPLE).input_ids and loaded.model_max_length == 64
+    assert special_token_ids(loaded) == special_token_ids(tok)
+    assert loaded.padding_side == ("left" if family == "decoder" else "right")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=40, deadline=None)
+@given(text=TEXTS | st.text(alphabet=sorted(set(CORPUS)), max_size=40))
+def test_a_character_tokenizer_gives_each_character_one_token_and_decodes_those_it_knows(family, text):
+    """Each character outside the special tokens is one token (its own, or the unknown token); decoding gives back the
+    known ones, spaces and line breaks as they were ("a [MASK]" keeps its space: a character is masked alone)."""
+    tok = character_tokenizer(family, CORPUS)
+    plain = _without_specials(tok, text)
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert len([id_ for id_ in ids if id_ not in tok.all_special_ids or id_ == tok.unk_token_id]) == len(plain) + \
+        text.count(tok.unk_token)
+    known = set(CORPUS)
+    assert tok.decode(ids, skip_special_tokens=True) == "".join(char for char in plain if char in known)
+
+
+@pytest.mark.parametrize("args, message", [(("causal", "abc"), "decoder, encoder, seq2seq"),
+                                           (("decoder", ""), "`text` must be a non-empty string"),
+                                           (("decoder", ["a", "b"]), "`text` must be a non-empty string"),
+                                           (("decoder", "abc", 0), "`model_max_length` must be a positive integer")])
+def test_a_character_tokenizer_names_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        character_tokenizer(*args)

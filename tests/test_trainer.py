@@ -9,7 +9,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.presets import PRESETS, get_preset
-from hf_scratch_transformer.training import weight_decay_groups
+from hf_scratch_transformer.training import ParametersCountedOnce, weight_decay_groups
 
 
 def _examples(family: str, count: int = 64, length: int = 12) -> list[dict]:
@@ -51,6 +51,28 @@ def test_trainer_lowers_the_loss(family, tmp_path):
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 8
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_the_flop_estimate_counts_the_parameters_once_and_equals_trainers(family, tmp_path, monkeypatch):
+    """`ParametersCountedOnce` (our commands' Trainers) reaches Trainer's `total_flos` with one parameter count in
+    place of one a step, and counts again for another model."""
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, save_strategy="no",
+                             report_to=[], disable_tqdm=True, use_cpu=True)
+    runs = {}
+    for name, trainer_class in (("Trainer", Trainer), ("ours", type("Ours", (ParametersCountedOnce, Trainer), {}))):
+        model = tiny_lm(family)
+        counts = []
+        monkeypatch.setattr(model, "num_parameters", lambda *a, _m=model, _c=counts, **k: _c.append(1) or
+                            type(_m).num_parameters(_m, *a, **k))
+        trainer = trainer_class(model=model, args=args, train_dataset=_examples(family, count=12))
+        trainer.train()
+        runs[name] = trainer.state.total_flos, len(counts)
+    assert runs["ours"][0] == runs["Trainer"][0] > 0 and runs["ours"][1] == 1 < runs["Trainer"][1]
+    inputs = {"input_ids": torch.ones(2, 5, dtype=torch.long)}
+    trainer.model = tiny_lm(family, hidden_size=64, intermediate_size=128)
+    assert trainer.floating_point_ops(inputs) == 6 * 10 * trainer.model.num_parameters(exclude_embeddings=True)
 
 
 HEADS = [

@@ -1,5 +1,6 @@
 """Tokenizers for the Scratch model families: byte-level BPE, WordPiece or Unigram, trained with the `tokenizers`
-library on local text files or a `datasets` dataset, returned as a `PreTrainedTokenizerFast`.
+library on local text files or a `datasets` dataset, returned as a `PreTrainedTokenizerFast`; or one token per
+character of a text (`character_tokenizer`, nanoGPT's character-level vocabulary).
 
     tok = train_tokenizer("bpe", "decoder", files=["data/tinyshakespeare/input.txt"], vocab_size=8000)
     tok.save_pretrained("outputs/tokenizer")  # AutoTokenizer.from_pretrained loads it back
@@ -16,10 +17,10 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from .trainers import FAMILIES, KINDS, train
+from .trainers import FAMILIES, KINDS, characters, train
 
-__all__ = ["FILE_BUILDERS", "TEXT_ENCODING", "TOKENIZER_FILES", "check_text_file", "load_data", "padded_vocab_size",
-           "special_token_ids", "train_tokenizer"]
+__all__ = ["FILE_BUILDERS", "TEXT_ENCODING", "TOKENIZER_FILES", "character_tokenizer", "check_text_file", "load_data",
+           "padded_vocab_size", "special_token_ids", "train_tokenizer"]
 # `datasets.load_dataset` takes Hub names and local folders; a single local file needs its format named: the builder.
 FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # UTF-8, less the byte-order mark that Windows editors write first: read as text, U+FEFF began the first example.
@@ -76,6 +77,20 @@ def train_tokenizer(
     else:
         texts, length = _dataset_batches(dataset, text_column)
     return train(kind, family, texts, length, vocab_size, min_frequency, model_max_length)
+
+
+def character_tokenizer(family: str, text: str, model_max_length: int | None = None) -> PreTrainedTokenizerFast:
+    """A tokenizer for `family` whose vocabulary is the family's special tokens, then each character of `text`
+    (sorted): one token per character, as nanoGPT's shakespeare_char (65 characters for Tiny Shakespeare, 69 ids with
+    the decoder's specials). Nothing is learned, so pass a text holding every character the data uses; any other
+    character becomes the unknown token. Special tokens and templates are `train_tokenizer`'s for the family."""
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown model family {family!r}; choose one of {', '.join(FAMILIES)}.")
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"`text` must be a non-empty string holding the vocabulary's characters, got {text!r:.40}.")
+    if model_max_length is not None and (not isinstance(model_max_length, int) or model_max_length < 1):
+        raise ValueError(f"`model_max_length` must be a positive integer or None, got {model_max_length!r}.")
+    return characters(text, family, model_max_length)
 
 
 def padded_vocab_size(tokenizer, multiple: int = 64) -> int:

@@ -104,10 +104,30 @@ def train(
             f"`vocab_size` {vocab_size} is too small for a {kind} tokenizer of this text: its alphabet and special "
             f"tokens alone are {tokenizer.get_vocab_size()} tokens; choose a larger one."
         )
+    return _for_family(tokenizer, kind, family, model_max_length)
 
-    if "mask_token" in roles and kind != "wordpiece":
+
+def characters(text: str, family: str, model_max_length: int | None) -> PreTrainedTokenizerFast:
+    """One token per character of `text`, after `family`'s special tokens: nanoGPT's character vocabulary (the 65 of
+    Tiny Shakespeare). A BPE model without merges and without a pre-tokenizer: every character of a text is its own
+    token, spaces and line breaks included, so text of those characters round-trips; others are `unk_token`."""
+    roles = SPECIAL_TOKENS[family]
+    specials = list(roles.values())
+    vocab = {token: id_ for id_, token in enumerate([*specials, *sorted(set(text))])}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=roles["unk_token"]))
+    tokenizer.decoder = decoders.Fuse()  # characters joined as they are (without a decoder: joined by spaces)
+    tokenizer.add_special_tokens(specials)
+    return _for_family(tokenizer, "characters", family, model_max_length)
+
+
+def _for_family(tokenizer: Tokenizer, kind: str, family: str, model_max_length: int | None) -> PreTrainedTokenizerFast:
+    """`tokenizer` (of `kind`, its specials in it) with `family`'s templates, as a `PreTrainedTokenizerFast`."""
+    roles = SPECIAL_TOKENS[family]
+    specials = list(roles.values())
+    if "mask_token" in roles and kind in ("bpe", "unigram"):
         # As RoBERTa's <mask>: the space before it belongs to it, else "a [MASK]" holds a lone `Ġ` / `▁` token that
-        # training never puts there (masking replaces `Ġword` whole). WordPiece drops spaces anyway, as BERT's does.
+        # training never puts there (masking replaces `Ġword` whole). WordPiece drops spaces anyway, as BERT's does;
+        # characters mask one character, a space as any other.
         tokenizer.add_special_tokens([AddedToken(roles["mask_token"], lstrip=True, special=True, normalized=False)])
     single, pair = _TEMPLATES[family]
     template = processors.TemplateProcessing(

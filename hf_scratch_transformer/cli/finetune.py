@@ -89,7 +89,8 @@ def step_budget(text: str) -> int:
     return value
 
 
-class ClassificationTrainer(evaluation.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeTrainer):
+class ClassificationTrainer(training.ParametersCountedOnce, evaluation.TokenWeightedEvaluationLoss, ShardedTrainer,
+                            CrashSafeTrainer):
     """FSDP under an FSDP launch, on CPU processes too, with a final folder of the full weights (`ShardedTrainer`, as
     `train`'s): Accelerate ran such a launch on CPU as DDP without a word, and `Trainer.save_model` writes no weights
     under FSDP's sharded state dict. Its evaluation loss counts each labelled word (sentences carry different numbers

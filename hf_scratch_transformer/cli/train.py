@@ -86,7 +86,8 @@ RECIPES = {"vaswani": dict(lr_scheduler="inverse_sqrt", warmup_steps=4000, adam_
                            label_smoothing=0.1, max_grad_norm=1.0)}
 
 
-class ShardedCrashSafeTrainer(evaluation.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeTrainer):
+class ShardedCrashSafeTrainer(training.ParametersCountedOnce, evaluation.TokenWeightedEvaluationLoss, ShardedTrainer,
+                              CrashSafeTrainer):
     """The causal LM's, token-weighted too: the last packed block of the validation data is short, and Trainer's
     loss (each process's divided by the labels of all) weighed it against the labels of the repeated blocks that
     fill the other processes' last batch (3% off in two processes, tests/test_accelerate.py)."""
@@ -96,7 +97,8 @@ class MaskedLMTrainer(training.MasksOfEachStep, ShardedCrashSafeTrainer):
     pass
 
 
-class ShardedSeq2SeqTrainer(evaluation.TokenWeightedEvaluationLoss, ShardedTrainer, CrashSafeSeq2SeqTrainer):
+class ShardedSeq2SeqTrainer(training.ParametersCountedOnce, evaluation.TokenWeightedEvaluationLoss, ShardedTrainer,
+                            CrashSafeSeq2SeqTrainer):
     def prediction_step(self, *args, **kwargs):
         """Seq2SeqTrainer's, leaving the model's generation config as it was: transformers' writes every legacy
         default into it in place (max_length 20, greedy search, top_k 50, ...), and the saved folder shipped them to
