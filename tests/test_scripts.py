@@ -793,6 +793,35 @@ def test_the_nanogpt_side_by_side_times_the_models_step_for_step_in_pairs(tmp_pa
         assert 0 < low <= ratio <= high
 
 
+NANOGPT_PREPARE_STAND_IN = """
+# Stands in for nanoGPT's data/shakespeare_char/prepare.py: the characters' ids as uint16 (train.bin, first 90%).
+import numpy as np
+text = open("input.txt").read()
+stoi = {char: i for i, char in enumerate(sorted(set(text)))}
+np.array([stoi[char] for char in text[:int(len(text) * 0.9)]], dtype=np.uint16).tofile("train.bin")
+"""
+
+
+def test_the_nanogpt_side_by_side_pairs_each_step_of_our_command_with_an_iteration_of_nanogpts_loop(tmp_path):
+    """`--paired-steps N` runs our command (scripts/train.py, in the script's process) for N steps, an iteration of
+    nanoGPT's own loop before each of Trainer's steps, and prints the median of the pairs' ratios with an interval;
+    the first 10 pairs are left out. Without --nanogpt it names what it needs."""
+    (tmp_path / "model.py").write_text(NANOGPT_STAND_IN)
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare_char" / "prepare.py").write_text(NANOGPT_PREPARE_STAND_IN)
+    output = run_script("nanogpt_side_by_side.py", "--nanogpt", tmp_path, "--work-dir", tmp_path / "work",
+                        "--paired-steps", 13, cwd=tmp_path)
+    summary = next(line for line in output.splitlines() if "paired steps" in line)
+    assert "2 paired steps" in summary and "evaluation: loss" in output  # 12 pairs (the first step opens one), 10 out
+    ratio, low, high = (float(value) for value in re.search(
+        r"ours / nanoGPT ([\d.]+) \[95% bootstrap interval ([\d.]+), ([\d.]+)\]", summary).groups())
+    assert 0 < low <= ratio <= high
+    # nanoGPT's vocabulary: the corpus's 65 characters after our 4 special tokens, the model's rows not rounded up
+    assert json.loads((tmp_path / "work" / "ours" / "model" / "config.json").read_text())["vocab_size"] == 69
+    output = run_script("nanogpt_side_by_side.py", "--paired-steps", 13, cwd=tmp_path, returncode=2)
+    assert "--paired-steps needs --nanogpt" in output
+
+
 NANOGPT_TRAIN_STAND_IN = """
 # nanoGPT's train.py prints an evaluation every eval_interval (250) iterations, in the iteration's time, and a line
 # per iteration; this one prints the same lines, the evaluations' iterations 10x slower.

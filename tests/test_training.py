@@ -20,6 +20,7 @@ from transformers import (
     DataCollatorForSeq2Seq,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
+    default_data_collator,
 )
 from transformers.testing_utils import CaptureLogger
 from transformers.tokenization_utils_base import logger as tokenization_logger
@@ -255,6 +256,20 @@ def test_packing_ends_each_document_with_one_eos_also_where_the_tokenizer_append
     packed = training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), foreign, block_size=64)
     assert packed_stream(packed) == [token for text in documents for token in foreign(text).input_ids]
     assert packed_stream(packed).count(foreign.eos_token_id) == 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(documents=st.lists(st.text(alphabet="abc de\n", min_size=1, max_size=30), min_size=1, max_size=12),
+       block_size=st.integers(2, 9), batch=st.integers(1, 5))
+def test_the_collator_of_packed_blocks_stacks_them_as_transformers_default_one(bpe, documents, block_size, batch):
+    """`stack_blocks` (both entry points' causal-LM collator) gives `default_data_collator`'s batch, padding and
+    labels -100 of the last block included: the same keys, int64 tensors and values."""
+    blocks = list(training_data.pack_for_causal_lm(Dataset.from_dict({"text": documents}), bpe, block_size))
+    rows = blocks[-batch:]
+    ours, theirs = training_data.stack_blocks(rows), default_data_collator(rows)
+    assert ours.keys() == theirs.keys() == {"input_ids", "labels"}
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype == torch.int64 and torch.equal(ours[key], theirs[key])
 
 
 def test_packing_needs_an_eos_token(bpe):

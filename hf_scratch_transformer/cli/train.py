@@ -27,7 +27,6 @@ from transformers import (
     DataCollatorForSeq2Seq,
     Seq2SeqTrainingArguments,
     TrainingArguments,
-    default_data_collator,
     set_seed,
 )
 
@@ -246,7 +245,7 @@ if task == "causal-lm":
                 for split, texts in raw.items()}
     # Packed blocks have equal length and carry their labels: stacking is all. (Left as None, Trainer would pad them
     # with the tokenizer, twice the time per batch.)
-    collator = default_data_collator
+    collator = training_data.stack_blocks
 elif task == "masked-lm":
     datasets = {split: training_data.tokenize_for_mlm(texts, tokenizer, args.max_length)
                 for split, texts in raw.items()}

@@ -50,7 +50,6 @@ from transformers import (
     DataCollatorForSeq2Seq,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
-    default_data_collator,
     get_scheduler,
 )
 from transformers.trainer_utils import align_special_tokens
@@ -303,7 +302,7 @@ accelerator.print(f"model: {type(model).__name__}, {model.num_parameters() / 1e6
 masker = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15) if task == "masked-lm" else None
 with accelerator.main_process_first():
     if task == "causal-lm":
-        prepare, collate = training_data.pack_for_causal_lm, default_data_collator  # equal blocks carrying their labels
+        prepare, collate = training_data.pack_for_causal_lm, training_data.stack_blocks  # blocks with their labels
     elif task == "masked-lm":  # padded here, masked in the loop (see `masked_to_device`)
         prepare, collate = training_data.tokenize_for_mlm, DataCollatorWithPadding(tokenizer)
     else:
