@@ -4,12 +4,14 @@ import copy
 import functools
 import json
 import math
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
+from forked_python import run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import VOCAB, lm_inputs, tiny_config, tiny_lm
@@ -1047,3 +1049,31 @@ def test_overwriting_a_run_leaves_no_tokenizer_or_log_of_the_earlier_one(monkeyp
         assert not log.exists() if command == ["train"] else '"loss": 9.0' not in log.read_text()
     assert not (earlier / "tokenizer").exists() and not (earlier / "tokenizer.deleted").exists()
     assert (reused / "tokenizer/tokenizer.json").read_bytes() == (tmp_path / "decoder/tokenizer.json").read_bytes()
+
+
+FAULTS_OF_STEPS = """
+import resource, torch
+from hf_scratch_transformer import training
+def faults_of_steps(steps=10):
+    # a step allocates tensors of many sizes, as a training step's activations and gradients, then frees them all
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        tensors = [torch.ones(1 << 19) for _ in range(12)] + [torch.ones(n << 16) for n in range(1, 20)]
+        del tensors
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+faults_of_steps(2)
+default = faults_of_steps()
+took = training.keep_freed_memory()
+faults_of_steps(2)  # the heap grows to a step's size once
+print(default, took, faults_of_steps())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_training_commands_keep_a_steps_freed_memory_instead_of_faulting_it_in_again(tmp_path):
+    """`keep_freed_memory` (the training commands call it): steps that free and allocate the same tensors again
+    caused tens of thousands of minor page faults each with glibc's default thresholds, none after it."""
+    (tmp_path / "steps.py").write_text(FAULTS_OF_STEPS)
+    done = run_python([sys.executable, str(tmp_path / "steps.py")], cwd=tmp_path, timeout=300)
+    default, took, kept = done.stdout.split()[-3:]
+    assert int(default) > 10_000 and took == "True" and int(kept) < 100, done.stdout + done.stderr

@@ -419,6 +419,7 @@ collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classificat
             else DataCollatorForTokenClassification(tokenizer))
 
 # ----------------------------------------------------------------------------------------------- training
+training.keep_freed_memory()  # each step's tensors reused, not faulted in again (docs/nanogpt.md)
 preemption = training.Preemption()
 trainer = ClassificationTrainer(
     model=model,

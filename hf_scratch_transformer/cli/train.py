@@ -262,6 +262,7 @@ if task == "masked-lm":  # once, not at each evaluation (MasksOfEachStep masks a
     datasets["validation"] = training_data.mask_once(datasets["validation"], collator, args.seed)
 
 # ----------------------------------------------------------------------------------------------- training
+training.keep_freed_memory()  # each step's tensors reused, not faulted in again (docs/nanogpt.md)
 eval_steps = args.eval_steps or max(1, args.max_steps // 4)
 arguments = dict(
     output_dir=str(output_dir / "checkpoints"),

@@ -431,6 +431,7 @@ def summed_loss(batch: dict, epsilon: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- training loop
+training.keep_freed_memory()  # each step's tensors reused, not faulted in again (docs/nanogpt.md)
 stop = min(args.max_steps, args.stop_at_step or args.max_steps)
 save_steps = args.save_steps or max(1, args.max_steps // 4)
 log_file = output_dir / "loss_curve.jsonl"
