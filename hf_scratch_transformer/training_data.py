@@ -244,13 +244,13 @@ def pack_for_causal_lm(texts: Dataset, tokenizer, block_size: int) -> Dataset:
     return Dataset.from_generator(blocks, features=columns)  # cached, under a hash of `blocks` and what it reads
 
 
-
 def stack_blocks(blocks: list[dict]) -> dict[str, torch.Tensor]:
     """The collator of packed blocks (`pack_for_causal_lm`): each column's rows, all of one length, stacked into a
     (B, T) int64 tensor, as `default_data_collator` does; through NumPy, since `torch.tensor` of a list of lists of
     Python ints took 4.7x as long (123 against 26 us for 12 x 64 ids, one column; about 0.5% of a training step at
     nanoGPT's size, docs/nanogpt.md)."""
     return {key: torch.from_numpy(np.array([block[key] for block in blocks], dtype=np.int64)) for key in blocks[0]}
+
 
 def tokenize_for_mlm(texts: Dataset, tokenizer, max_length: int) -> Dataset:
     """Documents -> `[CLS] ... [SEP]` sequences of at most `max_length` tokens; the collator masks them. A longer

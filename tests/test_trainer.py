@@ -53,7 +53,6 @@ def test_trainer_lowers_the_loss(family, tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-
 @pytest.mark.parametrize("family", ["decoder", "seq2seq"])
 def test_the_flop_estimate_counts_the_parameters_once_and_equals_trainers(family, tmp_path, monkeypatch):
     """`ParametersCountedOnce` (our commands' Trainers) reaches Trainer's `total_flos` with one parameter count in

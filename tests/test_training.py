@@ -1018,7 +1018,6 @@ def test_pairs_left_out_of_a_dataset_for_a_blank_side_are_reported(tmp_path):
     assert reports == ["2 of the 4 training examples left out: their source or target is blank or missing"]
 
 
-
 @pytest.mark.parametrize("command", [["train"], ["train-accelerate", "--cpu"]])
 def test_overwriting_a_run_leaves_no_tokenizer_or_log_of_the_earlier_one(monkeypatch, tmp_path, command):
     """Under --overwrite-output-dir, a run given --tokenizer (or --model), or any `train` run, left the earlier
