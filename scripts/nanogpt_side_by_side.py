@@ -145,10 +145,11 @@ def run_nanogpt(checkout: Path) -> dict:
 
 
 def nanogpt_optimizer(model: torch.nn.Module) -> torch.optim.AdamW:
-    """nanoGPT's `configure_optimizers` on a CPU: AdamW (not fused), weight decay on matrices only."""
-    return torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-                              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
-                             lr=1e-3, betas=(0.9, 0.99))
+    """nanoGPT's `configure_optimizers` on a CPU: AdamW (not fused), weight decay on matrices only (the rule
+    `training.weight_decay_groups` shares with it)."""
+    from hf_scratch_transformer.training import weight_decay_groups
+
+    return torch.optim.AdamW(weight_decay_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
 
 
 def paired_steps(checkout: Path, work: Path, steps: int, skipped: int = 10) -> None:

@@ -361,6 +361,19 @@ def test_a_unigram_vocabulary_smaller_than_the_alphabet_is_named(corpus_file):
         train_tokenizer("unigram", "decoder", files=[corpus_file], vocab_size=20)
 
 
+@pytest.mark.parametrize("below", [0, 3])
+def test_a_unigram_vocabulary_at_its_alphabets_size_names_the_smallest_size_it_keeps_to(corpus_file, below):
+    """At the size of its alphabet and specials (59 characters, `▁` and line breaks among them, + 4) or just below,
+    the Unigram trainer overshot to 81-84 tokens, and the message called those its "alphabet and special tokens"."""
+    alphabet = len(set(corpus_file.read_text(encoding="utf-8").replace(" ", "\u2581")))
+    size = alphabet + 4 - below
+    with pytest.raises(ValueError, match=rf"`vocab_size` {size} is too small for a unigram tokenizer of this text: its "
+                                         rf"{alphabet} characters and 4 special tokens are {alphabet + 4} tokens.*"
+                                         rf"choose at least {alphabet + 5}\."):
+        train_tokenizer("unigram", "decoder", files=[corpus_file], vocab_size=size)
+    assert len(train_tokenizer("unigram", "decoder", files=[corpus_file], vocab_size=alphabet + 5)) == alphabet + 5
+
+
 @pytest.mark.parametrize("kind, size", [("bpe", 260), ("wordpiece", None)])
 def test_a_vocabulary_smaller_than_the_alphabet_is_named_for_every_kind(corpus_file, kind, size):
     # BPE and WordPiece keep their whole alphabet: --vocab-size 100 gave a byte-level BPE of 260 tokens, without a word.
