@@ -561,6 +561,38 @@ def test_a_model_folder_takes_its_tokenizers_special_ids_in_both_training_comman
     assert (generation.pad_token_id, generation.bos_token_id, generation.eos_token_id) == (0, 1, [2, 5])
 
 
+class KeptFreedMemory(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", ["train", "train-accelerate", "finetune"])
+def test_every_training_command_keeps_its_steps_freed_memory(monkeypatch, tmp_path, command):
+    """`training.keep_freed_memory` (tests/test_training.py) is what took a thousand page faults out of each step
+    (docs/nanogpt.md); each training command calls it once its data is ready, before the first step."""
+    from hf_scratch_transformer import ScratchEncoderForSequenceClassification
+    from hf_scratch_transformer.cli import main
+
+    def kept():
+        raise KeptFreedMemory
+
+    monkeypatch.setattr(training, "keep_freed_memory", kept)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    if command == "finetune":
+        tokenizer = wordpiece()
+        ScratchEncoderForSequenceClassification(tiny_config("encoder", vocab_size=len(tokenizer))).save_pretrained(
+            tmp_path / "model")
+        tokenizer.save_pretrained(tmp_path / "model")
+        (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(f"the dog {i},{i % 2}" for i in range(8)))
+        model, data = tmp_path / "model", ["--task", "text-classification", "--train-file", tmp_path / "train.csv"]
+    else:
+        write_run_corpus(tmp_path)
+        model = tmp_path / "decoder"  # beside its tokenizer
+        tiny_lm("decoder", vocab_size=320).save_pretrained(model)
+        data = ["--train-files", tmp_path / "corpus.txt", "--max-length", "32"]
+    with pytest.raises(KeptFreedMemory):
+        main([str(argument) for argument in [command, "--model", model, *data, "--output-dir", tmp_path / "run"]])
+
+
 @pytest.mark.parametrize("task, auto_class", [("causal-lm", "AutoModelForCausalLM"),
                                               ("seq2seq", "AutoModelForSeq2SeqLM")])
 def test_a_tokenizer_made_elsewhere_gives_the_new_model_its_special_ids(monkeypatch, tmp_path, task, auto_class):
