@@ -2,6 +2,7 @@
 `force_choice` for the tests of those choices."""
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -44,6 +45,15 @@ settings.load_profile("ci")
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_what_a_command_froze():
+    """A command run in the test's process (`cli.main`) freezes what the process holds out of the garbage collector's
+    reach (`hf_scratch_command.import_without_collecting`), as it may in a process that ends with the command; here
+    the garbage cycles of the tests before it would then stay for the whole session."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture

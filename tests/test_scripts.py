@@ -2,6 +2,7 @@
 the three tasks, resuming, and fine-tuning (`scripts/finetune.py`) of ours and of a converted BERT."""
 
 import ast
+import gc
 import json
 import os
 import re
@@ -566,16 +567,22 @@ class KeptFreedMemory(Exception):
 
 
 @pytest.mark.parametrize("command", ["train", "train-accelerate", "finetune"])
-def test_every_training_command_keeps_its_steps_freed_memory(monkeypatch, tmp_path, command):
+def test_every_training_command_freezes_its_imports_and_keeps_its_steps_freed_memory(monkeypatch, tmp_path, command):
     """`training.keep_freed_memory` (tests/test_training.py) is what took a thousand page faults out of each step
-    (docs/nanogpt.md); each training command calls it once its data is ready, before the first step."""
+    (docs/nanogpt.md); each training command calls it once its data is ready, before the first step. Before its data
+    work, it freezes its imports' objects out of the garbage collector's generations, as `hf-scratch` freezes the
+    package's (docs/training.md, "Startup")."""
     from hf_scratch_transformer import ScratchEncoderForSequenceClassification
     from hf_scratch_transformer.cli import main
 
+    calls = []
+
     def kept():
+        calls.append("keep_freed_memory")
         raise KeptFreedMemory
 
     monkeypatch.setattr(training, "keep_freed_memory", kept)
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
     monkeypatch.setattr("sys.argv", ["hf-scratch"])
     if command == "finetune":
         tokenizer = wordpiece()
@@ -591,6 +598,7 @@ def test_every_training_command_keeps_its_steps_freed_memory(monkeypatch, tmp_pa
         data = ["--train-files", tmp_path / "corpus.txt", "--max-length", "32"]
     with pytest.raises(KeptFreedMemory):
         main([str(argument) for argument in [command, "--model", model, *data, "--output-dir", tmp_path / "run"]])
+    assert calls == ["freeze", "freeze", "keep_freed_memory"]  # the package's, the command's imports', then memory
 
 
 @pytest.mark.parametrize("task, auto_class", [("causal-lm", "AutoModelForCausalLM"),

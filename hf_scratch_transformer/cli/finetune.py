@@ -44,6 +44,7 @@ from hf_scratch_transformer.cli.run_options import (
     absolute_positions,
     check_model_fits,
     check_model_folder,
+    freeze_imported_objects,
     load_tokenizer,
     local_path,
     model_tokenizer,
@@ -125,6 +126,7 @@ parser.add_argument("--resume", action="store_true", help="continue from the new
 add_run_safety_arguments(parser)
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()  # one line, exit status 130, not a traceback from every process (scripts/finetune.py)
+freeze_imported_objects()
 check_model_folder(parser, args.model, converts=NATIVE_LMS)
 refuse_force_bf16_alone(parser, args.force_bf16, os.environ.get("ACCELERATE_MIXED_PRECISION", "no"),
                         "bf16 to the launch (`accelerate launch --mixed_precision bf16`, or its config's)")

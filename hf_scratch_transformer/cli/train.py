@@ -58,6 +58,7 @@ from hf_scratch_transformer.cli.run_options import (
     config_overrides,
     follow_the_tokenizer,
     fraction,
+    freeze_imported_objects,
     load_run_tokenizer,
     model_tokenizer,
     non_negative_float,
@@ -156,6 +157,7 @@ run.add_argument("--model-name", type=repo_id, help="the card's title and repo i
 run.add_argument("--seed", type=random_seed, default=1337, help="default 1337")
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()
+freeze_imported_objects()
 if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not (args.model or args.tokenizer):  # torchrun / accelerate launch
     parser.error("with several processes each would train its own tokenizer: train one first "
                  "(python -m tokenizer_training ...) and pass --tokenizer")

@@ -85,6 +85,7 @@ from hf_scratch_transformer.cli.run_options import (
     config_overrides,
     follow_the_tokenizer,
     fraction,
+    freeze_imported_objects,
     load_run_tokenizer,
     main_process_first,
     model_folder_written,
@@ -148,6 +149,7 @@ run.add_argument("--seed", type=random_seed, default=1337, help="default 1337")
 run.add_argument("--cpu", action="store_true", help="train on CPU even with a GPU; needed for several CPU processes")
 args = parser.parse_args()
 stop_cleanly_on_ctrl_c()
+freeze_imported_objects()
 
 
 if args.warmup_steps is not None:
