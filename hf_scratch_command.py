@@ -66,7 +66,8 @@ def import_without_collecting(module: str) -> None:
     about 400,000 objects that live as long as the process) with the garbage collector paused, then freeze what the
     process holds out of the collector's generations (`gc.freeze`). Collecting while importing walked those objects
     again and again, and every full collection of a command's data work walked them once more (docs/training.md,
-    "Startup"). Cyclic garbage made before the freeze is never collected: a few MB of the imports'."""
+    "Startup"). Cyclic garbage made before the freeze is never collected: a few MB of the imports'. A program that runs
+    a command in its own process (`main([...])`) and goes on can give its objects back with `gc.unfreeze()`."""
     gc.disable()
     try:
         importlib.import_module(module.rpartition(".")[0] or module)
