@@ -68,11 +68,13 @@ def import_without_collecting(module: str) -> None:
     again and again, and every full collection of a command's data work walked them once more (docs/training.md,
     "Startup"). Cyclic garbage made before the freeze is never collected: a few MB of the imports'. A program that runs
     a command in its own process (`main([...])`) and goes on can give its objects back with `gc.unfreeze()`."""
+    collecting = gc.isenabled()  # a program that runs a command in its own process may have turned it off
     gc.disable()
     try:
         importlib.import_module(module.rpartition(".")[0] or module)
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
     gc.freeze()
 
 

@@ -99,17 +99,18 @@ def train(
             f"`vocab_size` {vocab_size} is too small for a Unigram tokenizer of this text: its vocabulary holds every "
             f"character the text uses besides the {len(specials)} special tokens; choose a larger one."
         ) from error
-    if tokenizer.get_vocab_size() > vocab_size and kind == "unigram":
-        # Its trainer keeps to the size only above the alphabet and the specials; at or below it overshoots
-        # (Tiny Shakespeare: 65 characters, 4 specials, `vocab_size` 69 gave 85 tokens, 70 gave 70).
-        alphabet = sum(len(token) == 1 for token in tokenizer.get_vocab())
-        raise ValueError(
-            f"`vocab_size` {vocab_size} is too small for a unigram tokenizer of this text: its {alphabet} characters "
-            f"and {len(specials)} special tokens are {alphabet + len(specials)} tokens, and the Unigram trainer keeps "
-            f"to the size asked only above that (it gave {tokenizer.get_vocab_size()}); choose at least "
-            f"{alphabet + len(specials) + 1}."
-        )
-    if tokenizer.get_vocab_size() > vocab_size:  # BPE and WordPiece keep their whole alphabet, over the size asked
+    if tokenizer.get_vocab_size() > vocab_size:
+        if kind == "unigram":
+            # Its trainer keeps to the size only above the alphabet and the specials; at or below it overshoots
+            # (Tiny Shakespeare: 65 characters, 4 specials, `vocab_size` 69 gave 85 tokens, 70 gave 70).
+            alphabet = sum(len(token) == 1 for token in tokenizer.get_vocab())
+            raise ValueError(
+                f"`vocab_size` {vocab_size} is too small for a unigram tokenizer of this text: its {alphabet} "
+                f"characters and {len(specials)} special tokens are {alphabet + len(specials)} tokens, and the Unigram "
+                f"trainer keeps to the size asked only above that (it gave {tokenizer.get_vocab_size()}); choose at "
+                f"least {alphabet + len(specials) + 1}."
+            )
+        # BPE and WordPiece keep their whole alphabet, over the size asked
         raise ValueError(
             f"`vocab_size` {vocab_size} is too small for a {kind} tokenizer of this text: its alphabet and special "
             f"tokens alone are {tokenizer.get_vocab_size()} tokens; choose a larger one."
