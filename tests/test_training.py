@@ -1052,14 +1052,22 @@ def test_overwriting_a_run_leaves_no_tokenizer_or_log_of_the_earlier_one(monkeyp
 
 
 FAULTS_OF_STEPS = """
-import resource, torch
+import ctypes, resource
 from hf_scratch_transformer import training
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+SIZES = [2 << 20] * 12 + [n << 18 for n in range(1, 20)]  # 24 MiB of 2 MiB blocks, then 256 KiB to 4.75 MiB
 def faults_of_steps(steps=10):
-    # a step allocates tensors of many sizes, as a training step's activations and gradients, then frees them all
+    # a step allocates blocks of many sizes, as a training step's activations and gradients, writes them, frees them
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):
-        tensors = [torch.ones(1 << 19) for _ in range(12)] + [torch.ones(n << 16) for n in range(1, 20)]
-        del tensors
+        blocks = [libc.malloc(size) for size in SIZES]
+        for block, size in zip(blocks, SIZES):
+            libc.memset(block, 1, size)
+        for block in blocks:
+            libc.free(block)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 faults_of_steps(2)
 default = faults_of_steps()
@@ -1074,8 +1082,10 @@ def test_training_commands_keep_a_steps_freed_memory_instead_of_faulting_it_in_a
     """`keep_freed_memory` (the training commands call it): steps that free and allocate the same tensors again
     caused tens of thousands of minor page faults each with glibc's default thresholds, none after it."""
     (tmp_path / "steps.py").write_text(FAULTS_OF_STEPS)
-    # A fresh interpreter, not one forked from forked_python's server: malloc's thresholds there have already grown
-    # with the server's own allocations, and a step then faulted 1,217 times by default against 167,370 here.
+    # The steps call malloc themselves: with torch tensors, whose small C++ objects land on the heap among the data,
+    # whether the freed top of the heap could go back depended on the heap's layout, which moved with the size of the
+    # environment (960 and 1,408 faults by default in some, 167,370 in most; a CI run failed on 1,217). A fresh
+    # interpreter, not one forked from forked_python's server, whose thresholds have grown with its own allocations.
     done = subprocess.run([sys.executable, str(tmp_path / "steps.py")], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env=os.environ | {"HF_HUB_OFFLINE": "1"}, check=False)
     default, took, kept = done.stdout.split()[-3:]
