@@ -286,7 +286,8 @@ def test_memory_stays_flat_over_prompts_of_new_lengths(server, folder):
 def test_compile_compiles_decoding_on_the_cpu_with_the_answers_of_generate(folder, expected, tmp_path):
     """`--compile` on a CPU: transformers alone would decode eagerly over a static cache; ours compiles the decoding
     step (inductor writes its kernels into the server's own cache folder), and the answers stay greedy `generate()`'s.
-    One prompt, streamed and not: one compilation.
+    One prompt, streamed and not. The requests for the largest cache come first: the cache is kept for later ones,
+    so one compilation serves them all (a larger cache after a smaller one compiles again, 20 s here).
     `generate()` allocates the static cache for the prompt and the whole answer, and keeps the largest it allocated:
     on this RoPE model (no positions to end the answer) a huge `max_tokens` (or a request's own `max_cache_len`)
     failed to allocate it, a bare 500, and so did every later request. A static cache holds the model's
@@ -297,14 +298,14 @@ def test_compile_compiles_decoding_on_the_cpu_with_the_answers_of_generate(folde
     log = tmp_path / "server.log"
     with _running(folder, ["--compile"], log, {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}) as client:
         question = QUESTIONS[0]
-        assert _chat(client, str(folder), question, stream=False) == expected["chat"][question]
-        assert _chat(client, str(folder), question, stream=True) == expected["chat"][question]
-        answer = client.completions.create(model=str(folder), prompt=question, max_tokens=10**9, temperature=0)
-        assert answer.choices[0].text.startswith(expected["plain"][question])
-        assert answer.choices[0].finish_reason == "length" and answer.usage.total_tokens == 128
         given = {"generation_config": json.dumps({"max_new_tokens": 4, "max_cache_len": 10**9, "do_sample": False})}
         answer = client.completions.create(model=str(folder), prompt=question, extra_body=given)
         assert expected["plain"][question].startswith(answer.choices[0].text) and answer.usage.completion_tokens == 4
+        answer = client.completions.create(model=str(folder), prompt=question, max_tokens=10**9, temperature=0)
+        assert answer.choices[0].text.startswith(expected["plain"][question])
+        assert answer.choices[0].finish_reason == "length" and answer.usage.total_tokens == 128
+        assert _chat(client, str(folder), question, stream=False) == expected["chat"][question]
+        assert _chat(client, str(folder), question, stream=True) == expected["chat"][question]
         long_prompt = " ".join(QUESTIONS * 10)
         assert len(tokenizer(long_prompt)["input_ids"]) > 128
         with pytest.raises(openai.BadRequestError) as refusal:
