@@ -27,6 +27,7 @@ from .modeling_scratch_decoder import (
 )
 from .modeling_scratch_encoder import (
     ScratchEncoderForMaskedLM,
+    ScratchEncoderForQuestionAnswering,
     ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
     ScratchEncoderModel,
@@ -86,6 +87,7 @@ __all__ = [
     "ScratchEncoderForMaskedLM",
     "ScratchEncoderForSequenceClassification",
     "ScratchEncoderForTokenClassification",
+    "ScratchEncoderForQuestionAnswering",
     "ScratchSeq2SeqPreTrainedModel",
     "ScratchSeq2SeqModel",
     "ScratchSeq2SeqForConditionalGeneration",

@@ -371,6 +371,7 @@ class ScratchEncoderConfig(ScratchConfigBase):
         "AutoModelForMaskedLM": "modeling_scratch_encoder.ScratchEncoderForMaskedLM",
         "AutoModelForSequenceClassification": "modeling_scratch_encoder.ScratchEncoderForSequenceClassification",
         "AutoModelForTokenClassification": "modeling_scratch_encoder.ScratchEncoderForTokenClassification",
+        "AutoModelForQuestionAnswering": "modeling_scratch_encoder.ScratchEncoderForQuestionAnswering",
     }
 
     num_hidden_layers: int = 6

@@ -1,6 +1,7 @@
 """Encoder-only family (BERT-style): `ScratchEncoderModel`, `ScratchEncoderForMaskedLM`,
-`ScratchEncoderForSequenceClassification`, `ScratchEncoderForTokenClassification`. The stack is the shared
-`ScratchTransformer`, bidirectional, with optional token-type embeddings.
+`ScratchEncoderForSequenceClassification`, `ScratchEncoderForTokenClassification`,
+`ScratchEncoderForQuestionAnswering`. The stack is the shared `ScratchTransformer`, bidirectional, with optional
+token-type embeddings.
 
 References: Devlin et al. (2019), BERT; Geiping & Goldstein (2023), Cramming (sparse MLM prediction);
 transformers' `BertForMaskedLM` and `ModernBertForMaskedLM` for the v5 conventions.
@@ -9,7 +10,12 @@ transformers' `BertForMaskedLM` and `ModernBertForMaskedLM` for the v5 conventio
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
+from transformers.modeling_outputs import (
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
@@ -99,21 +105,15 @@ class ScratchEncoderForMaskedLM(ScratchEncoderPreTrainedModel):
         )
 
 
-class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
-    """Trunk + dropout + linear layer; subclasses choose what to classify (first token or every token). The
-    forwards name `past_key_values` (a prefix, see `ScratchEncoderForMaskedLM.forward`): without it in the signature,
-    PEFT's prefix tuning calls the trunk alone and feeds the classifier the trunk's second output (BERT's pooler
-    output), else its first: here every token's hidden state, not one per sequence."""
+class _ScratchEncoderWithHead(ScratchEncoderPreTrainedModel):
+    """The trunk under a task head that a subclass adds (then calls `post_init`). The heads' forwards name
+    `past_key_values` (a prefix, see `ScratchEncoderForMaskedLM.forward`): without it in the signature, PEFT's prefix
+    tuning calls the trunk alone and feeds the head the trunk's second output (BERT's pooler output), else its first:
+    here every token's hidden state, not one per sequence."""
 
     def __init__(self, config: ScratchEncoderConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.model = ScratchEncoderModel(config)
-        self.classifier_dropout = nn.Dropout(
-            config.classifier_dropout if config.classifier_dropout is not None else config.dropout
-        )
-        self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
-        self.post_init()
 
     def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs):
         return self.model(
@@ -125,6 +125,19 @@ class _ScratchEncoderClassifier(ScratchEncoderPreTrainedModel):
             return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
             **kwargs,
         )
+
+
+class _ScratchEncoderClassifier(_ScratchEncoderWithHead):
+    """Trunk + dropout + linear layer; subclasses choose what to classify (first token or every token)."""
+
+    def __init__(self, config: ScratchEncoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.classifier_dropout = nn.Dropout(
+            config.classifier_dropout if config.classifier_dropout is not None else config.dropout
+        )
+        self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
+        self.post_init()
 
 
 class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
@@ -187,10 +200,62 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
         )
 
 
+class ScratchEncoderForQuestionAnswering(_ScratchEncoderWithHead):
+    """Extractive question answering (SQuAD): the answer's start and end logits (B, T) each, from one linear layer
+    over every token's hidden state, as BERT's head (no dropout before it). `qa_outputs` is the name BERT and PEFT's
+    question-answering task (its trained module) give it."""
+
+    def __init__(self, config: ScratchEncoderConfig):
+        super().__init__(config)
+        self.qa_outputs = ScratchLinear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> QuestionAnsweringModelOutput:
+        """`start_positions`, `end_positions` (B,): the token index of each answer's first and last token; one past
+        the sequence or beyond, the answer is not in it and counts nothing (transformers' question-answering loss
+        clamps them there, as BERT's)."""
+        if (start_positions is None) != (end_positions is None):
+            given = "start_positions" if start_positions is not None else "end_positions"
+            raise ValueError(f"{given} was given without the other: the loss needs both start_positions and "
+                             "end_positions (or neither, for logits alone).")
+        outputs = self._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            cache=resolve_cache(cache, past_key_values, self), **kwargs,
+        )
+        # (B, T, hidden) -> (B, T, 2) -> the start and the end logits, (B, T) each
+        start_logits, end_logits = (
+            logits.contiguous() for logits in self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
+        )
+        loss = None
+        if start_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        return QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
 __all__ = [
     "ScratchEncoderPreTrainedModel",
     "ScratchEncoderModel",
     "ScratchEncoderForMaskedLM",
     "ScratchEncoderForSequenceClassification",
     "ScratchEncoderForTokenClassification",
+    "ScratchEncoderForQuestionAnswering",
 ]

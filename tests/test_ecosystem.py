@@ -10,7 +10,7 @@ import torch
 from peft import LoraConfig, PeftModel, PrefixTuningConfig, TaskType, get_peft_model
 from safetensors.torch import load_file
 from tiny_models import lm_inputs, tiny_lm
-from tiny_native import ATOL, VOCAB, bert, gpt2, llama, marian
+from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama, marian
 from tiny_tokenizers import byte_level_bpe
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
@@ -75,6 +75,33 @@ def test_lora_on_ours_computes_what_lora_on_the_native_model_computes(native_fac
         merged = ours.merge_and_unload()
         assert not _lora_layers(merged) and type(merged) is type(from_hf(native_factory()))
         torch.testing.assert_close(merged(**inputs).logits, expected.logits, atol=ATOL, rtol=0)
+
+
+def test_lora_for_question_answering_trains_the_head_as_on_bert():
+    """PEFT's question-answering task trains LoRA and the head it knows by BERT's name, `qa_outputs` (a copy of it,
+    `modules_to_save`): on the same weights ours gives BERT's start and end logits, loss and gradients."""
+    native, ours = bert_question_answering()
+    native, ours = (_lora(model, TaskType.QUESTION_ANS, targets) for model, targets in
+                    ((native, ["output.dense", "intermediate.dense"]), (ours, ["o_proj", "up_proj", "down_proj"])))
+    pairs = list(zip(_lora_layers(native), _lora_layers(ours), strict=True))
+    with torch.no_grad():
+        for native_layer, our_layer in pairs:
+            for name in ("lora_A", "lora_B"):
+                getattr(our_layer, name).default.weight.copy_(getattr(native_layer, name).default.weight)
+    inputs = {"input_ids": _inputs(native)["input_ids"], "start_positions": torch.tensor([1, 3]),
+              "end_positions": torch.tensor([2, 6])}
+    expected, actual = native(**inputs), ours(**inputs)
+    for name in ("start_logits", "end_logits", "loss"):
+        torch.testing.assert_close(actual[name], expected[name], atol=ATOL, rtol=0)
+    expected.loss.backward()
+    actual.loss.backward()
+    trained = {name: parameter for name, parameter in ours.named_parameters() if parameter.requires_grad}
+    assert {name for name in trained if ".lora_" not in name} == {
+        "base_model.model.qa_outputs.modules_to_save.default.weight",
+        "base_model.model.qa_outputs.modules_to_save.default.bias"}
+    native_head = native.base_model.model.qa_outputs.modules_to_save.default
+    torch.testing.assert_close(trained["base_model.model.qa_outputs.modules_to_save.default.weight"].grad,
+                               native_head.weight.grad, atol=1e-5, rtol=1e-4)
 
 
 AUTO_LM = {"decoder": (AutoModelForCausalLM, TaskType.CAUSAL_LM), "encoder": (AutoModelForMaskedLM, None),

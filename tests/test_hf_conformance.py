@@ -28,6 +28,7 @@ from hf_scratch_transformer import (
     ScratchDecoderModel,
     ScratchEncoderConfig,
     ScratchEncoderForMaskedLM,
+    ScratchEncoderForQuestionAnswering,
     ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
     ScratchEncoderModel,
@@ -264,6 +265,7 @@ class ScratchEncoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
         ScratchEncoderForMaskedLM,
         ScratchEncoderForSequenceClassification,
         ScratchEncoderForTokenClassification,
+        ScratchEncoderForQuestionAnswering,
     )
 
 

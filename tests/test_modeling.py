@@ -18,6 +18,7 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -56,6 +57,7 @@ def test_spec_auto_mapping_is_complete():
         AutoModelForSequenceClassification: {
             hst.ScratchDecoderForSequenceClassification, hst.ScratchEncoderForSequenceClassification},
         AutoModelForTokenClassification: {hst.ScratchEncoderForTokenClassification},
+        AutoModelForQuestionAnswering: {hst.ScratchEncoderForQuestionAnswering},
     }
     for auto_class, models in expected.items():
         registered = {model for pairs in hst.AUTO_CLASSES.values() for auto, model in pairs if auto is auto_class}
@@ -190,6 +192,7 @@ def test_the_classifier_drops_out_at_classifier_dropout_in_training_mode_only(mo
 
 @pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
                                          hst.ScratchEncoderForTokenClassification, hst.ScratchEncoderForMaskedLM,
+                                         hst.ScratchEncoderForQuestionAnswering,
                                          hst.ScratchDecoderForSequenceClassification, hst.ScratchDecoderForCausalLM])
 def test_heads_name_past_key_values_and_attend_to_a_prefix(model_class):
     """PEFT's prefix tuning gives `past_key_values` to a head whose forward names it, and otherwise to the trunk,
@@ -203,9 +206,9 @@ def test_heads_name_past_key_values_and_attend_to_a_prefix(model_class):
     for layer in range(config.num_hidden_layers):
         prefix.update(torch.randn(2, 4, 3, 8), torch.randn(2, 4, 3, 8), layer)
     with torch.no_grad():
-        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        prefixed = model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=ids.dtype), past_key_values=prefix)
-    assert prefixed.logits.shape == plain.shape and not torch.allclose(prefixed.logits, plain, atol=1e-4)
+        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids))[0]  # logits (start logits: QA)
+        prefixed = model(input_ids=ids, attention_mask=torch.ones(2, 9, dtype=ids.dtype), past_key_values=prefix)[0]
+    assert prefixed.shape == plain.shape and not torch.allclose(prefixed, plain, atol=1e-4)
 
 
 # transformers 5.24 renamed the forwards' `past_key_values` to `cache` (the old name deprecated until 5.40).
@@ -348,7 +351,7 @@ HEAD_CLASSES = [
     (family, cls) for family, classes in (
         ("decoder", (hst.ScratchDecoderForCausalLM, hst.ScratchDecoderForSequenceClassification)),
         ("encoder", (hst.ScratchEncoderForMaskedLM, hst.ScratchEncoderForSequenceClassification,
-                     hst.ScratchEncoderForTokenClassification)),
+                     hst.ScratchEncoderForTokenClassification, hst.ScratchEncoderForQuestionAnswering)),
         ("seq2seq", (hst.ScratchSeq2SeqModel, hst.ScratchSeq2SeqForConditionalGeneration)),
     ) for cls in classes
 ]

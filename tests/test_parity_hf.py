@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_native import ATOL, VOCAB, bert, gpt2, llama, marian
+from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama, marian
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -101,6 +101,40 @@ def test_losses_match():
                            (marian(), {"input_ids": ids, "labels": ids[:, :6].contiguous()})]:
         with torch.no_grad():
             torch.testing.assert_close(from_hf(native)(**inputs).loss, native(**inputs).loss, atol=ATOL, rtol=0)
+
+
+def test_question_answering_head_gives_berts_logits_loss_and_gradients():
+    """Start and end logits of a padded batch with token types (questions, then contexts), and the loss and every
+    gradient, are BERT's: positions given as (B,) or (B, 1), one past the sequence and beyond (an answer outside
+    the window: BERT clamps it there and counts nothing for it)."""
+    native, ours = bert_question_answering()
+    ids = _ids(batch=3)
+    inputs = {"input_ids": ids, "token_type_ids": (torch.arange(9) >= 4).long().expand(3, 9),
+              "attention_mask": (torch.arange(9)[None] < torch.tensor([9, 7, 5])[:, None]).long()}
+    with torch.no_grad():
+        expected, actual = native(**inputs), ours(**inputs)
+    for name in ("start_logits", "end_logits"):
+        assert actual[name].shape == (3, 9)
+        torch.testing.assert_close(actual[name], expected[name], atol=ATOL, rtol=0)
+    for starts, ends in [([1, 4, 2], [3, 6, 2]), ([[5], [9], [0]], [[7], [40], [3]])]:
+        positions = {"start_positions": torch.tensor(starts), "end_positions": torch.tensor(ends)}
+        losses = [model(**inputs, **positions).loss for model in (native, ours)]
+        torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=1e-6)
+    for model in (native, ours):
+        model.zero_grad()
+        model(**inputs, **positions).loss.backward()
+    torch.testing.assert_close(ours.qa_outputs.weight.grad, native.qa_outputs.weight.grad, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(ours.model.embeddings.embed_tokens.weight.grad,
+                               native.bert.embeddings.word_embeddings.weight.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_question_answering_positions_go_together():
+    """BERT gives no loss, silently, for start positions without end positions; ours says what is missing."""
+    _, ours = bert_question_answering()
+    with pytest.raises(ValueError, match="start_positions was given without the other"):
+        ours(input_ids=_ids(), start_positions=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="end_positions was given without the other"):
+        ours(input_ids=_ids(), end_positions=torch.tensor([1, 2]))
 
 
 def _padded_training_batch(family: str, pad_token_id: int) -> dict:

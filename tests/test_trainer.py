@@ -4,6 +4,7 @@ head the update of one batch."""
 import pytest
 import torch
 from tiny_models import LM_CLASSES, VOCAB, tiny_config, tiny_lm
+from tiny_native import bert_question_answering
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
 
@@ -115,6 +116,31 @@ def test_gradient_accumulation_gives_the_update_of_one_batch(head, problem_type,
         Trainer(model=model, args=args, train_dataset=examples).train()
         weights.append(torch.cat([parameter.detach().flatten() for parameter in model.parameters()]))
     torch.testing.assert_close(weights[1], weights[0])
+
+
+def test_trainer_trains_the_question_answering_head_as_it_trains_berts(tmp_path):
+    """Trainer finds the head's labels by its class name (`start_positions`, `end_positions`: without them it would
+    neither train nor evaluate) and accumulates its loss as BERT's: micro-batches of 4 and 2 move ours as they move
+    BERT with the same weights, and the evaluation loss is BERT's."""
+    generator = torch.Generator().manual_seed(0)
+    examples = [{"input_ids": torch.randint(3, VOCAB, (8,), generator=generator),
+                 "start_positions": start, "end_positions": start + 2} for start in (0, 1, 4, 5, 7, 2)]
+    examples[3]["end_positions"] = 8  # past the window: BERT counts nothing for it
+    native, ours = bert_question_answering(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    evaluated = []
+    for model in (native, ours):
+        args = TrainingArguments(
+            output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+            optim="sgd", learning_rate=1.0, lr_scheduler_type="constant", max_grad_norm=0, save_strategy="no",
+            report_to=[], disable_tqdm=True, use_cpu=True, seed=0,
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=examples, eval_dataset=examples)
+        trainer.train()
+        evaluated.append(trainer.evaluate()["eval_loss"])
+    assert evaluated[1] == pytest.approx(evaluated[0], rel=1e-5)
+    torch.testing.assert_close(ours.qa_outputs.weight, native.qa_outputs.weight, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(ours.model.embeddings.embed_tokens.weight, native.bert.embeddings.word_embeddings.weight,
+                               atol=1e-6, rtol=1e-4)
 
 
 def test_trainer_label_smoothing_shifts_the_causal_lm_labels(tmp_path):

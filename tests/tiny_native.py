@@ -1,10 +1,11 @@
 """Small randomly initialised native `transformers` models (GPT-2, Llama, BERT, Marian) for the parity tests, in eval
-mode."""
+mode; BERT's question-answering head beside ours with the same weights."""
 
 import torch
 from transformers import (
     BertConfig,
     BertForMaskedLM,
+    BertForQuestionAnswering,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -12,6 +13,9 @@ from transformers import (
     MarianConfig,
     MarianMTModel,
 )
+
+from hf_scratch_transformer import ScratchEncoderForQuestionAnswering
+from hf_scratch_transformer.conversion import from_hf
 
 VOCAB = 99
 ATOL = 1e-4  # logits parity, fp32
@@ -34,6 +38,18 @@ def bert(**overrides) -> BertForMaskedLM:
     values = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=37,
                   vocab_size=VOCAB, max_position_embeddings=64, type_vocab_size=2)
     return BertForMaskedLM(BertConfig(**{**values, **overrides})).eval()
+
+
+def bert_question_answering(**overrides) -> tuple[BertForQuestionAnswering, ScratchEncoderForQuestionAnswering]:
+    """BERT's question-answering head and ours over one random BERT's trunk, with the same `qa_outputs`."""
+    trunk = bert(**overrides)
+    native = BertForQuestionAnswering(trunk.config).eval()
+    native.bert.load_state_dict(trunk.bert.state_dict())  # `from_hf` converts BERT's masked LM only
+    converted = from_hf(trunk)
+    ours = ScratchEncoderForQuestionAnswering(converted.config).eval()
+    ours.model.load_state_dict(converted.model.state_dict())
+    ours.qa_outputs.load_state_dict(native.qa_outputs.state_dict())
+    return native, ours
 
 
 def marian(**overrides) -> MarianMTModel:
