@@ -1,11 +1,13 @@
 """Native `transformers` models <-> Scratch models with the same outputs, in both directions.
 
 - `from_hf(model)` converts a native `GPT2LMHeadModel`, `LlamaForCausalLM` (and `MistralForCausalLM`,
-  `Qwen2ForCausalLM`), `BertForMaskedLM` or `MarianMTModel` into the matching Scratch model.
+  `Qwen2ForCausalLM`), `BertForMaskedLM`, `BertForTokenClassification`, `BertForQuestionAnswering` or `MarianMTModel`
+  into the matching Scratch model.
 - `to_hf(model)` is its inverse: `ScratchDecoderForCausalLM` -> `GPT2LMHeadModel` or `LlamaForCausalLM`
-  (`MistralForCausalLM` with a sliding window), `ScratchEncoderForMaskedLM` -> `BertForMaskedLM`,
-  `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`. A model with knobs that no native class computes
-  exactly gets one `ValueError` naming every such knob and the value that would export. Never an approximate export.
+  (`MistralForCausalLM` with a sliding window), `ScratchEncoderForMaskedLM` -> `BertForMaskedLM` (and the token
+  classifier and question-answering heads to BERT's), `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
+  A model with knobs that no native class computes exactly gets one `ValueError` naming every such knob and the
+  value that would export. Never an approximate export.
 
 Each native family is one `_Family` read both ways. Its weight table pairs each of our tensors with the native
 tensor(s): the same tensor, GPT-2's Conv1D (stored transposed), or native projections stacked along the output rows
@@ -23,7 +25,11 @@ from transformers import PreTrainedModel
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .modeling_scratch_decoder import ScratchDecoderForCausalLM
-from .modeling_scratch_encoder import ScratchEncoderForMaskedLM
+from .modeling_scratch_encoder import (
+    ScratchEncoderForMaskedLM,
+    ScratchEncoderForQuestionAnswering,
+    ScratchEncoderForTokenClassification,
+)
 from .modeling_scratch_seq2seq import ScratchSeq2SeqForConditionalGeneration
 from .scratch_positions import sinusoidal_table
 
@@ -454,6 +460,16 @@ class _Bert(_Family):
         ))
 
     def weights(self, config) -> list[Entry]:
+        t = self._trunk_weights(config)
+        t += _same("head_transform.dense", "cls.predictions.transform.dense")
+        t += _same("head_transform.norm", "cls.predictions.transform.LayerNorm")
+        # BERT's forward adds `decoder.bias`. Tied, it is `cls.predictions.bias`; untied, a separate parameter.
+        if config.tie_word_embeddings:
+            return t + [("lm_head.bias", "cls.predictions.bias", SAME)]
+        return t + _same("lm_head", "cls.predictions.decoder")
+
+    @staticmethod
+    def _trunk_weights(config) -> list[Entry]:
         emb = "bert.embeddings"
         t = (_same("model.embeddings.embed_tokens", f"{emb}.word_embeddings", bias=False)
              + _same("model.embeddings.embed_positions", f"{emb}.position_embeddings", bias=False)
@@ -469,27 +485,87 @@ class _Bert(_Family):
             t += _same(f"{ours}.mlp.up_proj", f"{theirs}.intermediate.dense")
             t += _same(f"{ours}.mlp.down_proj", f"{theirs}.output.dense")
             t += _same(f"{ours}.mlp_norm", f"{theirs}.output.LayerNorm")
-        t += _same("head_transform.dense", "cls.predictions.transform.dense")
-        t += _same("head_transform.norm", "cls.predictions.transform.LayerNorm")
-        # BERT's forward adds `decoder.bias`. Tied, it is `cls.predictions.bias`; untied, a separate parameter.
-        if config.tie_word_embeddings:
-            return t + [("lm_head.bias", "cls.predictions.bias", SAME)]
-        return t + _same("lm_head", "cls.predictions.decoder")
+        return t
 
     def extra_from_native(self, native, source, config, entries) -> dict:
         if not config.tie_word_embeddings:
             source.skip("cls.predictions.bias")  # untied, BERT's forward never reads it
-        if not config.type_vocab_size:
-            source.skip("bert.embeddings.token_type_embeddings.weight")  # one zero row: adds nothing
-        return {}
+        return self._token_types_from_native(source, config)
 
     def extra_to_native(self, model, source, native, tensors) -> None:
         if not model.config.tie_word_embeddings:
             tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]  # as a tied BERT has it
+        self._token_types_to_native(model, native, tensors)
+
+    @staticmethod
+    def _token_types_from_native(source, config) -> dict:
+        if not config.type_vocab_size:
+            source.skip("bert.embeddings.token_type_embeddings.weight")  # one zero row: adds nothing
+        return {}
+
+    @staticmethod
+    def _token_types_to_native(model, native, tensors) -> None:
         if not model.config.type_vocab_size:
             # BERT always adds a token-type row (type 0 by default); a single zero row adds nothing, as ours does.
             tensors["bert.embeddings.token_type_embeddings.weight"] = native.bert.embeddings.token_type_embeddings\
                 .weight.detach().new_zeros(1, model.config.hidden_size)
+
+
+class _BertTokenHead(_Bert):
+    """BERT's trunk under one linear layer over every token's hidden state, which ours computes alike: token
+    classification and question answering (subclasses name the native class and the layer, the same on both sides).
+    Not sequence classification: BERT's pools [CLS] through a dense layer and tanh first (its pooler), which ours
+    lacks."""
+
+    head = ""
+    fixed = {knob: value for knob, value in _Bert.fixed.items() if knob != "mlm_transform"}  # no MLM head here
+
+    def from_native(self, native) -> dict:
+        return super().from_native(native) | self._labels(native.config)
+
+    def native_model(self, config):
+        return getattr(transformers, self.name)(transformers.BertConfig(
+            **self.renamed_values(config),
+            **self._labels(config),
+            hidden_act=NATIVE_ACTIVATIONS[config.hidden_act],
+            type_vocab_size=max(config.type_vocab_size, 1),  # see `_Bert.extra_to_native`
+        ))
+
+    def weights(self, config) -> list[Entry]:
+        return self._trunk_weights(config) + _same(self.head, self.head)
+
+    def extra_from_native(self, native, source, config, entries) -> dict:
+        return self._token_types_from_native(source, config)
+
+    def extra_to_native(self, model, source, native, tensors) -> None:
+        self._token_types_to_native(model, native, tensors)
+
+    @staticmethod
+    def _labels(config) -> dict:
+        """The config's label fields that the head's size and the pipelines read."""
+        return {}
+
+
+class _BertTokenClassification(_BertTokenHead):
+    name = "BertForTokenClassification"
+    ours = ScratchEncoderForTokenClassification
+    head = "classifier"
+
+    @staticmethod
+    def _labels(config) -> dict:
+        return {"id2label": config.id2label, "label2id": config.label2id}
+
+
+class _BertQuestionAnswering(_BertTokenHead):
+    name = "BertForQuestionAnswering"
+    ours = ScratchEncoderForQuestionAnswering
+    head = "qa_outputs"  # two outputs, the start and end logits (BERT's config's default `num_labels`)
+
+    def from_native(self, native) -> dict:
+        # BERT sizes its head by `num_labels` and splits it in two: any other size fails in its own forward
+        _refuse([f"num_labels={native.config.num_labels} (start and end logits: 2)"] if native.config.num_labels != 2
+                else [], self.name)
+        return super().from_native(native)
 
 
 def _no_token_types(native) -> bool:
@@ -640,8 +716,9 @@ def _check_marian_positions(source: _StateDict) -> None:
 
 
 GPT2, LLAMA, BERT, MARIAN = _GPT2(), _Llama(), _Bert(), _Marian()
-# native class -> its family, for `from_hf`
-CONVERTERS = {
+BERT_TOKEN_CLASSIFICATION, BERT_QUESTION_ANSWERING = _BertTokenClassification(), _BertQuestionAnswering()
+# native language model -> its family, for `from_hf`
+LANGUAGE_MODEL_CONVERTERS = {
     "GPT2LMHeadModel": GPT2,
     "LlamaForCausalLM": LLAMA,
     "MistralForCausalLM": LLAMA,
@@ -649,10 +726,17 @@ CONVERTERS = {
     "BertForMaskedLM": BERT,
     "MarianMTModel": MARIAN,
 }
+# native class -> its family, for `from_hf`: the language models and BERT's heads over every token
+CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
+    "BertForTokenClassification": BERT_TOKEN_CLASSIFICATION,
+    "BertForQuestionAnswering": BERT_QUESTION_ANSWERING,
+}
 # our class -> the families `to_hf` tries, in order (the first the knobs fit is used)
 EXPORTS = {
     ScratchDecoderForCausalLM: (GPT2, LLAMA),
     ScratchEncoderForMaskedLM: (BERT,),
+    ScratchEncoderForTokenClassification: (BERT_TOKEN_CLASSIFICATION,),
+    ScratchEncoderForQuestionAnswering: (BERT_QUESTION_ANSWERING,),
     ScratchSeq2SeqForConditionalGeneration: (MARIAN,),
 }
 
@@ -732,4 +816,4 @@ def to_hf(model: PreTrainedModel) -> PreTrainedModel:
     return _finish(model, native)
 
 
-__all__ = ["from_hf", "to_hf", "CONVERTERS", "EXPORTS"]
+__all__ = ["from_hf", "to_hf", "CONVERTERS", "EXPORTS", "LANGUAGE_MODEL_CONVERTERS"]

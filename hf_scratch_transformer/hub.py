@@ -69,6 +69,19 @@ TASKS = {
         pipeline_call='print(pipe("Romeo and Juliet met in Verona"))',
         hub_task="token-classification",
     ),
+    # No command trains one; `hf-scratch convert` writes its card. transformers 5 has no question-answering pipeline.
+    "question-answering": dict(
+        family_description="An extractive question-answering model",
+        model_class="ScratchEncoderForQuestionAnswering",
+        auto_class="AutoModelForQuestionAnswering",
+        pipeline_task=None,
+        pipeline_call='inputs = tokenizer("Where did Romeo meet Juliet?", "Romeo met Juliet in Verona.", '
+                      'return_tensors="pt")\n'
+                      "output = model(**inputs)\n"
+                      "start, end = output.start_logits.argmax(-1).item(), output.end_logits.argmax(-1).item()\n"
+                      'print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))',
+        hub_task="question-answering",
+    ),
 }
 
 # The "How to use" of a native model (a folder `hf-scratch convert` exported), by task: (pipeline task, the call on
@@ -76,6 +89,8 @@ TASKS = {
 NATIVE_USAGE = {
     "causal-lm": ("text-generation", TASKS["causal-lm"]["pipeline_call"]),
     "masked-lm": ("fill-mask", TASKS["masked-lm"]["pipeline_call"]),
+    "token-classification": ("token-classification", TASKS["token-classification"]["pipeline_call"]),
+    "question-answering": (None, TASKS["question-answering"]["pipeline_call"]),
     "seq2seq": (None, 'inputs = tokenizer("The house is wonderful.", return_tensors="pt")\n'
                       "output = model.generate(**inputs, max_new_tokens=40)\n"
                       "print(tokenizer.decode(output[0], skip_special_tokens=True))"),
@@ -204,15 +219,15 @@ def write_model_card(
 ) -> ModelCard:
     """Render the model card of a trained model and write it to `folder/README.md`.
 
-    `task` is "causal-lm", "masked-lm", "seq2seq", "text-classification" or "token-classification" (`model_class`
-    names the model's class where the task's default does not); `model_name` titles the card and is the id in its usage
-    snippet (give the Hub repo id, e.g. "user/scratch-gpt-shakespeare"); `config` is the model's config as a dict;
-    `dataset` a `datasets` id or a short name, and `dataset_on_hub=False` says it names local data: the card names it
-    but leaves it out of the `datasets` metadata, which the Hub links to hf.co/datasets/NAME (transformers' Trainer
-    cards leave local data out too); `eval_results` maps metric keys ("perplexity", "eval_loss",
-    "mlm_accuracy", "bleu", "chrf", "accuracy", "f1", ...) to values, which also go to the `model-index` metadata. A
-    `folder/loss_curve.png` is shown when present. The template is package data (`TEMPLATE`), so cards are written
-    from an installed wheel as from a checkout.
+    `task` is "causal-lm", "masked-lm", "seq2seq", "text-classification", "token-classification" or "question-answering"
+    (`model_class` names the model's class where the task's default does not); `model_name` titles the card and is the
+    id in its usage snippet (give the Hub repo id, e.g. "user/scratch-gpt-shakespeare"); `config` is the model's config
+    as a dict; `dataset` a `datasets` id or a short name, and `dataset_on_hub=False` says it names local data: the card
+    names it but leaves it out of the `datasets` metadata, which the Hub links to hf.co/datasets/NAME (transformers'
+    Trainer cards leave local data out too); `eval_results` maps metric keys ("perplexity", "eval_loss", "mlm_accuracy",
+    "bleu", "chrf", "accuracy", "f1", ...) to values, which also go to the `model-index` metadata. A
+    `folder/loss_curve.png` is shown when present. The template is package data (`TEMPLATE`), so cards are written from
+    an installed wheel as from a checkout.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")

@@ -26,9 +26,14 @@ from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
+    AutoModelForTokenClassification,
     AutoTokenizer,
+    BertConfig,
     BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForTokenClassification,
     GPT2DoubleHeadsModel,
     LlamaConfig,
     LlamaForCausalLM,
@@ -121,6 +126,60 @@ def test_converted_folder_reloads_with_native_logits(family, tmp_path):
         source_ids, output_ids = (AutoTokenizer.from_pretrained(folder)("To be, or not to be").input_ids
                                   for folder in (source, output))
         assert output_ids == source_ids
+
+
+TOKEN_HEADS = {  # native class: (Auto class, our class, the card's task)
+    BertForTokenClassification: (AutoModelForTokenClassification, hst.ScratchEncoderForTokenClassification,
+                                 "token-classification"),
+    BertForQuestionAnswering: (AutoModelForQuestionAnswering, hst.ScratchEncoderForQuestionAnswering,
+                               "question-answering"),
+}
+
+
+def _head_outputs(model, inputs: dict) -> list[torch.Tensor]:
+    with torch.no_grad():
+        output = model(**inputs)
+    return [output[name] for name in ("logits", "start_logits", "end_logits") if name in output]
+
+
+def _card_example(folder: Path, script: Path) -> Path:
+    """The "How to use" code of `folder`'s card, made to load `folder` in place of its repository, written to
+    `script`."""
+    card = ModelCard.load(folder / "README.md")
+    example = card.text.split("How to use")[1].split("```python\n")[1].split("```")[0]
+    script.write_text(example.replace(f'"{hub.card_repo_id(folder)}"', repr(str(folder))))
+    return script
+
+
+def test_berts_token_heads_convert_to_ours_and_back_with_cards_whose_examples_run(tmp_path, monkeypatch, capsys):
+    """A BERT token classifier or question-answering folder becomes ours and ours becomes BERT's again, each
+    loading with its Auto class to the source's outputs and labels, the last with BERT's very tensors. Each card's
+    example (ours with remote code, BERT's without) runs where the package is missing."""
+    tokenizer, examples = wordpiece(), []
+    labels = {0: "O", 1: "B-PER", 2: "I-PER"}
+    for native_class, (auto_class, our_class, task) in TOKEN_HEADS.items():
+        source, scratch, back = (tmp_path / f"{task}-{name}" for name in ("native", "scratch", "back"))
+        head = {} if task == "question-answering" else dict(id2label=labels, label2id={v: k for k, v in labels.items()})
+        native = native_class(BertConfig(**bert(vocab_size=len(tokenizer)).config.to_dict() | head)).eval()
+        native.save_pretrained(source)
+        tokenizer.save_pretrained(source)
+        convert_here(monkeypatch, source, scratch)
+        assert "parity check passed" in capsys.readouterr().out
+        ours = auto_class.from_pretrained(scratch).eval()
+        assert type(ours) is our_class and ours.config.id2label == native.config.id2label
+        for actual, expected in zip(_head_outputs(ours, _inputs("encoder")), _head_outputs(native, _inputs("encoder")),
+                                    strict=True):
+            torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+        convert_here(monkeypatch, scratch, back)
+        assert f"-> {native_class.__name__}" in capsys.readouterr().out
+        reloaded = auto_class.from_pretrained(back)
+        assert type(reloaded) is native_class and reloaded.config.id2label == native.config.id2label
+        for key, tensor in native.state_dict().items():
+            assert torch.equal(reloaded.state_dict()[key], tensor), key
+        assert ModelCard.load(back / "README.md").data.pipeline_tag == task
+        examples += [_card_example(folder, tmp_path / f"{folder.name}.py") for folder in (scratch, back)]
+    completed = run_without_package(tmp_path, "--run", *examples)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
 
 
 def test_a_tokenizer_of_vocabulary_files_only_is_carried(tmp_path):

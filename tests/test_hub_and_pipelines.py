@@ -213,11 +213,7 @@ def test_fill_mask_and_token_classification_pipelines_answer_as_bert(tokenizers,
     labels = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
     head = dict(num_labels=5, id2label=labels, label2id={label: i for i, label in labels.items()})
     native_tagger = BertForTokenClassification(BertConfig(**native.config.to_dict() | head)).eval()
-    native_tagger.bert.load_state_dict(native.bert.state_dict())  # `from_hf` converts BERT's masked LM only
-    ours_tagger = hst.ScratchEncoderForTokenClassification(type(converted.config)(**converted.config.to_dict() | head))
-    ours_tagger.model.load_state_dict(converted.model.state_dict())
-    ours_tagger.classifier.load_state_dict(native_tagger.classifier.state_dict())
-    ours_tagger.eval()
+    ours_tagger = from_hf(native_tagger)
     theirs, ours = _pipelines("token-classification", {"native": native_tagger, "ours": ours_tagger}, tokenizer,
                               tmp_path / "tokens")
     for aggregation in ("none", "simple", "first", "max", "average"):

@@ -13,7 +13,12 @@ from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama,
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
+    AutoModelForTokenClassification,
+    BertConfig,
+    BertForQuestionAnswering,
+    BertForTokenClassification,
     Cache,
     DynamicCache,
     GPT2Model,
@@ -472,12 +477,86 @@ def test_converted_model_survives_save_and_reload(native_factory, auto_class, tm
     _assert_logits_match(native, reloaded, **inputs)
 
 
+LABELS = {0: "O", 1: "B-PER", 2: "I-PER"}
+TOKEN_HEADS = {BertForTokenClassification: AutoModelForTokenClassification,
+               BertForQuestionAnswering: AutoModelForQuestionAnswering}
+
+
+def _token_head(native_class, **overrides):
+    labels = dict(id2label=LABELS, label2id={label: i for i, label in LABELS.items()})
+    if native_class is BertForQuestionAnswering:  # two outputs: the start and end logits
+        labels = {}
+    return native_class(BertConfig(**bert(**overrides).config.to_dict() | labels)).eval()
+
+
+def _token_head_outputs(model, **inputs) -> list[torch.Tensor]:
+    """A token classifier's logits; a question-answering head's start and end logits."""
+    with torch.no_grad():
+        output = model(**inputs)
+    return [output[name] for name in ("logits", "start_logits", "end_logits") if name in output]
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(hidden_act="relu", type_vocab_size=1)], ids=str)
+@pytest.mark.parametrize("native_class", TOKEN_HEADS, ids=lambda native_class: native_class.__name__)
+def test_berts_token_heads_convert_both_ways(native_class, overrides, tmp_path):
+    """BERT's token classifier and question-answering head become ours with the same outputs (a padded batch with
+    token types) and the classifier's labels, and `to_hf` gives BERT's class back with the same tensors, which a
+    plain Auto class loads once saved."""
+    native = _token_head(native_class, **overrides)
+    ours = from_hf(native)
+    assert type(ours).__name__ == native_class.__name__.replace("Bert", "ScratchEncoder")
+    ids = _ids()
+    inputs = dict(input_ids=ids, token_type_ids=torch.randint(0, native.config.type_vocab_size, ids.shape),
+                  attention_mask=(torch.arange(9) < torch.tensor([[9], [5]])).long())
+    expected = _token_head_outputs(native, **inputs)
+    for actual, reference in zip(_token_head_outputs(ours, **inputs), expected, strict=True):
+        torch.testing.assert_close(actual, reference, atol=ATOL, rtol=0)
+    if native_class is BertForTokenClassification:
+        assert ours.config.id2label == LABELS
+    back = to_hf(ours)
+    assert type(back) is native_class and back.config.id2label == native.config.id2label
+    assert back.state_dict().keys() == native.state_dict().keys()
+    for key, tensor in native.state_dict().items():
+        assert torch.equal(back.state_dict()[key], tensor), key
+    back.save_pretrained(tmp_path)
+    reloaded = TOKEN_HEADS[native_class].from_pretrained(tmp_path).eval()
+    assert type(reloaded) is native_class
+    for actual, reference in zip(_token_head_outputs(reloaded, **inputs), expected, strict=True):
+        torch.testing.assert_close(actual, reference, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("model_class", [hst.ScratchEncoderForTokenClassification,
+                                         hst.ScratchEncoderForQuestionAnswering])
+def test_our_token_heads_export_without_token_types_or_an_mlm_transform(model_class):
+    """Neither head reads BERT's MLM transform, so ours exports with or without one; without token types BERT gets
+    one zero row, which converts back to none. A pre-norm encoder has no BERT and is refused, by name."""
+    config = from_hf(bert()).config.to_dict() | dict(type_vocab_size=0, mlm_transform=False, num_labels=3)
+    ours = model_class(hst.ScratchEncoderConfig(**config)).eval()
+    native = to_hf(ours)
+    assert not native.bert.embeddings.token_type_embeddings.weight.any()
+    back = from_hf(native)
+    assert back.config.type_vocab_size == 0 and back.state_dict().keys() == ours.state_dict().keys()
+    for key, tensor in ours.state_dict().items():
+        assert torch.equal(back.state_dict()[key], tensor), key
+    ids = _ids()
+    for actual, reference in zip(_token_head_outputs(native, input_ids=ids), _token_head_outputs(ours, input_ids=ids),
+                                 strict=True):
+        torch.testing.assert_close(actual, reference, atol=ATOL, rtol=0)
+    prenorm = model_class(hst.ScratchEncoderConfig(**config | dict(norm_position="pre")))
+    with pytest.raises(ValueError, match=r"as Bert\w+: `norm_position='pre'` \(needs 'post'\)\n"):
+        to_hf(prenorm)
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 
 
 def test_unsupported_models_and_options_are_refused():
     with pytest.raises(ValueError, match="GPT2Model; supported: GPT2LMHeadModel"):
         from_hf(GPT2Model(gpt2().config))  # a bare stack: only the LM heads convert
+    with pytest.raises(ValueError, match="Cannot export a ScratchEncoderForSequenceClassification"):
+        to_hf(hst.ScratchEncoderForSequenceClassification(from_hf(bert()).config))  # BERT's pools [CLS] first
+    with pytest.raises(ValueError, match=r"BertForQuestionAnswering: num_labels=3 \(start and end logits: 2\)"):
+        from_hf(BertForQuestionAnswering(_token_head(BertForTokenClassification).config))  # three labels
     with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
         from_hf(gpt2(scale_attn_by_inverse_layer_idx=True))
     with pytest.raises(ValueError, match="relative position"):

@@ -1,5 +1,5 @@
 """Small randomly initialised native `transformers` models (GPT-2, Llama, BERT, Marian) for the parity tests, in eval
-mode; BERT's question-answering head beside ours with the same weights."""
+mode; BERT's question-answering head beside ours converted from it."""
 
 import torch
 from transformers import (
@@ -41,15 +41,9 @@ def bert(**overrides) -> BertForMaskedLM:
 
 
 def bert_question_answering(**overrides) -> tuple[BertForQuestionAnswering, ScratchEncoderForQuestionAnswering]:
-    """BERT's question-answering head and ours over one random BERT's trunk, with the same `qa_outputs`."""
-    trunk = bert(**overrides)
-    native = BertForQuestionAnswering(trunk.config).eval()
-    native.bert.load_state_dict(trunk.bert.state_dict())  # `from_hf` converts BERT's masked LM only
-    converted = from_hf(trunk)
-    ours = ScratchEncoderForQuestionAnswering(converted.config).eval()
-    ours.model.load_state_dict(converted.model.state_dict())
-    ours.qa_outputs.load_state_dict(native.qa_outputs.state_dict())
-    return native, ours
+    """BERT's question-answering head over a random BERT (as `bert()`), and ours converted from it."""
+    native = BertForQuestionAnswering(bert(**overrides).config).eval()
+    return native, from_hf(native)
 
 
 def marian(**overrides) -> MarianMTModel:

@@ -12,6 +12,9 @@ The direction comes from the source's `model_type` (or --to, which must agree wi
 `hf_scratch_transformer.conversion.from_hf`. A Scratch folder saved from a language-model head (scratch_decoder,
 scratch_encoder, scratch_seq2seq) becomes the native folder through `to_hf`: GPT-2, Llama or Mistral, BERT or
 Marian, whichever computes exactly the same function (knobs that none does are named, and nothing is written).
+BERT's token classifier and question-answering head convert both ways too (`BertForTokenClassification` <->
+`ScratchEncoderForTokenClassification`, `BertForQuestionAnswering` <-> `ScratchEncoderForQuestionAnswering`), as
+`hf-scratch finetune --task token-classification` saves one, for instance.
 
 The converted model is checked (unless --no-check: the logits of both models on a random batch in eval mode must
 agree within --atol) and saved with `save_pretrained` in the source's dtype, with its generation config and the
@@ -54,6 +57,11 @@ SCRATCH_CLASSES = {
     "scratch_decoder": "ScratchDecoderForCausalLM",
     "scratch_encoder": "ScratchEncoderForMaskedLM",
     "scratch_seq2seq": "ScratchSeq2SeqForConditionalGeneration",
+}
+# model_type -> the heads over every token that convert too, loaded where config.json's `architectures` names one
+HEAD_CLASSES = {
+    "bert": ("BertForTokenClassification", "BertForQuestionAnswering"),
+    "scratch_encoder": ("ScratchEncoderForTokenClassification", "ScratchEncoderForQuestionAnswering"),
 }
 # model_type -> the task of the converted model's card (`hub.TASKS`): its "How to use"
 CARD_TASKS = {"gpt2": "causal-lm", "llama": "causal-lm", "mistral": "causal-lm", "qwen2": "causal-lm",
@@ -177,10 +185,15 @@ if not isinstance(source_config, dict) or not isinstance(source_config.get("mode
     fail(f"{args.source / 'config.json'} is not a model's config: a JSON object whose model_type is a string")
 model_type, architectures = source_config.get("model_type"), source_config.get("architectures") or []
 to_scratch = model_type in NATIVE_CLASSES
-source_class = NATIVE_CLASSES.get(model_type) or SCRATCH_CLASSES.get(model_type)
+head = next((name for name in architectures if name in HEAD_CLASSES.get(model_type, ())), None)
+source_class = head or NATIVE_CLASSES.get(model_type) or SCRATCH_CLASSES.get(model_type)
+card_task = CARD_TASKS.get(model_type)
+if head:
+    card_task = "token-classification" if head.endswith("ForTokenClassification") else "question-answering"
 accepted = {source_class, *HOLDING_THE_LM.get(model_type, ())}
 if source_class is None or (architectures and not accepted.intersection(architectures)):
-    supported = ", ".join(f"{name} ({cls})" for name, cls in {**NATIVE_CLASSES, **SCRATCH_CLASSES}.items())
+    supported = ", ".join(f"{name} ({' or '.join((cls, *HEAD_CLASSES.get(name, ())))})"
+                          for name, cls in {**NATIVE_CLASSES, **SCRATCH_CLASSES}.items())
     # Older checkpoints (Google's small BERTs) name none: transformers guessed it from the repository name.
     hint = "" if model_type else '; config.json names no model_type: add the model\'s own (e.g. "model_type": "bert")'
     fail(f"cannot convert {args.source}: model_type={model_type!r}, architectures={architectures}{hint}; "
@@ -210,7 +223,7 @@ except ValueError as error:
 # One that does not parse, `from_pretrained` replaced without a word by one made from config.json (or failed with a
 # traceback): the converted model would generate otherwise than its source. An encoder has none to carry.
 generation_file = args.source / "generation_config.json"
-if CARD_TASKS[model_type] != "masked-lm" and generation_file.is_file():
+if card_task in ("causal-lm", "seq2seq") and generation_file.is_file():
     try:
         transformers.GenerationConfig.from_pretrained(args.source)
     except (OSError, ValueError, TypeError) as error:
@@ -282,9 +295,15 @@ if args.check:
         inputs["token_type_ids"] = torch.randint(config.type_vocab_size, (batch, length), generator=generator)
     if config.model_type == "marian":
         inputs["decoder_input_ids"] = torch.randint(config.decoder_vocab_size, (batch, length), generator=generator)
+
+    def logits(model) -> torch.Tensor:
+        """The logits; a question-answering head's start and end logits, stacked."""
+        output = model(**inputs)
+        return output.logits if "logits" in output else torch.stack([output.start_logits, output.end_logits])
+
     with torch.no_grad():
-        expected = source(**inputs).logits
-        diff = (converted(**inputs).logits - expected).abs().max().item()
+        expected = logits(source)
+        diff = (logits(converted) - expected).abs().max().item()
     if not expected.isfinite().all():  # no difference to measure: a NaN in the source's weights, say
         fail("parity check impossible: the source's own logits on the check batch are not all finite (NaN or "
              "infinite; its weights?); nothing was written. --no-check converts it as it is")
@@ -321,7 +340,7 @@ try:  # a full disk: one line, and the partial copy (of the model's size) remove
         converted.to(getattr(torch, dtype)).save_pretrained(staging)  # with generation_config.json where it generates
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        hub.write_conversion_card(staging, args.source, name=output.name, task=CARD_TASKS[model_type],
+        hub.write_conversion_card(staging, args.source, name=output.name, task=card_task,
                                   source_class=source_class, model_class=type(converted).__name__,
                                   native=not to_scratch, check=check)
 except CheckpointError as error:

@@ -62,14 +62,15 @@ from hf_scratch_transformer.cli.run_options import (
     train_until_stopped,
     trainer_model_folder,
 )
-from hf_scratch_transformer.conversion import CONVERTERS, from_hf
+from hf_scratch_transformer.conversion import LANGUAGE_MODEL_CONVERTERS, from_hf
 from hf_scratch_transformer.sharding import ShardedTrainer
 from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
 from tokenizer_training import load_data
 
 # model_type -> the native class `from_hf` converts. Llama, Mistral and Qwen2 folders, left out, trained as the native
 # classifier with a card naming ours; other native models are refused (`check_model_folder`).
-NATIVE_LMS = {(native := getattr(transformers, name)).config_class.model_type: native for name in CONVERTERS}
+NATIVE_LMS = {(native := getattr(transformers, name)).config_class.model_type: native
+              for name in LANGUAGE_MODEL_CONVERTERS}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
          "token-classification": AutoModelForTokenClassification}
 HEAD_SUFFIXES = {"text-classification": "ForSequenceClassification", "token-classification": "ForTokenClassification"}
@@ -135,7 +136,7 @@ refuse_force_bf16_alone(parser, args.force_bf16, os.environ.get("ACCELERATE_MIXE
 # read from its config.json: no model work before the data checks.
 saved = read_config_file(args.model)
 model_type = saved["model_type"] if saved else AutoConfig.from_pretrained(args.model).model_type  # else a Hub id
-family = (CONVERTERS[NATIVE_LMS[model_type].__name__].ours.config_class if model_type in NATIVE_LMS
+family = (LANGUAGE_MODEL_CONVERTERS[NATIVE_LMS[model_type].__name__].ours.config_class if model_type in NATIVE_LMS
           else transformers.CONFIG_MAPPING[model_type])
 if family not in HEADS[args.task]._model_mapping:
     parser.error(f"--model {args.model}: a {model_type} model has no {args.task} head; {args.task} fine-tunes "
