@@ -441,23 +441,36 @@ class _Bert(_Family):
             (getattr(c, "position_embedding_type", "absolute") != "absolute", "relative position embeddings"),
             (c.is_decoder, "a BERT decoder"),
             _unknown_activation("hidden_act", c.hidden_act),
+            *self._head_problems(c),
         ] if bad], self.name)
         return dict(
             hidden_act=ACTIVATIONS[c.hidden_act],
             type_vocab_size=0 if _no_token_types(native) else c.type_vocab_size,
             activation_dropout=0.0,  # BERT has no dropout inside its MLP
             embedding_dropout=c.hidden_dropout_prob,
+            **self._labels(c),
         )
 
     def blockers(self, config) -> list[str]:
         return super().blockers(config) + _non_gated_activation(config, self.name) + _multi_head(config, self.name)
 
     def native_model(self, config):
-        return transformers.BertForMaskedLM(transformers.BertConfig(
+        return getattr(transformers, self.name)(transformers.BertConfig(
             **self.renamed_values(config),
+            **self._labels(config),
             hidden_act=NATIVE_ACTIVATIONS[config.hidden_act],
             type_vocab_size=max(config.type_vocab_size, 1),  # see `extra_to_native`
         ))
+
+    @staticmethod
+    def _labels(config) -> dict:
+        """The label fields of the config (ours or BERT's) that the head reads: a token classifier's."""
+        return {}
+
+    @staticmethod
+    def _head_problems(config) -> list[tuple[bool, str]]:
+        """(refused, why) pairs for BERT's config that the head has no equivalent of."""
+        return []
 
     def weights(self, config) -> list[Entry]:
         t = self._trunk_weights(config)
@@ -520,17 +533,6 @@ class _BertTokenHead(_Bert):
     head = ""
     fixed = {knob: value for knob, value in _Bert.fixed.items() if knob != "mlm_transform"}  # no MLM head here
 
-    def from_native(self, native) -> dict:
-        return super().from_native(native) | self._labels(native.config)
-
-    def native_model(self, config):
-        return getattr(transformers, self.name)(transformers.BertConfig(
-            **self.renamed_values(config),
-            **self._labels(config),
-            hidden_act=NATIVE_ACTIVATIONS[config.hidden_act],
-            type_vocab_size=max(config.type_vocab_size, 1),  # see `_Bert.extra_to_native`
-        ))
-
     def weights(self, config) -> list[Entry]:
         return self._trunk_weights(config) + _same(self.head, self.head)
 
@@ -539,11 +541,6 @@ class _BertTokenHead(_Bert):
 
     def extra_to_native(self, model, source, native, tensors) -> None:
         self._token_types_to_native(model, native, tensors)
-
-    @staticmethod
-    def _labels(config) -> dict:
-        """The config's label fields that the head's size and the pipelines read."""
-        return {}
 
 
 class _BertTokenClassification(_BertTokenHead):
@@ -561,11 +558,10 @@ class _BertQuestionAnswering(_BertTokenHead):
     ours = ScratchEncoderForQuestionAnswering
     head = "qa_outputs"  # two outputs, the start and end logits (BERT's config's default `num_labels`)
 
-    def from_native(self, native) -> dict:
+    @staticmethod
+    def _head_problems(config) -> list[tuple[bool, str]]:
         # BERT sizes its head by `num_labels` and splits it in two: any other size fails in its own forward
-        _refuse([f"num_labels={native.config.num_labels} (start and end logits: 2)"] if native.config.num_labels != 2
-                else [], self.name)
-        return super().from_native(native)
+        return [(config.num_labels != 2, f"num_labels={config.num_labels} (start and end logits: 2)")]
 
 
 def _no_token_types(native) -> bool:
