@@ -56,8 +56,9 @@ def installed(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.mark.slow
 def test_the_installed_command_runs_the_main_job_outside_the_checkout(installed, tmp_path):
     bin_dir, env = installed
-    where = run([bin_dir / "python", "-c", "import hf_scratch_transformer; print(hf_scratch_transformer.__file__)"],
-                tmp_path, env)
+    # Where `import hf_scratch_transformer` finds it, without importing it (torch and transformers: 10 s)
+    where = run([bin_dir / "python", "-c", "import importlib.util; "
+                 "print(importlib.util.find_spec('hf_scratch_transformer').origin)"], tmp_path, env)
     assert str(ROOT) not in where and "site-packages" in where, "the package must come from the wheel"
     assert "train-accelerate" in run([bin_dir / "hf-scratch", "--help"], tmp_path, env)
     expected = f"hf-scratch {version('hf-scratch-transformer')}"  # this checkout's, installed editable
