@@ -54,9 +54,11 @@ RUNTIME_VARIABLES = ("HF_SCRATCH_", "ACCELERATE_", "TOKENIZERS_PARALLELISM", "HF
                      # and those torchrun and `accelerate launch` set for the processes they start
                      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                      "ROLE_", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_", "TORCH_NCCL_", "FSDP_",
-                     # pytest's own (the server was forked in another test); threadpoolctl's, which the suite
-                     # imports late and only Intel's OpenMP reads (torch's CPU wheel loads GNU's)
-                     "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK",
+                     # pytest's own (the server was forked in another test); threadpoolctl's, and scikit-learn's
+                     # and joblib's (seqeval imports them in the test process: entity scores), which only Intel's
+                     # OpenMP reads (torch's CPU wheel loads GNU's). Not listed, KMP_INIT_AT_FORK once made every
+                     # later test_accelerate and test_fsdp command of a worker run fresh: the suite took 26 minutes
+                     "PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
                      # and those the suite's libraries set in the test process once the server runs, which made
                      # every later command of that process run fresh: inductor's, which it sets in a process right
                      # before it loads a compiled kernel there (test_compile; test_serve and test_fsdp ran fresh
