@@ -503,7 +503,8 @@ class _Bert(_Family):
     def extra_from_native(self, native, source, config, entries) -> dict:
         if not config.tie_word_embeddings:
             source.skip("cls.predictions.bias")  # untied, BERT's forward never reads it
-        return self._token_types_from_native(source, config)
+        self._skip_absent_token_types(source, config)
+        return {}
 
     def extra_to_native(self, model, source, native, tensors) -> None:
         if not model.config.tie_word_embeddings:
@@ -511,10 +512,9 @@ class _Bert(_Family):
         self._token_types_to_native(model, native, tensors)
 
     @staticmethod
-    def _token_types_from_native(source, config) -> dict:
+    def _skip_absent_token_types(source, config) -> None:
         if not config.type_vocab_size:
             source.skip("bert.embeddings.token_type_embeddings.weight")  # one zero row: adds nothing
-        return {}
 
     @staticmethod
     def _token_types_to_native(model, native, tensors) -> None:
@@ -537,7 +537,8 @@ class _BertTokenHead(_Bert):
         return self._trunk_weights(config) + _same(self.head, self.head)
 
     def extra_from_native(self, native, source, config, entries) -> dict:
-        return self._token_types_from_native(source, config)
+        self._skip_absent_token_types(source, config)
+        return {}
 
     def extra_to_native(self, model, source, native, tensors) -> None:
         self._token_types_to_native(model, native, tensors)

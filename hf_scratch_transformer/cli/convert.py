@@ -58,10 +58,13 @@ SCRATCH_CLASSES = {
     "scratch_encoder": "ScratchEncoderForMaskedLM",
     "scratch_seq2seq": "ScratchSeq2SeqForConditionalGeneration",
 }
-# model_type -> the heads over every token that convert too, loaded where config.json's `architectures` names one
+# model_type -> the heads over every token that convert too, loaded where config.json's `architectures` names one,
+# each with the task of its card
 HEAD_CLASSES = {
-    "bert": ("BertForTokenClassification", "BertForQuestionAnswering"),
-    "scratch_encoder": ("ScratchEncoderForTokenClassification", "ScratchEncoderForQuestionAnswering"),
+    "bert": {"BertForTokenClassification": "token-classification",
+             "BertForQuestionAnswering": "question-answering"},
+    "scratch_encoder": {"ScratchEncoderForTokenClassification": "token-classification",
+                        "ScratchEncoderForQuestionAnswering": "question-answering"},
 }
 # model_type -> the task of the converted model's card (`hub.TASKS`): its "How to use"
 CARD_TASKS = {"gpt2": "causal-lm", "llama": "causal-lm", "mistral": "causal-lm", "qwen2": "causal-lm",
@@ -185,14 +188,12 @@ if not isinstance(source_config, dict) or not isinstance(source_config.get("mode
     fail(f"{args.source / 'config.json'} is not a model's config: a JSON object whose model_type is a string")
 model_type, architectures = source_config.get("model_type"), source_config.get("architectures") or []
 to_scratch = model_type in NATIVE_CLASSES
-head = next((name for name in architectures if name in HEAD_CLASSES.get(model_type, ())), None)
+head = next((name for name in architectures if name in HEAD_CLASSES.get(model_type, {})), None)
 source_class = head or NATIVE_CLASSES.get(model_type) or SCRATCH_CLASSES.get(model_type)
-card_task = CARD_TASKS.get(model_type)
-if head:
-    card_task = "token-classification" if head.endswith("ForTokenClassification") else "question-answering"
+card_task = HEAD_CLASSES[model_type][head] if head else CARD_TASKS.get(model_type)
 accepted = {source_class, *HOLDING_THE_LM.get(model_type, ())}
 if source_class is None or (architectures and not accepted.intersection(architectures)):
-    supported = ", ".join(f"{name} ({' or '.join((cls, *HEAD_CLASSES.get(name, ())))})"
+    supported = ", ".join(f"{name} ({' or '.join((cls, *HEAD_CLASSES.get(name, {})))})"
                           for name, cls in {**NATIVE_CLASSES, **SCRATCH_CLASSES}.items())
     # Older checkpoints (Google's small BERTs) name none: transformers guessed it from the repository name.
     hint = "" if model_type else '; config.json names no model_type: add the model\'s own (e.g. "model_type": "bert")'
