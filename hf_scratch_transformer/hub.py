@@ -69,7 +69,7 @@ TASKS = {
         pipeline_call='print(pipe("Romeo and Juliet met in Verona"))',
         hub_task="token-classification",
     ),
-    # No command trains one; `hf-scratch convert` writes its card. transformers 5 has no question-answering pipeline.
+    # transformers 5 has no question-answering pipeline: the example reads the span from the logits.
     "question-answering": dict(
         family_description="An extractive question-answering model",
         model_class="ScratchEncoderForQuestionAnswering",
@@ -109,6 +109,9 @@ METRICS = {
     "entity_recall": ("recall", "Entity recall (seqeval)"),
     "entity_f1": ("f1", "Entity F1 (seqeval)"),
 }
+# A task's own names for its keys: a question-answering model's F1 is SQuAD's, over the words of its answers
+TASK_METRICS = {"question-answering": {"exact_match": ("exact_match", "Exact match (SQuAD)"),
+                                       "f1": ("f1", "F1 (SQuAD)")}}
 # eval_results key -> the model-index `args` of its metric (what `evaluate`'s compute() would be given): the macro-F1
 # of words or texts and seqeval's entity F1 are both of type "f1" in a token classifier's card.
 METRIC_ARGS = {"f1": {"average": "macro"}}
@@ -233,11 +236,13 @@ def write_model_card(
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     folder, spec = Path(folder), TASKS[task]
     results = []
+    task_metrics = TASK_METRICS.get(task, {})
     for key, value in eval_results.items():
-        metric_type, metric_name = METRICS.get(key, (key, key))
+        metric_type, metric_name = task_metrics.get(key) or METRICS.get(key, (key, key))
         results.append(EvalResult(
             task_type=spec["hub_task"], dataset_type=dataset, dataset_name=dataset, metric_type=metric_type,
-            metric_value=value, metric_name=metric_name, metric_args=METRIC_ARGS.get(key),
+            metric_value=value, metric_name=metric_name,
+            metric_args=None if key in task_metrics else METRIC_ARGS.get(key),
         ))
     card_data = ModelCardData(
         model_name=model_name,

@@ -360,11 +360,13 @@ def tokenize_for_seq2seq(pairs: Dataset, tokenizer, max_length: int,
     return encoded.remove_columns(["source_cut", "target_cut"])
 
 
-def truncated_map(data: Dataset, tokenize: Callable, tokenizer) -> Dataset:
-    """`data.map(tokenize)` where `tokenize` calls `tokenizer` with `truncation=True`. That leaves truncation on in a
-    fast tokenizer's backend, which `save_pretrained` then writes into tokenizer.json: the saved (and published)
-    tokenizer would cut every text to the training length for anyone who loads that file with `tokenizers`."""
-    encoded = data.map(tokenize, batched=True, remove_columns=data.column_names, desc="tokenizing")
+def truncated_map(data: Dataset, tokenize: Callable, tokenizer, with_indices: bool = False) -> Dataset:
+    """`data.map(tokenize)` where `tokenize` calls `tokenizer` with `truncation=True` (and, `with_indices`, is given
+    the batch's row indices too). That leaves truncation on in a fast tokenizer's backend, which `save_pretrained`
+    then writes into tokenizer.json: the saved (and published) tokenizer would cut every text to the training length
+    for anyone who loads that file with `tokenizers`."""
+    encoded = data.map(tokenize, batched=True, with_indices=with_indices, remove_columns=data.column_names,
+                       desc="tokenizing")
     if (backend := getattr(tokenizer, "backend_tokenizer", None)) is not None:
         backend.no_truncation()
     return encoded

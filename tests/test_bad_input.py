@@ -985,6 +985,21 @@ BAD_FINETUNE_DATA = {
     "blank_label.json": ("text-classification",
                          '{"text": "a dog", "label": "animal"}\n{"text": "a man", "label": " "}\n'
                          '{"text": "a horse", "label": ""}\n', "the label column 'label' has no value in rows 2, 3"),
+    # Question answering: SQuAD's columns. A misplaced answer trained the model on another span, or on none.
+    "squad.csv": ("question-answering", "question,context,answers\nWhere?,in Verona,Verona\n",
+                  "question answering needs SQuAD's answers ({\"text\": [...], \"answer_start\": [...]}) per row"),
+    "misplaced.json": ("question-answering",
+                       '{"question": "Where?", "context": "in Verona", "answers": {"text": ["Verona"], '
+                       '"answer_start": [3]}}\n{"question": "Where?", "context": "in Verona", "answers": {"text": '
+                       '["Verona"], "answer_start": [4]}}\n',
+                       "an answer's text in 'answers' is not at its answer_start in the context ('context'; "
+                       "answer_start counts characters from 0) in row 2"),
+    "answer_text.json": ("question-answering", '{"question": "Where?", "context": "in Verona", "answers": "Verona"}\n',
+                         "the answers in 'answers' are not SQuAD's {\"text\": [...], \"answer_start\": [...]} (two "
+                         "lists of the same length"),
+    "no_question.json": ("question-answering",
+                         '{"question": "", "context": "in Verona", "answers": {"text": [], "answer_start": []}}\n',
+                         "the question column 'question' holds no text in row 1"),
     # an upper-case suffix (Windows tools) was an "unsupported format '.CSV'"
     "MISSING.CSV": ("text-classification", "text,label\na dog,animal\na man,other\nsome text,\nmore,\n",
                     "the label column 'label' has no value in rows 3, 4"),
@@ -1012,6 +1027,13 @@ def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path,
      "--text-column: not an input of --task token-classification (its input column: --tokens-column)"),
     ("text-classification", ["--text-column", "label"],  # a KeyError traceback
      "--text-column and --label-column both name the column 'label'"),
+    ("question-answering", ["--text-column", "text"],
+     "--text-column: not an input of --task question-answering (its input columns: --question-column, "
+     "--context-column, --answers-column)"),
+    ("question-answering", ["--label-column", "tags"], "--label-column: not an input of --task question-answering"),
+    ("question-answering", ["--question-column", "context"],
+     "--question-column and --context-column both name the column 'context'"),
+    ("text-classification", ["--doc-stride", "16"], "--doc-stride: goes with --task question-answering"),
 ])
 def test_finetune_refuses_options_it_would_leave_out(hf_scratch, tmp_path, task, options, message):
     # Each was ignored without a word: the run read the default column, or the file as it was.

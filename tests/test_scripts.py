@@ -321,6 +321,126 @@ def test_finetune_scores_entity_tags_as_run_ner_does(tmp_path):
     assert names["Entity F1 (seqeval)"] == pytest.approx(results["entity_f1"])
 
 
+def _squad_rows(count: int, seed: int) -> list[dict]:
+    """SQuAD rows: "which animal is there ?" of a context of two to six `_words` sentences, answered by its first dog
+    or horse (none, as SQuAD 2.0 gives it, where it has neither)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        context = " ".join(_words(int(torch.randint(2, 7, (1,), generator=generator)), seed + len(rows)))
+        found = [match for match in re.finditer(r"\b(dog|horse)\b", context)]
+        answers = {"text": [found[0].group()] if found else [], "answer_start": [found[0].start()] if found else []}
+        rows.append({"question": "which animal is there ?", "context": context, "answers": answers})
+    return rows
+
+
+def _write_json_lines(path: Path, rows: list[dict]) -> Path:
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    return path
+
+
+def test_finetune_question_answering_from_our_masked_lm(tmp_path):
+    """SQuAD-style data, contexts longer than the windows: trained, scored with SQuAD's exact match and F1, and
+    saved as a question-answering folder with its card."""
+    rows = _squad_rows(40, seed=8)
+    assert any(not row["answers"]["text"] for row in rows) and any(row["answers"]["text"] for row in rows)
+    stdout = run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "question-answering",
+                        "--train-file", _write_json_lines(tmp_path / "train.json", rows), "--max-length", 24,
+                        "--max-steps", 3, "--batch-size", 8, "--output-dir", tmp_path / "qa", cwd=tmp_path)
+    assert "evaluation: loss" in stdout and "exact_match" in stdout
+    results = json.loads((tmp_path / "qa/model/eval_results.json").read_text())
+    assert set(results) == {"loss", "exact_match", "f1"} and 0 <= results["exact_match"] <= results["f1"] <= 100
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "qa/model")
+    assert isinstance(model, hf_scratch_transformer.ScratchEncoderForQuestionAnswering)
+    # Windows with a stride leave truncation and its stride on in the backend: not in the saved tokenizer.json
+    assert json.loads((tmp_path / "qa/model/tokenizer.json").read_text())["truncation"] is None
+    card = ModelCard.load(tmp_path / "qa/model/README.md")
+    assert card.data.pipeline_tag == "question-answering"
+    names = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    assert names == {"Eval loss": pytest.approx(results["loss"]), "Exact match (SQuAD)": results["exact_match"],
+                     "F1 (SQuAD)": results["f1"]}
+    assert "| doc_stride | 6 |" in card.text  # a quarter of the 24 tokens
+    assert "| evaluated_on | 10% of the training data, held out: 4 examples |" in card.text  # questions, not windows
+
+
+def trainer_at_training(monkeypatch, *arguments):
+    """Runs `hf-scratch finetune ARGUMENTS` in this process up to its first training step; returns its Trainer."""
+    from hf_scratch_transformer.cli import main
+    from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
+
+    reached = []
+
+    def train(self, *args, **kwargs):
+        reached.append(self)
+        raise ReachedTraining
+
+    monkeypatch.setattr(CrashSafeTrainer, "train", train)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    with pytest.raises(ReachedTraining):
+        main(["finetune", *map(str, arguments)])
+    return reached[0]
+
+
+def test_finetune_continues_a_question_answering_model_with_its_head(monkeypatch, tmp_path, capsys):
+    """A question-answering model trains on with its own `qa_outputs`; a classifier's folder gets a new one."""
+    train = _write_json_lines(tmp_path / "train.json", _squad_rows(20, seed=9))
+    base = _tiny_folder(tmp_path / "qa", hf_scratch_transformer.ScratchEncoderForQuestionAnswering)
+    saved = hf_scratch_transformer.ScratchEncoderForQuestionAnswering.from_pretrained(base).qa_outputs.weight
+    trainer = trainer_at_training(monkeypatch, "--model", base, "--task", "question-answering", "--train-file", train,
+                                  "--output-dir", tmp_path / "out")
+    torch.testing.assert_close(trainer.model.qa_outputs.weight, saved)
+    assert "trains a new head" not in capsys.readouterr().out
+    # the data's windows: each labelled with its answer's tokens, or with none at [CLS]
+    assert {"input_ids", "start_positions", "end_positions"} <= set(trainer.train_dataset.column_names)
+    assert "offset_mapping" not in trainer.train_dataset.column_names  # the metrics' own, not the model's
+    classifier = _tiny_folder(tmp_path / "cls", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
+                              id2label={0: "a", 1: "b"}, label2id={"a": 0, "b": 1})
+    trainer = trainer_at_training(monkeypatch, "--model", classifier, "--task", "question-answering", "--train-file",
+                                  train, "--output-dir", tmp_path / "out2")
+    assert "is a ScratchEncoderForSequenceClassification of ['a', 'b']; question-answering trains a new head" in (
+        capsys.readouterr().out)
+    assert trainer.model.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}  # not the classifier's classes
+
+
+def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, tmp_path, capsys):
+    tokenizer = wordpiece()
+    BertForMaskedLM(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                               vocab_size=len(tokenizer), max_position_embeddings=64)).save_pretrained(
+        tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", "question-answering",
+                                  "--train-file", _write_json_lines(tmp_path / "train.json", _squad_rows(20, seed=9)),
+                                  "--output-dir", tmp_path / "out")
+    assert isinstance(trainer.model, hf_scratch_transformer.ScratchEncoderForQuestionAnswering)
+    assert "converted to ScratchEncoderForMaskedLM in memory" in capsys.readouterr().out
+    # BERT's token types: the context's tokens are segment 1
+    assert any(1 in types for types in trainer.train_dataset["token_type_ids"])
+
+
+def test_finetune_refuses_a_doc_stride_the_windows_cannot_hold(monkeypatch, tmp_path, capsys):
+    """The tokenizer panicked in Rust midway through the data: "`stride` must be strictly less than `max_len`"."""
+    from hf_scratch_transformer.cli import main
+
+    rows = _squad_rows(10, seed=9)
+    rows[3]["question"] = "which big red animal walks in the house and the street ?"
+    train = _write_json_lines(tmp_path / "train.json", rows)
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    # "which animal is there ?" is 9 tokens, row 4's question 25: with [CLS] and two [SEP], 12 and 28 tokens
+    for options, message in (
+            (["--max-length", "40", "--doc-stride", "28"],
+             "with --doc-stride 28 in rows 1, 2, 3, 4, 5 and 5 more (counted from 1, after any header); row 1's leaves "
+             "28 tokens for its context, which must be more than --doc-stride"),
+            (["--max-length", "20"],
+             "questions in 'question' that leave their context no room in windows of --max-length 20 tokens in row 4 "
+             "(counted from 1, after any header); row 4's takes 28 with the special tokens: raise --max-length")):
+        with pytest.raises(SystemExit) as stopped:
+            main(["finetune", "--model", str(_tiny_folder(tmp_path / "mlm")), "--task", "question-answering",
+                  "--train-file", str(train), *options, "--output-dir", str(tmp_path / "out")])
+        said = capsys.readouterr()
+        assert stopped.value.code == 2 and message in said.err and "Traceback" not in said.err, said.err[-2000:]
+        assert not (tmp_path / "out").exists()
+
+
 def _tiny_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoderForMaskedLM, **config) -> Path:
     """A tiny model of ours with a test tokenizer (WordPiece for an encoder, else byte-level BPE), saved as
     `hf-scratch finetune` reads it."""
@@ -432,6 +552,7 @@ def test_finetune_trains_classes_from_a_regression_model(tmp_path):
 @pytest.mark.parametrize("model_class, task", [
     (hf_scratch_transformer.ScratchDecoderForCausalLM, "token-classification"),
     (hf_scratch_transformer.ScratchSeq2SeqForConditionalGeneration, "text-classification"),
+    (hf_scratch_transformer.ScratchDecoderForCausalLM, "question-answering"),
 ])
 def test_finetune_refuses_a_model_without_the_tasks_head(model_class, task, tmp_path):
     """The Auto class failed with a traceback ("Unrecognized configuration class ... for this kind of AutoModel")."""

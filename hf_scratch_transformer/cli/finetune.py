@@ -1,15 +1,19 @@
 """Fine-tune a saved model for text or token classification with `Trainer`, reporting accuracy and macro-F1 (and,
-for entity tags such as B-PER / I-PER / O, entity-level precision, recall and F1 as seqeval and run_ner compute them):
+for entity tags such as B-PER / I-PER / O, entity-level precision, recall and F1 as seqeval and run_ner compute them),
+or for extractive question answering, reporting SQuAD's exact match and F1 (as run_qa computes them):
 
     hf-scratch finetune --model outputs/masked-lm/model --task text-classification \\
         --train-file train.csv --validation-file dev.csv --text-column sentence --label-column label
     hf-scratch finetune --model outputs/masked-lm/model --task token-classification \\
         --train-file train.json --tokens-column tokens --label-column ner_tags
     hf-scratch finetune --model path/to/native-bert-folder --task text-classification --dataset imdb
+    hf-scratch finetune --model outputs/masked-lm/model --task question-answering --dataset squad
 
-The model is one of ours (any family with a classification head: decoder or encoder), or a saved native
-GPT-2 / Llama / Mistral / Qwen2 / BERT folder, converted first with `hf_scratch_transformer.conversion.from_hf`.
-Data: local CSV / JSON files or a `datasets` name. Writes OUTPUT_DIR/model (Hub-ready, with eval_results.json) and
+The model is one of ours (any family with the task's head: decoder or encoder for text classification, encoder
+for the others), or a saved native GPT-2 / Llama / Mistral / Qwen2 / BERT folder, converted first with
+`hf_scratch_transformer.conversion.from_hf`. Data: local CSV / JSON files or a `datasets` name; question answering
+reads SQuAD's columns (question, context, and answers as {"text": [...], "answer_start": [...]}, empty lists for a
+question the context does not answer, as SQuAD 2.0). Writes OUTPUT_DIR/model (Hub-ready, with eval_results.json) and
 OUTPUT_DIR/checkpoints. To continue causal-LM or seq2seq training of a saved model instead, use
 `hf-scratch train --model FOLDER`.
 """
@@ -24,6 +28,7 @@ import transformers
 from datasets import DatasetDict
 from transformers import (
     AutoConfig,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     DataCollatorForTokenClassification,
@@ -34,7 +39,7 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help, is_rank_zero
-from hf_scratch_transformer import evaluation, hub, mixed_precision, training, training_data
+from hf_scratch_transformer import evaluation, hub, mixed_precision, question_answering, training, training_data
 from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, checkpoint_to_resume
 from hf_scratch_transformer.cli.output_folder import add_run_safety_arguments, claim_output_dir, remove_the_earlier_run
 from hf_scratch_transformer.cli.run_data import data_settings, dataset_name, on_the_hub
@@ -72,11 +77,20 @@ from tokenizer_training import load_data
 NATIVE_LMS = {(native := getattr(transformers, name)).config_class.model_type: native
               for name in LANGUAGE_MODEL_CONVERTERS}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
-         "token-classification": AutoModelForTokenClassification}
-HEAD_SUFFIXES = {"text-classification": "ForSequenceClassification", "token-classification": "ForTokenClassification"}
+         "token-classification": AutoModelForTokenClassification,
+         "question-answering": AutoModelForQuestionAnswering}
+HEAD_SUFFIXES = {"text-classification": "ForSequenceClassification", "token-classification": "ForTokenClassification",
+                 "question-answering": "ForQuestionAnswering"}
 MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2, Llama, Mistral, Qwen2 "
                                            "or BERT",
-                    "token-classification": "an encoder of ours, or a native BERT"}
+                    "token-classification": "an encoder of ours, or a native BERT",
+                    "question-answering": "an encoder of ours, or a native BERT"}
+QUESTION_ANSWERING = "question-answering"
+# The data columns each task reads: option -> its default column
+COLUMNS = {"text-classification": {"--text-column": "text", "--label-column": "label"},
+           "token-classification": {"--tokens-column": "tokens", "--label-column": "label"},
+           QUESTION_ANSWERING: {"--question-column": "question", "--context-column": "context",
+                                "--answers-column": "answers"}}
 FORMATS = (".csv", ".json", ".jsonl")  # the data files with named columns (`load_data` reads them)
 
 
@@ -113,8 +127,15 @@ parser.add_argument("--dataset-config", help="--dataset's configuration")
 parser.add_argument("--text-column", help="text-classification input (default text)")
 parser.add_argument("--tokens-column", help="token-classification input words (default tokens)")
 parser.add_argument("--label-column", default="label", help="label, or list of labels per word (default label)")
+parser.add_argument("--question-column", help="question-answering question (default question)")
+parser.add_argument("--context-column", help="question-answering context the answer is in (default context)")
+parser.add_argument("--answers-column", help='question-answering answers, {"text": [...], "answer_start": [...]} '
+                                             "(default answers)")
 parser.add_argument("--max-length", type=sequence_length,
                     help="tokens per text, >= 3 (default 128, or the model's absolute positions if fewer)")
+parser.add_argument("--doc-stride", type=positive_int,
+                    help="question-answering: tokens shared by the windows of a context longer than --max-length "
+                         "(default a quarter of --max-length)")
 parser.add_argument("--epochs", type=positive_float, default=3.0, help="default 3")
 parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides --epochs when > 0 (default -1)")
 parser.add_argument("--batch-size", type=positive_int, default=16, help="default 16")
@@ -170,9 +191,11 @@ def load_data_file(option: str, path: str):
     if file.suffix.lower() not in FORMATS:  # DATA.CSV too, as Windows tools name files
         fail(parser, f"{option} {path}: unsupported format {file.suffix or '(no extension)'!r}; use CSV (.csv) or "
                      "JSON lines (.json, .jsonl)")
-    if args.task == "token-classification" and file.suffix.lower() == ".csv":
-        fail(parser, f"{option} {path}: token classification needs a list of words and a list of labels per row, "
-                     "which CSV cannot hold: use JSON lines (.json, .jsonl)")
+    if args.task != "text-classification" and file.suffix.lower() == ".csv":
+        held = ("a list of words and a list of labels" if args.task == "token-classification"
+                else 'SQuAD\'s answers ({"text": [...], "answer_start": [...]})')
+        fail(parser, f"{option} {path}: {args.task.replace('-', ' ')} needs {held} per row, which CSV cannot hold: "
+                     "use JSON lines (.json, .jsonl)")
     try:
         return load_data(file, split="train")  # binary, not UTF-8, unparsable, no rows
     except ValueError as error:
@@ -264,10 +287,25 @@ if args.validation_file and not args.train_file:
     parser.error("--validation-file goes with --train-file (a --dataset brings its own validation split)")
 if args.dataset_config and not args.dataset:
     parser.error("--dataset-config goes with --dataset")
-input_option = "--text-column" if args.task == "text-classification" else "--tokens-column"
-if given := [option for option in ("--text-column", "--tokens-column")
-             if option != input_option and getattr(args, option[2:].replace("-", "_"))]:
-    parser.error(f"{given[0]}: not an input of --task {args.task} (its input column: {input_option})")
+
+
+def option_value(option: str):
+    """The value of a column option; None where it was not given (its default: --label-column's is "label")."""
+    value = getattr(args, option[2:].replace("-", "_"))
+    return None if value == parser.get_default(option[2:].replace("-", "_")) else value
+
+
+if given := [option for task_columns in COLUMNS.values() for option in task_columns
+             if option not in COLUMNS[args.task] and option_value(option)]:
+    read = ", ".join(option for option in COLUMNS[args.task] if option != "--label-column")
+    parser.error(f"{given[0]}: not an input of --task {args.task} (its input column{'s' * (',' in read)}: {read})")
+if args.doc_stride and args.task != QUESTION_ANSWERING:
+    parser.error(f"--doc-stride: goes with --task {QUESTION_ANSWERING} (its windows over long contexts)")
+columns = {option: option_value(option) or default for option, default in COLUMNS[args.task].items()}  # the names
+for index, first in enumerate(columns):
+    if same := [second for second in list(columns)[index + 1:] if columns[second] == columns[first]]:
+        parser.error(f"{first} and {same[0]} both name the column {columns[first]!r}: the {args.task} data has "
+                     f"{len(columns)} columns, {', '.join(columns)}")
 if args.train_file:
     raw = DatasetDict({"train": load_data_file("--train-file", args.train_file)})
     if args.validation_file:
@@ -283,12 +321,79 @@ else:
     raw = DatasetDict({split: raw[split] for split in ("train", "validation") if split in raw})
 sources = {"train": args.train_file, "validation": args.validation_file}
 where = {split: f"--{split}-file {sources[split]}" if sources.get(split) else f"the {split!r} split" for split in raw}
-input_column = (args.text_column or "text") if args.task == "text-classification" else (args.tokens_column or "tokens")
-if input_column == args.label_column:
-    parser.error(f"{input_option} and --label-column both name the column {input_column!r}: the input and the labels "
-                 "are two columns")
+input_column = columns.get("--text-column") or columns.get("--tokens-column")  # classification's
+question_column, context_column, answers_column = (columns.get(option) for option in COLUMNS[QUESTION_ANSWERING])
+
+
+def check_squad_rows(where: str, data) -> None:
+    """An error naming the rows of question-answering data that are not SQuAD's: a question and a context (text),
+    and answers whose texts stand at their answer_start in the context. A misplaced answer trained the model on
+    another span without a word (or, outside every window, on no answer)."""
+    problems = question_answering.answer_problems(data[question_column], data[context_column],
+                                                  data[answers_column])
+    described = {
+        "question": f"the question column {question_column!r} holds no text",
+        "context": f"the context column {context_column!r} holds no text",
+        "answers": f'the answers in {answers_column!r} are not SQuAD\'s {{"text": [...], "answer_start": [...]}} '
+                   "(two lists of the same length: texts, and their first character's index in the context)",
+        "misplaced": f"an answer's text in {answers_column!r} is not at its answer_start in the context "
+                     f"({context_column!r}; answer_start counts characters from 0)",
+    }
+    for problem, indices in problems.items():
+        fail(parser, f"{where}: {described[problem]} in {rows(indices)}")
+
+
+def check_questions_fit() -> None:
+    """Sets --doc-stride's default, a quarter of --max-length, shortened where a long question leaves less room for
+    the context; an error naming the rows whose question leaves the context no room at --max-length, or whose room
+    is no more than a --doc-stride given: the tokenizer panicked in Rust midway through the data ("`stride` must be
+    strictly less than `max_len`")."""
+    specials = tokenizer.num_special_tokens_to_add(pair=True)
+    room = {}  # split -> the context tokens each row's window holds
+    for split in raw:
+        questions = tokenizer(list(raw[split][question_column]), add_special_tokens=False, verbose=False)["input_ids"]
+        room[split] = [args.max_length - specials - len(question) for question in questions]
+    least = min(min(rooms) for rooms in room.values())
+    if args.doc_stride is None:
+        args.doc_stride = max(0, min(args.max_length // 4, least - 1))
+    for split, rooms in room.items():
+        if no_room := [row for row, tokens in enumerate(rooms) if tokens < 1]:
+            fail(parser, f"{where[split]}: questions in {question_column!r} that leave their context no room in "
+                         f"windows of --max-length {args.max_length} tokens in {rows(no_room)}; row {no_room[0] + 1}'s "
+                         f"takes {args.max_length - rooms[no_room[0]]} with the special tokens: raise --max-length")
+        if crowded := [row for row, tokens in enumerate(rooms) if tokens <= args.doc_stride]:
+            fail(parser, f"{where[split]}: questions in {question_column!r} too long for windows of --max-length "
+                         f"{args.max_length} tokens with --doc-stride {args.doc_stride} in {rows(crowded)}; row "
+                         f"{crowded[0] + 1}'s leaves {rooms[crowded[0]]} tokens for its context, which must be more "
+                         "than --doc-stride (the tokens windows share): raise --max-length, or lower --doc-stride")
+
+
+def class_names_of(raw) -> tuple[list[str], list[str] | None]:
+    """The classes of the labels in `raw`'s splits, in the order of their ids, and the names of a `datasets`
+    ClassLabel column (None for other labels); an error naming the rows whose labels cannot be trained on."""
+    labels_feature = raw["train"].features[args.label_column]
+    # `datasets` ClassLabel columns hold ids already and carry their names; other labels are mapped to ids here, from
+    # the whole training data (before a validation share is split off), and every other split must use only those.
+    class_names = getattr(getattr(labels_feature, "feature", labels_feature), "names", None)
+    if class_names:  # ClassLabel ids: -1 marks a row without a label (a test set's), which the loss cannot take
+        for name in raw:
+            ids = [row if isinstance(row, list) else [row] for row in raw[name][args.label_column]]  # per word, or one
+            if unlabelled := [i for i, row in enumerate(ids) if min(row, default=0) < 0]:
+                fail(parser, f"{where[name]}: the label column {args.label_column!r} has no value (id -1) in "
+                             f"{rows(unlabelled)}")
+        return class_names, class_names
+    names = sorted(check_labels(where["train"], raw["train"]), key=class_order)
+    for name in set(raw) - {"train"}:
+        if unknown := check_labels(where[name], raw[name]) - set(names):
+            fail(parser, f"{where[name]}: labels {sorted(unknown)} do not occur in the training data "
+                         f"({where['train']}), whose labels are {names}")
+    if len(names) < 2:
+        fail(parser, f"{where['train']}: every row has the label {names[0]!r}; classification needs two or more")
+    return names, None
+
+
 for name in raw:
-    for column in (input_column, args.label_column):
+    for column in columns.values():
         if column not in raw[name].column_names:
             fail(parser, f"{where[name]}: the data has no column {column!r}; columns: {raw[name].column_names}")
     # An empty CSV cell is None, which the tokenizer would fail on midway; an empty text is no tokens at all for a
@@ -297,47 +402,36 @@ for name in raw:
         if no_text := [i for i, text in enumerate(raw[name][input_column])
                        if not isinstance(text, str) or not text.strip()]:
             fail(parser, f"{where[name]}: the text column {input_column!r} holds no text in {rows(no_text)}")
-    check_label_shapes(where[name], raw[name])
-
-labels_feature = raw["train"].features[args.label_column]
-# `datasets` ClassLabel columns hold ids already and carry their names; other labels are mapped to ids here, from
-# the whole training data (before a validation share is split off), and every other split must use only those.
-class_names = getattr(getattr(labels_feature, "feature", labels_feature), "names", None)
-if not class_names:
-    names = sorted(check_labels(where["train"], raw["train"]), key=class_order)
-    for name in set(raw) - {"train"}:
-        if unknown := check_labels(where[name], raw[name]) - set(names):
-            fail(parser, f"{where[name]}: labels {sorted(unknown)} do not occur in the training data "
-                         f"({where['train']}), whose labels are {names}")
-    if len(names) < 2:
-        fail(parser, f"{where['train']}: every row has the label {names[0]!r}; classification needs two or more")
-else:  # ClassLabel ids: -1 marks a row without a label (a test set's), which the loss cannot take
-    for name in raw:
-        ids = [row if isinstance(row, list) else [row] for row in raw[name][args.label_column]]  # per word, or one
-        if unlabelled := [i for i, row in enumerate(ids) if min(row, default=0) < 0]:
-            fail(parser, f"{where[name]}: the label column {args.label_column!r} has no value (id -1) in "
-                         f"{rows(unlabelled)}")
-names = class_names or names
+    if args.task == QUESTION_ANSWERING:
+        check_squad_rows(where[name], raw[name])
+    else:
+        check_label_shapes(where[name], raw[name])
+names, class_names = class_names_of(raw) if args.task != QUESTION_ANSWERING else (None, None)  # QA has no classes
+# SQuAD 2.0's rule: the model may answer none where its training data has questions without an answer
+may_answer_none = args.task == QUESTION_ANSWERING and question_answering.has_no_answer(raw["train"][answers_column])
 # What the card's figures were measured on: its "Dataset" column names the training data, whatever was evaluated
 evaluated_on = (f"`{Path(args.validation_file).name}`" if args.validation_file
                 else "its 'validation' split" if "validation" in raw else "10% of the training data, held out")
-if "validation" not in raw:
-    if raw["train"].num_rows < 2:
-        fail(parser, f"{where['train']}: holds {raw['train'].num_rows} row(s), too few to split off a validation "
-                     "set; give --validation-file")
-    split = raw["train"].train_test_split(test_size=0.1, seed=args.seed)
-    raw["train"], raw["validation"] = split["train"], split["test"]
+if "validation" not in raw and raw["train"].num_rows < 2:
+    fail(parser, f"{where['train']}: holds {raw['train'].num_rows} row(s), too few to split off a validation set; "
+                 "give --validation-file")
 
 # ----------------------------------------------------------------------------------------------- model
 config = AutoConfig.from_pretrained(args.model)
-# A classifier of this task fine-tuned further on the classes it knows keeps its head and their order: each row of
-# its head stays the class it was trained for (in the data's order, the names of its rows would be swapped). Any
-# other classifier's head is drawn anew (below): with as many classes, its rows for "a" and "b" served "c" and "d".
-same_head = (any(name.endswith(HEAD_SUFFIXES[args.task]) for name in config.architectures or [])
-             and set(config.label2id) == set(names))
-if same_head:
-    names = sorted(names, key=config.label2id.get)
-label2id = {name: i for i, name in enumerate(names)}
+earlier_heads = [name for name in config.architectures or [] if name.endswith(tuple(HEAD_SUFFIXES.values()))]
+# A model of this task fine-tuned further (a classifier: on the classes it knows) keeps its head and their order: each
+# row of its head stays the class it was trained for (in the data's order, the names of its rows would be swapped).
+# Any other head is drawn anew (below): with as many classes, a classifier's rows for "a" and "b" served "c" and "d".
+same_head = (any(name.endswith(HEAD_SUFFIXES[args.task]) for name in earlier_heads)
+             and (names is None or set(config.label2id) == set(names)))
+if args.task == QUESTION_ANSWERING:  # a start and an end logit per token, whatever the data: transformers' labels
+    head = dict(num_labels=2, id2label={i: f"LABEL_{i}" for i in range(2)}, problem_type=None)
+else:
+    if same_head:
+        names = sorted(names, key=config.label2id.get)
+    label2id = {name: i for i, name in enumerate(names)}
+    head = dict(num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
+                problem_type="single_label_classification")  # what this command trains, whatever the base did
 
 
 def label_id(value) -> int:
@@ -360,28 +454,28 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     base = from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model))
     say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`); the {args.task} head is built on "
         "it (transformers' load report below reads \"from: None\")")
-    if heads := [name for name in config.architectures or [] if "Classification" in name]:
-        say(f"note: {args.model} is a {heads[0]}; only its language model is converted (`from_hf`), so its "
-            f"classifier is left out and {args.task} trains a new head")
+    if earlier_heads:
+        say(f"note: {args.model} is a {earlier_heads[0]}; only its language model is converted (`from_hf`), so its "
+            f"head is left out and {args.task} trains a new head")
 # A decoder's tokenizer pads on the left for batched generation; with absolute positions, a left-padded text's tokens
 # then take positions that depend on the longest text of its batch. Classifiers find the last real token on either
 # side, so they pad on the right (as GPT-2's tokenizer does), in training and in the saved folder's pipelines.
 tokenizer.padding_side = "right"
-head = dict(num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id,
-            problem_type="single_label_classification",  # what this command trains, whatever the base did (regression)
-            pad_token_id=tokenizer.pad_token_id)
+head["pad_token_id"] = tokenizer.pad_token_id
 if base is None:  # ignore_mismatched_sizes: a base classifier of other classes gets a new head
     model = training.load_to_train(HEADS[args.task], args.model, ignore_mismatched_sizes=True, **head)
 else:
     model = training.head_on(HEADS[args.task], base, **head)
     del base  # the converted language model: freed, but for the weights the new model shares with it
-if not same_head and any("Classification" in name for name in config.architectures or []):
+if not same_head and earlier_heads:
     for name, module in model.named_children():  # the head: every module beside the base model
         if name != model.base_model_prefix:
             for parameter in module.parameters():
                 parameter._is_hf_initialized = False  # loaded: transformers' init functions would leave it as it is
             module.apply(model._init_weights)
-    say(f"note: {args.model} classifies {sorted(config.label2id)}; {args.task} on {names} trains a new head")
+    say(f"note: {args.model} is a {earlier_heads[0]}"
+        + (f" of {sorted(config.label2id)}" if "Classification" in earlier_heads[0] else "")
+        + f"; {args.task}{f' on {names}' if names else ''} trains a new head")
 training_data.keep_the_inputs_the_model_reads(tokenizer, model.config)  # a base saved before this was done
 if args.max_length is None:  # as run_glue takes the model's maximum where it is below the default
     args.max_length = min(128, absolute_positions(model.config) or 128)
@@ -389,10 +483,16 @@ check_model_fits(parser, model, tokenizer, args.max_length)  # else a traceback 
 # The saved folder's pipelines truncate to the tokenizer's model_max_length: the length trained at, or they cut texts
 # shorter (a base trained at 32 tokens, fine-tuned at 64: words past 32 tokens went unlabelled) or longer.
 tokenizer.model_max_length = args.max_length
-say(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters, labels {names}")
+if args.task == QUESTION_ANSWERING:
+    check_questions_fit()
+if "validation" not in raw:  # split off after every check, whose row numbers are the file's
+    split = raw["train"].train_test_split(test_size=0.1, seed=args.seed)
+    raw["train"], raw["validation"] = split["train"], split["test"]
+say(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M parameters"
+    + (f", labels {names}" if names else ""))
 
 
-def encode(batch):
+def encode_labels(batch):
     if args.task == "text-classification":
         encoded = tokenizer(batch["inputs"], truncation=True, max_length=args.max_length)
         encoded["labels"] = [label_id(value) for value in batch["targets"]]
@@ -412,14 +512,28 @@ def encode(batch):
     return encoded
 
 
-# The two columns read, under names that no output takes: `datasets.map` gives an output named as an input column
+# The columns read, under names that no output takes: `datasets.map` gives an output named as an input column
 # (a CSV's "labels") that column's type, and class ids became the strings '0', '1'
-used = {input_column: "inputs", args.label_column: "targets"}
+if args.task == QUESTION_ANSWERING:
+    used = {question_column: "question", context_column: "context", answers_column: "answers"}
+    encode = question_answering.span_encoder(tokenizer, args.max_length, args.doc_stride)
+else:
+    used = {input_column: "inputs", args.label_column: "targets"}
+    encode = encode_labels
 datasets = {split: training_data.truncated_map(raw[split].select_columns(list(used)).rename_columns(used), encode,
-                                               tokenizer)
+                                               tokenizer, with_indices=args.task == QUESTION_ANSWERING)
             for split in raw}
-collator = (DataCollatorWithPadding(tokenizer) if args.task == "text-classification"
-            else DataCollatorForTokenClassification(tokenizer))
+if args.task == QUESTION_ANSWERING:  # each window's row and context offsets: read by the metrics, not the model
+    windows = datasets["validation"].select_columns(["example", "offset_mapping"])[:]
+    datasets = {split: data.remove_columns(["example", "offset_mapping"]) for split, data in datasets.items()}
+    compute_metrics = question_answering.answer_metrics(
+        windows, list(raw["validation"][context_column]), list(raw["validation"][answers_column]), may_answer_none)
+elif args.task == "text-classification":
+    compute_metrics = evaluation.classification_metrics
+else:
+    compute_metrics = evaluation.token_classification_metrics(names)
+collator = (DataCollatorForTokenClassification(tokenizer) if args.task == "token-classification"
+            else DataCollatorWithPadding(tokenizer))
 
 # ----------------------------------------------------------------------------------------------- training
 training.keep_freed_memory()  # each step's tensors reused, not faulted in again (docs/nanogpt.md)
@@ -438,9 +552,9 @@ trainer = ClassificationTrainer(
     processing_class=tokenizer, step_settings={
         "max_length": args.max_length, "data": data_settings(args),
         # Without --max-steps, --epochs sets the steps and the schedule: changed on --resume, it went unsaid
-        **({"epochs": args.epochs} if args.max_steps == -1 else {})},
-    compute_metrics=(evaluation.classification_metrics if args.task == "text-classification"
-                     else evaluation.token_classification_metrics(names)),
+        **({"epochs": args.epochs} if args.max_steps == -1 else {}),
+        **({"doc_stride": args.doc_stride} if args.task == QUESTION_ANSWERING else {})},
+    compute_metrics=compute_metrics,
     callbacks=[training.StopAfterStep(preemption=preemption)],
 )
 refuse_fp16_on_cpu(parser, trainer.args.mixed_precision, trainer.args.device)  # from the launch config
@@ -450,7 +564,7 @@ if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, tr
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(parser, output_dir, args.overwrite_output_dir, is_rank_zero())
 train_until_stopped(parser, trainer, resumed, preemption)
-reported = ("loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB tags only
+reported = ("loss", "accuracy", "exact_match", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
            if key.removeprefix("eval_") in reported}
 say("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
@@ -472,7 +586,8 @@ with trainer_model_folder(parser, trainer, folder) as written:  # put in place c
                              "steps_trained": trainer.state.global_step,
                              "global_batch_size": args.batch_size * trainer.args.world_size,
                              "learning_rate": args.learning_rate, "mixed_precision": trainer.args.mixed_precision,
-                             "evaluated_on": f"{evaluated_on}: {len(datasets['validation'])} examples"},
+                             "evaluated_on": f"{evaluated_on}: {raw['validation'].num_rows} examples",
+                             **({"doc_stride": args.doc_stride} if args.task == QUESTION_ANSWERING else {})},
             eval_results={("eval_loss" if key == "loss" else key): value for key, value in results.items()},
             model_class=type(model).__name__,
         )
