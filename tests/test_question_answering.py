@@ -133,6 +133,12 @@ def test_the_best_span_over_the_windows_and_no_answer_where_it_scores_higher():
     start_logits[:, NO_ANSWER_TOKEN] = end_logits[:, NO_ANSWER_TOKEN] = 4.0  # 8 > 7 in both windows
     assert predicted_answers(start_logits, end_logits, windows, [context], may_answer_none=True) == [""]
     assert predicted_answers(start_logits, end_logits, windows, [context], may_answer_none=False) == ["Verona"]
+    # A span of no characters (a byte-level BPE's token of a lone space) is no answer where "" means none: the best
+    # span with text is weighed against no answer, as run_qa does; else it is the answer, "", as run_qa's SQuAD 1 mode
+    spaced = {"example": [0], "offset_mapping": [[None, (0, 5), (6, 9), (9, 9)]]}
+    starts, ends = np.array([[0.0, 2.0, 0.0, 9.0]]), np.array([[0.0, 0.0, 2.0, 9.0]])  # "Romeo met" to it: 2 + 9
+    assert predicted_answers(starts, ends, spaced, [context], may_answer_none=True) == ["Romeo met"]
+    assert predicted_answers(starts, ends, spaced, [context], may_answer_none=False) == [""]
     # A span longer than the longest answer is not taken
     long = {"example": [0], "offset_mapping": [[None] + [(i, i + 1) for i in range(40)]]}
     starts, ends = np.zeros((2, 1, 41))
