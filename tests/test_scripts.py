@@ -417,6 +417,17 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
     assert any(1 in types for types in trainer.train_dataset["token_type_ids"])
 
 
+def test_finetune_question_answering_resumed_with_another_doc_stride_says_so(tmp_path):
+    """--doc-stride cuts the contexts into other windows, so other steps: a resumed run names it changed, as it names
+    --max-length."""
+    finetune = ["--model", _tiny_folder(tmp_path / "mlm"), "--task", "question-answering", "--train-file",
+                _write_json_lines(tmp_path / "train.json", _squad_rows(20, seed=9)), "--max-length", 24,
+                "--output-dir", tmp_path / "qa"]
+    run_script("finetune.py", *finetune, "--max-steps", 1, "--doc-stride", 4, cwd=tmp_path)
+    stdout = run_script("finetune.py", *finetune, "--max-steps", 2, "--doc-stride", 5, "--resume", cwd=tmp_path)
+    assert "'doc_stride': (4, 5)" in stdout.split("changed settings ")[1].split(" make the steps differ")[0], stdout
+
+
 def test_finetune_refuses_a_doc_stride_the_windows_cannot_hold(monkeypatch, tmp_path, capsys):
     """The tokenizer panicked in Rust midway through the data: "`stride` must be strictly less than `max_len`"."""
     from hf_scratch_transformer.cli import main
