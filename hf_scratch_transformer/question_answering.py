@@ -112,10 +112,13 @@ def predicted_answers(start_logits: np.ndarray, end_logits: np.ndarray, windows:
                 if (offsets[start] is None or offsets[end] is None or end < start
                         or end - start + 1 > MAX_ANSWER_TOKENS):
                     continue
-                score, text = starts[start] + ends[end], contexts[row][offsets[start][0]:offsets[end][1]]
+                score = starts[start] + ends[end]
+                if score <= best[row][0]:
+                    continue  # most pairs: no slice of the context cut for them
+                text = contexts[row][offsets[start][0]:offsets[end][1]]
                 # Where "" means no answer, a span of no characters (a token of none: a byte-level BPE's lone space)
                 # is no candidate: run_qa takes the best span with text
-                if score > best[row][0] and (text or not may_answer_none):
+                if text or not may_answer_none:
                     best[row] = (score, text.strip())
     return ["" if may_answer_none and no_answer[row] > score else text
             for row, (score, text) in enumerate(best)]
