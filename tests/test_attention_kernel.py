@@ -13,14 +13,13 @@ from tiny_native import llama
 
 from hf_scratch_transformer import scratch_attention, scratch_attention_kernel
 from hf_scratch_transformer.conversion import from_hf
-from hf_scratch_transformer.scratch_attention_kernel import EAGER_MAX_KEYS, bf16_training_kernel
+from hf_scratch_transformer.scratch_attention_kernel import CHOSEN, EAGER_MAX_KEYS, bf16_training_kernel
 
 
 @pytest.fixture
 def attention(force_choice):
     """`attention(choice)` sets HF_SCRATCH_CPU_ATTENTION for this test; the choice is made afresh on both sides."""
-    clear = bf16_training_kernel.cache_clear
-    return lambda choice: force_choice(scratch_attention_kernel.ATTENTION_VARIABLE, clear, choice)
+    return lambda choice: force_choice(scratch_attention_kernel.ATTENTION_VARIABLE, CHOSEN.clear, choice)
 
 
 @pytest.fixture
@@ -161,36 +160,41 @@ def test_a_bf16_training_step_is_the_same_with_either_kernel(family, attention, 
         torch.testing.assert_close(grad, expected, atol=2e-2, rtol=5e-2)
 
 
-def test_the_choice_is_made_once_and_can_be_forced(attention, monkeypatch):
+def test_the_choice_is_made_once_per_timed_length_and_can_be_forced(attention, monkeypatch):
+    """Timed at 128 keys for sequences of up to 128, at 256 for longer ones up to EAGER_MAX_KEYS, each once: a
+    machine whose eager math wins only at short sequences keeps it there."""
     attention("auto")
     timings = []
 
-    def timed():
-        timings.append(1)
-        return 1.0, 0.5  # sdpa, eager: eager at half the time
+    def timed(length):
+        timings.append(length)
+        return 1.0, 0.5 if length == 128 else 1.2  # sdpa, eager: eager at half the time at 128, slower at 256
 
     monkeypatch.setattr(scratch_attention_kernel, "time_kernels", timed)
-    assert bf16_training_kernel() == bf16_training_kernel() == "eager"
-    assert len(timings) == 1
+    assert [bf16_training_kernel(keys) for keys in (100, 200, 64, 129, 256, 128)] == [
+        "eager", "sdpa", "eager", "sdpa", "sdpa", "eager"]
+    assert timings == [128, 256]
+    assert CHOSEN == {128: "eager", 256: "sdpa"}
     for choice in ("sdpa", "eager"):
         attention(choice)
-        assert bf16_training_kernel() == choice
+        assert bf16_training_kernel(32) == bf16_training_kernel(EAGER_MAX_KEYS) == choice
+    assert timings == [128, 256]
     attention("flash")
     with pytest.raises(ValueError, match="HF_SCRATCH_CPU_ATTENTION must be one of auto, sdpa, eager; got 'flash'"):
-        bf16_training_kernel()
+        bf16_training_kernel(32)
 
 
 @pytest.mark.parametrize("eager_seconds, expected", [(0.85, "eager"), (0.95, "sdpa")])
 def test_the_eager_math_must_be_10_percent_faster_to_be_taken(attention, monkeypatch, eager_seconds, expected):
     """On a tie, or within noise, PyTorch's own kernel is kept (EAGER_MARGIN)."""
     attention("auto")
-    monkeypatch.setattr(scratch_attention_kernel, "time_kernels", lambda: (1.0, eager_seconds))
-    assert bf16_training_kernel() == expected
+    monkeypatch.setattr(scratch_attention_kernel, "time_kernels", lambda length: (1.0, eager_seconds))
+    assert bf16_training_kernel(EAGER_MAX_KEYS) == expected
 
 
 def test_the_timing_measures_both_kernels_and_leaves_the_random_state_alone():
     state, threads = torch.get_rng_state(), torch.get_num_threads()
-    sdpa, eager = scratch_attention_kernel.time_kernels(repeats=1)
+    sdpa, eager = scratch_attention_kernel.time_kernels(128, repeats=1)
     assert 0 < sdpa < 10 and 0 < eager < 10
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.get_num_threads() == threads
@@ -205,6 +209,26 @@ def test_the_eager_math_equals_flash_attention_in_fp32():
     output, _ = scratch_attention.eager_attention_forward(layer, query, key, value, mask, scaling=0.25)
     expected = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=0.25).transpose(1, 2)
     torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_eager_math_is_the_textbook_math_bit_for_bit(dtype):
+    """Scaling and mask in one pass (`bias + scaling * scores`) and the softmax in the scores' dtype give what scale,
+    masked_fill and an fp32 (float64: float64) softmax rounded to the dtype give, to the bit (a power-of-two scaling),
+    with a boolean mask or its additive form, a query that no key is left to (left padding) included."""
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 4, 9, 16, generator=generator).mul(3).to(dtype) for _ in range(3))
+    mask = scratch_attention_kernel.causal_mask(9, 9, query.device).repeat(2, 1, 1, 1)  # (B, 1, T, S)
+    mask[1, :, :3, :] = False  # the second row's first three queries attend to no key
+    scores = torch.matmul(query, key.transpose(2, 3)) * 0.25
+    scores = scores.masked_fill(~mask, torch.finfo(dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(dtype, torch.float32)).to(dtype)
+    expected = torch.matmul(weights, value).transpose(1, 2)
+    layer = Layer(4, 4, causal=True)
+    for given_mask in (mask, scratch_attention.additive_mask(mask, dtype)):
+        output, probabilities = scratch_attention.eager_attention_forward(layer, query, key, value, given_mask, 0.25)
+        torch.testing.assert_close(probabilities, weights, rtol=0, atol=0)
+        torch.testing.assert_close(output, expected, rtol=0, atol=0)
 
 
 def test_reentrant_checkpointing_recomputes_the_same_attention_and_dropout(attention):

@@ -74,12 +74,13 @@ def test_quick_benchmark_prints_a_complete_table(quick_runs, isa):
     elif AVX2_HOST:
         assert "CPU capability AVX2;" in result.stdout
     # The header names the machine-dependent choices; the bf16 ones are timed only where bf16 is native.
-    attention = result.stdout.split(f"bf16 training attention up to {EAGER_MAX_KEYS} keys ", 1)[1].split(",")[0]
+    attention = result.stdout.split("bf16 training attention ", 1)[1].split(f", over more than {EAGER_MAX_KEYS}")[0]
     products = result.stdout.split("bf16 products of many rows ", 1)[1].split(" (kernel_choice")[0]
     if "bf16 not native" in result.stdout:
         assert attention == products == "-"
     else:
-        assert attention.split()[0] in ("eager", "sdpa"), attention
+        # --quick trains over 32 tokens: the choice timed for up to 128 keys
+        assert re.fullmatch(r"(eager|sdpa) \(1-128 keys\) \(HF_SCRATCH_CPU_ATTENTION=\w+\)", attention), attention
         # --quick's bf16 products are of up to 64 rows: none takes the many-row choice
         assert re.fullmatch(r"none run \(HF_SCRATCH_CPU_BF16_PRODUCTS=(auto|native|fp32)\)", products), products
     # Nor do its prefill and training (decoding steps' kernels, by their rows), nor anything compiled.
@@ -653,16 +654,16 @@ def test_padded_rows_take_a_batch_of_mixed_lengths_padded_where_users_pad_it(ben
 
 
 def test_the_header_names_the_kernels_the_runs_took_and_none_they_did_not(benchmark_module, monkeypatch):
-    """Prefill's and training's fp32 kernels, bf16 products' and bf16 training attention's up to EAGER_MAX_KEYS keys
-    were timed when the header was written where no run had such a product or sequence (--quick's are of up to 64
-    rows, decoding steps'; --family llama decodes only; the default sequences are of 256 tokens) and printed as
-    chosen; compiled decoding's one-row products were not named at all."""
+    """Prefill's and training's fp32 kernels, bf16 products' and bf16 training attention's were timed when the header
+    was written where no run had such a product or sequence (--quick's are of up to 64 rows, decoding steps';
+    --family llama decodes only; BERT and GPT-2 train with attention dropout) and printed as chosen; compiled
+    decoding's one-row products were not named at all. Attention's choices are named by the keys each covers."""
     threads = torch.get_num_threads()
     choices = {("batch_decoding", (256, 64), threads): "transposed"}
     monkeypatch.setattr(benchmark_module, "KERNEL_CHOICES", choices)
     monkeypatch.setattr(benchmark_module, "blas_reads_rows_slowly", lambda: True)
-    attention_kernel = functools.cache(lambda: "eager")
-    monkeypatch.setattr(benchmark_module, "bf16_training_kernel", attention_kernel)
+    chosen = {}
+    monkeypatch.setattr(benchmark_module, "CHOSEN", chosen)
     bf16_kernel = functools.cache(lambda: "fp32")
     monkeypatch.setattr(benchmark_module, "bf16_kernel", bf16_kernel)
     kernels = benchmark_module.kernel_choices(bf16_native=True, compiled=False)
@@ -672,12 +673,13 @@ def test_the_header_names_the_kernels_the_runs_took_and_none_they_did_not(benchm
     assert kernels["bf16 training attention"].startswith("none run (HF_SCRATCH_CPU_ATTENTION=")
     choices[("prefill", (1536, 384), threads)] = "onednn"
     bf16_kernel()  # a bf16 product of many rows asked
-    attention_kernel()  # a bf16 training step over at most EAGER_MAX_KEYS keys asked
+    chosen |= {256: "eager", 128: "sdpa"}  # bf16 training steps over 129-256 keys and over up to 128 asked
     kernels = benchmark_module.kernel_choices(bf16_native=True, compiled=True)
     assert (kernels["fp32 prefill"], kernels["fp32 training"]) == ("onednn", "none run")
     assert kernels["fp32 compiled decoding"] == "a row dot"
     assert kernels["bf16 products"].startswith("fp32 (HF_SCRATCH_CPU_BF16_PRODUCTS=")
-    assert kernels["bf16 training attention"].startswith("eager (HF_SCRATCH_CPU_ATTENTION=")
+    assert kernels["bf16 training attention"].startswith(
+        "sdpa (1-128 keys), eager (129-256 keys) (HF_SCRATCH_CPU_ATTENTION=")
 
 
 def _fails(error: Exception):
@@ -735,10 +737,10 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
         (kernel_choice.TRAINING, (384, 1536), threads): "native",
         (kernel_choice.DECODING, (384, 384), threads): "transposed",
     })
-    for name, kernel in (("bf16_training_kernel", "eager"), ("bf16_kernel", "fp32")):
-        choice = functools.cache(lambda kernel=kernel: kernel)
-        choice()  # asked by the timed bf16 training
-        monkeypatch.setattr(benchmark_module, name, choice)
+    bf16_kernel = functools.cache(lambda: "fp32")
+    bf16_kernel()  # asked by the timed bf16 training
+    monkeypatch.setattr(benchmark_module, "bf16_kernel", bf16_kernel)
+    monkeypatch.setattr(benchmark_module, "CHOSEN", {256: "eager"})  # asked by Marian's timed bf16 training
     events = fake_memory_workers(benchmark_module, monkeypatch)
     memory = benchmark_module.measure_memory(["gpt2", "bert"])
     told = {kernel_choice.KERNELS_VARIABLE: "prefill=onednn,training=native",  # the workers do not decode
@@ -750,16 +752,16 @@ def test_the_memory_workers_run_at_once_with_the_kernels_this_process_chose(benc
 
 
 def test_measuring_memory_times_no_choice_the_timed_runs_did_not_make(benchmark_module, monkeypatch, force_choice):
-    """The memory workers were told bf16 training attention's kernel, asked for while starting them: at the default
-    256 tokens no timed run attends over as few as EAGER_MAX_KEYS keys, so the choice was timed there (about 50 ms)
-    for workers that never ask it (their workloads are the timed runs'); so were --quick's prefill and training fp32
+    """The memory workers were told bf16 training attention's kernel, asked for while starting them: where no timed
+    run had made it (a run without bf16 rows, or of GPT-2 and BERT alone), it was timed there (about 50 ms) for
+    workers that never ask it (their workloads are the timed runs'); so were --quick's prefill and training fp32
     kernels and bf16 products (its products of up to 64 rows are decoding steps'). Now nothing is timed, and the
     workers keep the setting they inherit ("auto") for every choice this process did not make."""
     from hf_scratch_transformer import kernel_choice, scratch_attention_kernel
 
     clears = {kernel_choice.KERNELS_VARIABLE: kernel_choice.clear_kernel_choices,
               kernel_choice.BF16_PRODUCTS_VARIABLE: kernel_choice.clear_kernel_choices,
-              scratch_attention_kernel.ATTENTION_VARIABLE: scratch_attention_kernel.bf16_training_kernel.cache_clear}
+              scratch_attention_kernel.ATTENTION_VARIABLE: scratch_attention_kernel.CHOSEN.clear}
     for variable, clear in clears.items():
         force_choice(variable, clear, "auto")  # none made yet in this process
 

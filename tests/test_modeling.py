@@ -553,7 +553,7 @@ TIMED_CHOICES = {
     "fp32-products": (kernel_choice.KERNELS_VARIABLE, kernel_choice.clear_kernel_choices, False),
     "bf16-products": (kernel_choice.BF16_PRODUCTS_VARIABLE, kernel_choice.clear_kernel_choices, True),
     "bf16-attention": (scratch_attention_kernel.ATTENTION_VARIABLE,
-                       scratch_attention_kernel.bf16_training_kernel.cache_clear, True),
+                       scratch_attention_kernel.CHOSEN.clear, True),
 }
 
 

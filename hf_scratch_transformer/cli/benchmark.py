@@ -69,9 +69,10 @@ training against its 1.1x target, where the run has bf16 rows.
   HF_SCRATCH_CPU_KERNELS: "native" is F.linear, "transposed" the BLAS on the transposed product), with --compiled
   whether compiled one-row products are a row dot (`kernel_choice.blas_reads_rows_slowly`), and, where bf16
   is native, the kernel of bf16 products of many rows under autocast ("native": autocast's; "fp32": the operands
-  widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS); "none
-  run" where the runs had no such product (--quick's products of up to 64 rows are all decoding steps') or, for
-  bf16 training attention's choice up to 128 keys, no such sequence (none at the default 256 tokens). Where
+  widened to fp32 for the BLAS, the same sums; `kernel_choice.bf16_kernel`, HF_SCRATCH_CPU_BF16_PRODUCTS) and of
+  bf16 training attention without dropout, by the keys each timed length covers (Marian's at the default 256
+  tokens, 129-256; `scratch_attention_kernel.bf16_training_kernel`, HF_SCRATCH_CPU_ATTENTION); "none run" where the
+  runs had no such product (--quick's products of up to 64 rows are all decoding steps') or sequence. Where
   ATEN_CPU_CAPABILITY holds ATen below the CPU's capability, the header says so and --write names the class
   "<cpu>-avx512-aten-limited-to-avx2", not the AVX2 host's, nor the hand-made "<cpu>-avx512-limited-to-avx2"
   records (MKL and oneDNN limited too); MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA, where set, are named in the
@@ -145,7 +146,7 @@ from hf_scratch_transformer.kernel_choice import (
     last_level_cache_bytes,
 )
 from hf_scratch_transformer.linear_kernels import ONEDNN_AVAILABLE, onednn_linear
-from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, bf16_training_kernel
+from hf_scratch_transformer.scratch_attention_kernel import ATTENTION_VARIABLE, CHOSEN, TIMED_KEYS
 
 FAMILIES = ("gpt2", "bert", "marian", "llama")  # llama: the fp32 and int8 batch-1 decode rows only
 SIZES = {  # defaults, the "quick" ones under --quick; a flag given explicitly wins
@@ -674,8 +675,9 @@ def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
     native: they time bf16 kernels; with `compiled` rows, `kernel_choice.blas_reads_rows_slowly`); for decoding
     steps, those its products took by weight shape; "none run" for products the runs had none of (a product of up to
     kernel_choice.FEW_ROWS rows is a decoding step's, --quick's training and prefill too) and for bf16 training
-    attention where no run attended over as few as EAGER_MAX_KEYS keys without dropout (none at the default 256
-    tokens). Call it after the timed runs and before the memory workers, which ask for the choices they are given."""
+    attention where no run attended over as few as EAGER_MAX_KEYS keys without dropout; that choice by the length it
+    was timed for (`attention_choices`). Call it after the timed runs and before the memory workers, which ask for
+    the choices they are given."""
     if DEVICE.type == "cuda":  # PyTorch's own CUDA kernels on both sides: the choices above are CPU-only
         return {"setting": "-", **{f"fp32 {regime.replace('_', ' ')}": "F.linear" for regime in REGIMES},
                 "fp32 compiled decoding": "-", "CPU cross-entropy": "-", "bf16 training attention": "-",
@@ -685,24 +687,36 @@ def kernel_choices(bf16_native: bool, compiled: bool) -> dict:
     made = choices_made()
     many_rows = {regime: made.get(regime, "none run") for regime in (PREFILL, TRAINING)}
     row_dot = "a row dot" if compiled and blas_reads_rows_slowly() else "F.linear" if compiled else "none run"
-    bf16, short_attention = made.get(BF16_PRODUCTS_VARIABLE, "none run"), made.get(ATTENTION_VARIABLE, "none run")
+    bf16 = made.get(BF16_PRODUCTS_VARIABLE, "none run")
     return {"setting": f"{KERNELS_VARIABLE}={os.environ.get(KERNELS_VARIABLE) or 'auto'}",
             **{f"fp32 {regime.replace('_', ' ')}": few_row_kernels(regime) for regime in FEW_ROW_REGIMES},
             **{f"fp32 {regime}": kernel for regime, kernel in many_rows.items()}, "fp32 compiled decoding": row_dot,
             "CPU cross-entropy": "ours (scratch_loss; the faster on AVX2 and AVX-512, no choice)",
-            "bf16 training attention": f"{short_attention} ({attention})" if bf16_native else "-",
+            "bf16 training attention": f"{attention_choices()} ({attention})" if bf16_native else "-",
             "bf16 products": f"{bf16} ({bf16_products})" if bf16_native else "-"}
 
 
 def choices_made() -> dict[str, str]:
     """The choices this process's runs made for products of many rows and for bf16 training attention: the fp32
     kernel by regime (PREFILL, TRAINING: one choice for every weight shape), the bf16 ones by the variable that forces
-    each. It times nothing: a choice no run asked for is absent."""
+    each (attention's where its runs took one kernel at every length they timed, as the benchmark's do: the variable
+    forces every length). It times nothing: a choice no run asked for is absent."""
     threads = torch.get_num_threads()
     made = {regime: kernel for (regime, _, with_threads), kernel in KERNEL_CHOICES.items()
             if regime in (PREFILL, TRAINING) and with_threads == threads}
-    asked = {BF16_PRODUCTS_VARIABLE: bf16_kernel, ATTENTION_VARIABLE: bf16_training_kernel}  # each cached once asked
-    return made | {variable: kernel() for variable, kernel in asked.items() if kernel.cache_info().currsize}
+    if bf16_kernel.cache_info().currsize:  # cached once asked
+        made[BF16_PRODUCTS_VARIABLE] = bf16_kernel()
+    if len(set(CHOSEN.values())) == 1:
+        made[ATTENTION_VARIABLE] = next(iter(CHOSEN.values()))
+    return made
+
+
+def attention_choices() -> str:
+    """bf16 training attention's kernels this process chose, by the keys each timed length covers:
+    "eager (1-128 keys), sdpa (129-256 keys)"; "none run" where no run asked."""
+    first_keys = dict(zip(TIMED_KEYS, (1, *(length + 1 for length in TIMED_KEYS[:-1])), strict=True))
+    return ", ".join(f"{kernel} ({first_keys[length]}-{length} keys)"
+                     for length, kernel in sorted(CHOSEN.items())) or "none run"
 
 
 def few_row_kernels(regime: str) -> str:

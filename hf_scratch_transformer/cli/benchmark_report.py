@@ -48,8 +48,8 @@ def markdown(report: dict, method: str) -> str:
                    f"{k['fp32 prefill']}, training {k['fp32 training']}; compiled one-row products "
                    f"{k['fp32 compiled decoding']} (kernel_choice.blas_reads_rows_slowly); CPU "
                    f"cross-entropy {k['CPU cross-entropy']}; bf16 products of many rows {k['bf16 products']} "
-                   f"(kernel_choice.bf16_kernel); bf16 training attention up to {EAGER_MAX_KEYS} keys "
-                   f"{k['bf16 training attention']}, longer sdpa (scratch_attention_kernel); training attention with "
+                   f"(kernel_choice.bf16_kernel); bf16 training attention {k['bf16 training attention']}, over more "
+                   f"than {EAGER_MAX_KEYS} keys sdpa (scratch_attention_kernel); training attention with "
                    f"dropout (GPT-2's and BERT's) the eager math with our mask, as sdpa computes it there (no choice).")
     lines = [
         "# Benchmarks: Scratch families vs native `transformers`", "",
