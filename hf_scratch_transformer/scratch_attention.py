@@ -101,7 +101,7 @@ def eager_attention_forward(
     # own in backward: with the softmax below, a bf16 forward and backward of 8 x 6 heads x 256 tokens took 10-14 ms
     # where scale, masked_fill and an fp32 softmax took 23-43 (AVX-512 AMD EPYC, docs/performance.md).
     scores = scores * scaling if bias is None else torch.add(bias, scores, alpha=scaling)
-    # In the scores' dtype, as native GPT-2, BERT and Marian: PyTorch's softmax sums half-precision inputs in fp32
+    # In the scores' dtype, as native GPT-2, BERT and Marian do: PyTorch's softmax sums half-precision inputs in fp32
     # (the bf16 forward is bit-identical to an fp32 softmax rounded to bf16), and keeps for backward the probabilities
     # in that dtype, not an fp32 copy. A float64 model (or mask) softmaxes in float64: its mask's minimum stays finite.
     weights = nn.functional.softmax(scores, dim=-1).to(query.dtype)

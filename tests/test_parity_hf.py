@@ -294,6 +294,27 @@ def test_eager_attention_is_kept_with_its_weights(native_factory):
     torch.testing.assert_close(getattr(actual, name), getattr(expected, name), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("native_factory", [gpt2, bert, marian])
+def test_eager_attention_under_bf16_autocast_gives_the_native_weights_and_logits(native_factory):
+    """Under CPU autocast ours softmaxes the bf16 scores in bf16, with scaling and mask in one pass; the native eager
+    attention softmaxes its scores in their dtype too (autocast leaves softmax alone on CPU): bf16 for GPT-2, fp32
+    where an fp32 additive mask widened them (BERT, Marian). The same attention weights and logits to bf16 rounding
+    (the projections' sums also round in another order: ours fuses Q, K and V)."""
+    native = native_factory(attn_implementation="eager").eval()
+    ours = from_hf(native).eval()
+    ids = _ids()
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "output_attentions": True}
+    inputs["attention_mask"][0, :2] = 0  # a padded row: the mask's minimum through the one-pass sum
+    if native.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = ids[:, :4]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, actual = native(**inputs), ours(**inputs)
+    name = "decoder_attentions" if native.config.is_encoder_decoder else "attentions"
+    for weights, expected_weights in zip(getattr(actual, name), getattr(expected, name), strict=True):
+        torch.testing.assert_close(weights.float(), expected_weights.float(), atol=2e-2, rtol=0)
+    torch.testing.assert_close(actual.logits.float(), expected.logits.float(), atol=5e-2, rtol=2e-2)
+
+
 def _prefix_cache(native, batch: int, length: int = 3):
     """Keys and values of `length` virtual tokens for every layer, as PEFT's prefix tuning passes them."""
     generator = torch.Generator().manual_seed(5)
