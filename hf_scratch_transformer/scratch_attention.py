@@ -30,6 +30,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .scratch_attention_kernel import causal_mask, keyless_queries_zeroed, takes_eager_math
 from .scratch_dropout import dropout as scratch_dropout
 from .scratch_linear import ScratchLinear
+from .scratch_masks import additive_from_boolean
 from .scratch_positions import apply_rotary
 
 # transformers 5.24 renamed `past_key_values` to `cache`: in model forwards (the old name a deprecated alias), in the
@@ -111,14 +112,12 @@ def eager_attention_forward(
 
 
 def additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A boolean mask (True = attend) as the additive one of `dtype`: 0 where a query attends, the dtype's minimum
-    elsewhere (finite: a query with no key left softmaxes evenly, as native models do). Additive masks and `None`
-    pass as they are. Same shape as the mask, (T, S) or (B, 1, T, S): far smaller than the scores."""
+    """A boolean mask as the additive one of `dtype` (`scratch_masks.additive_from_boolean`, 0 where a query
+    attends); additive masks and `None` pass as they are. Same shape as the mask, (T, S) or (B, 1, T, S): far
+    smaller than the scores."""
     if attention_mask is None or attention_mask.dtype != torch.bool:
         return attention_mask
-    return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill_(
-        ~attention_mask, torch.finfo(dtype).min
-    )
+    return additive_from_boolean(attention_mask, torch.zeros((), dtype=dtype, device=attention_mask.device), dtype)
 
 
 def sdpa_attention_forward(

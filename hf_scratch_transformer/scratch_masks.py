@@ -57,12 +57,18 @@ def check_padding_mask(
         )
 
 
+def additive_from_boolean(mask: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True = attend) as an additive one: `bias` where a query attends, the dtype's minimum where it
+    does not (finite: a query with no key left softmaxes evenly, as native models do)."""
+    return torch.where(mask, bias, torch.finfo(dtype).min)
+
+
 def _combine_with_bias(mask: torch.Tensor | None, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive float mask = bias where attending, dtype's minimum where masked; (batch or 1, heads, q, kv)."""
     if mask is None:
         return bias
     if mask.dtype == torch.bool:
-        return torch.where(mask, bias, torch.finfo(dtype).min)
+        return additive_from_boolean(mask, bias, dtype)
     return mask.to(dtype) + bias
 
 
