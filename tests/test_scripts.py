@@ -19,6 +19,7 @@ from datasets import ClassLabel, Dataset, Features, Value
 from forked_python import run_python
 from huggingface_hub import ModelCard
 from tiny_models import tiny_config, tiny_lm
+from tiny_texts import squad_rows, words, write_json_lines
 from tiny_tokenizers import byte_level_bpe, wordpiece, write_run_corpus
 from transformers import (
     AutoModelForCausalLM,
@@ -49,13 +50,6 @@ def run_script(name: str, *arguments, cwd: Path, returncode: int = 0) -> str:
                         timeout=600)
     assert result.returncode == returncode, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
-
-
-def _words(count: int, seed: int) -> list[str]:
-    generator = torch.Generator().manual_seed(seed)
-    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
-    return [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
-            for _ in range(count)]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +92,7 @@ def test_packing_documents_longer_than_a_block_does_not_warn_of_indexing_errors(
     tokenized Tiny Shakespeare, though packing cuts the documents into blocks of --max-length. (The data is a new
     file: `datasets` replays the tokenizing of data it has seen from its cache, without the tokenizer's warning.)"""
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(" ".join(_words(12, seed=i)) for i in range(40)))  # 60 words a paragraph
+    corpus.write_text("\n\n".join(" ".join(words(12, seed=i)) for i in range(40)))  # 60 words a paragraph
     output = run_script(script, "--train-files", corpus, "--output-dir", tmp_path / "run", "--max-steps", 1,
                         "--max-length", 32, "--batch-size", 4, "--vocab-size", 300, *TINY_MODEL, cwd=tmp_path)
     assert "Token indices sequence length" not in output
@@ -147,7 +141,7 @@ def test_masked_lm_training(tmp_path):
     corpus = tmp_path / "corpus.txt"
     # 90 words a paragraph: longer than the model's 64 positions, as the first validation line, which the sample at
     # the end masks (it failed with a traceback after the folder was saved).
-    corpus.write_text("\n\n".join(" ".join(_words(18, seed=i)) for i in range(300)))
+    corpus.write_text("\n\n".join(" ".join(words(18, seed=i)) for i in range(300)))
     # 13 evaluation examples in batches of 4: the last batch is short (the default corpus's 362 in 16s is too), and
     # its one example has several masked tokens.
     stdout = run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 4, "--output-dir",
@@ -172,7 +166,7 @@ def test_a_masked_lm_evaluation_that_masked_nothing_reports_no_figures(tmp_path)
     """One validation word, not masked at 15%: the loss was 0 / 0, and eval_results.json held NaN (no JSON reader
     takes it) and an accuracy of 0.0 over no token."""
     corpus, validation = tmp_path / "corpus.txt", tmp_path / "validation.txt"
-    corpus.write_text("\n\n".join(" ".join(_words(8, seed=i)) for i in range(100)))
+    corpus.write_text("\n\n".join(" ".join(words(8, seed=i)) for i in range(100)))
     validation.write_text("man")  # masked at 15% or not, the same every time (seeded): here not
     stdout = run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--validation-files", validation,
                         "--max-steps", 1, "--output-dir", tmp_path, *TINY_RUN, *TINY_MODEL, cwd=tmp_path)
@@ -184,7 +178,7 @@ def test_a_masked_lm_evaluation_that_masked_nothing_reports_no_figures(tmp_path)
 def test_seq2seq_training_with_the_seed_recipe(tmp_path):
     # 75 words a sentence, past the model's 64 positions: training truncates them to --max-length, and so must the
     # sample translated at the end (it failed with a traceback after the folder was saved).
-    sources = [" ".join([sentence] * 15) for sentence in _words(120, seed=1)]
+    sources = [" ".join([sentence] * 15) for sentence in words(120, seed=1)]
     (tmp_path / "train.src").write_text("\n".join(sources))
     (tmp_path / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sources))
     stdout = run_script(
@@ -208,10 +202,10 @@ def test_seq2seq_training_with_the_seed_recipe(tmp_path):
 
 def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(_words(100, seed=2)))
+    corpus.write_text("\n\n".join(words(100, seed=2)))
     run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 2, "--output-dir",
                tmp_path / "mlm", *TINY_RUN, *TINY_MODEL, cwd=tmp_path)
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(80, 3)]
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(80, 3)]
     (tmp_path / "train.csv").write_text("\n".join(rows))
     # --dataset as a single local file (load_dataset looked for its name on the Hub)
     stdout = run_script("finetune.py", "--model", tmp_path / "mlm/model", "--task", "text-classification",
@@ -260,7 +254,7 @@ def test_finetune_text_classification_from_our_causal_lm_scores_texts_independen
         causal_lm_run, tmp_path):
     """The causal LM's tokenizer pads on the left (for generation) and gpt-mini's positions are absolute: the
     classifier's folder pads on the right, so a text's score is the same alone and in a batch of longer ones."""
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(40, 3)]
     (tmp_path / "train.csv").write_text("\n".join(rows))
     run_script("finetune.py", "--model", causal_lm_run[0] / "model", "--task", "text-classification",
                "--train-file", tmp_path / "train.csv", "--max-steps", 2, "--batch-size", 8,
@@ -284,7 +278,7 @@ def test_finetune_token_classification_from_a_converted_native_bert(native_class
     native.save_pretrained(tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
     rows = [{"tokens": s.split(), "tags": ["ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
-            for s in _words(60, 4)]
+            for s in words(60, 4)]
     (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
     stdout = run_script("finetune.py", "--model", tmp_path / "bert", "--task", "token-classification",
                         "--train-file", tmp_path / "train.json", "--label-column", "tags", "--max-steps", 4,
@@ -307,7 +301,7 @@ def test_finetune_scores_entity_tags_as_run_ner_does(tmp_path):
     rows = [{"tokens": s.split(), "tags": [("B-ANIMAL" if w in ("dog", "horse") else "I-ANIMAL" if w == "runs" and
                                              previous in ("dog", "horse") else "O")
                                            for previous, w in zip(["", *s.split()], s.split(), strict=False)]}
-            for s in _words(40, 4)]
+            for s in words(40, 4)]
     (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
     stdout = run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "token-classification",
                         "--train-file", tmp_path / "train.json", "--label-column", "tags", "--max-steps", 2,
@@ -321,31 +315,13 @@ def test_finetune_scores_entity_tags_as_run_ner_does(tmp_path):
     assert names["Entity F1 (seqeval)"] == pytest.approx(results["entity_f1"])
 
 
-def _squad_rows(count: int, seed: int) -> list[dict]:
-    """SQuAD rows: "which animal is there ?" of a context of two to six `_words` sentences, answered by its first dog
-    or horse (none, as SQuAD 2.0 gives it, where it has neither)."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(count):
-        context = " ".join(_words(int(torch.randint(2, 7, (1,), generator=generator)), seed + len(rows)))
-        found = [match for match in re.finditer(r"\b(dog|horse)\b", context)]
-        answers = {"text": [found[0].group()] if found else [], "answer_start": [found[0].start()] if found else []}
-        rows.append({"question": "which animal is there ?", "context": context, "answers": answers})
-    return rows
-
-
-def _write_json_lines(path: Path, rows: list[dict]) -> Path:
-    path.write_text("\n".join(json.dumps(row) for row in rows))
-    return path
-
-
 def test_finetune_question_answering_from_our_masked_lm(tmp_path):
     """SQuAD-style data, contexts longer than the windows: trained, scored with SQuAD's exact match and F1, and
     saved as a question-answering folder with its card."""
-    rows = _squad_rows(40, seed=8)
+    rows = squad_rows(40, seed=8)
     assert any(not row["answers"]["text"] for row in rows) and any(row["answers"]["text"] for row in rows)
     stdout = run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "question-answering",
-                        "--train-file", _write_json_lines(tmp_path / "train.json", rows), "--max-length", 24,
+                        "--train-file", write_json_lines(tmp_path / "train.json", rows), "--max-length", 24,
                         "--max-steps", 3, "--batch-size", 8, "--output-dir", tmp_path / "qa", cwd=tmp_path)
     assert "evaluation: loss" in stdout and "exact_match" in stdout
     results = json.loads((tmp_path / "qa/model/eval_results.json").read_text())
@@ -383,7 +359,7 @@ def trainer_at_training(monkeypatch, *arguments):
 
 def test_finetune_continues_a_question_answering_model_with_its_head(monkeypatch, tmp_path, capsys):
     """A question-answering model trains on with its own `qa_outputs`; a classifier's folder gets a new one."""
-    train = _write_json_lines(tmp_path / "train.json", _squad_rows(20, seed=9))
+    train = write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9))
     base = _tiny_folder(tmp_path / "qa", hf_scratch_transformer.ScratchEncoderForQuestionAnswering)
     saved = hf_scratch_transformer.ScratchEncoderForQuestionAnswering.from_pretrained(base).qa_outputs.weight
     trainer = trainer_at_training(monkeypatch, "--model", base, "--task", "question-answering", "--train-file", train,
@@ -409,7 +385,7 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
         tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
     trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", "question-answering",
-                                  "--train-file", _write_json_lines(tmp_path / "train.json", _squad_rows(20, seed=9)),
+                                  "--train-file", write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9)),
                                   "--output-dir", tmp_path / "out")
     assert isinstance(trainer.model, hf_scratch_transformer.ScratchEncoderForQuestionAnswering)
     assert "converted to ScratchEncoderForMaskedLM in memory" in capsys.readouterr().out
@@ -421,7 +397,7 @@ def test_finetune_question_answering_resumed_with_another_doc_stride_says_so(tmp
     """--doc-stride cuts the contexts into other windows, so other steps: a resumed run names it changed, as it names
     --max-length."""
     finetune = ["--model", _tiny_folder(tmp_path / "mlm"), "--task", "question-answering", "--train-file",
-                _write_json_lines(tmp_path / "train.json", _squad_rows(20, seed=9)), "--max-length", 24,
+                write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9)), "--max-length", 24,
                 "--output-dir", tmp_path / "qa"]
     run_script("finetune.py", *finetune, "--max-steps", 1, "--doc-stride", 4, cwd=tmp_path)
     stdout = run_script("finetune.py", *finetune, "--max-steps", 2, "--doc-stride", 5, "--resume", cwd=tmp_path)
@@ -432,9 +408,9 @@ def test_finetune_refuses_a_doc_stride_the_windows_cannot_hold(monkeypatch, tmp_
     """The tokenizer panicked in Rust midway through the data: "`stride` must be strictly less than `max_len`"."""
     from hf_scratch_transformer.cli import main
 
-    rows = _squad_rows(10, seed=9)
+    rows = squad_rows(10, seed=9)
     rows[3]["question"] = "which big red animal walks in the house and the street ?"
-    train = _write_json_lines(tmp_path / "train.json", rows)
+    train = write_json_lines(tmp_path / "train.json", rows)
     monkeypatch.setattr("sys.argv", ["hf-scratch"])
     # "which animal is there ?" is 9 tokens, row 4's question 25: with [CLS] and two [SEP], 12 and 28 tokens
     for options, message in (
@@ -466,7 +442,7 @@ def _tiny_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoder
 
 def test_finetune_gives_integer_labels_their_own_ids(tmp_path):
     """Sorted as text, labels 0..10 took the ids 0, 1, 3, 4, ... 10, 2: class 2 was the head's row 3."""
-    rows = ["text,label"] + [f"{s},{i % 11}" for i, s in enumerate(_words(44, 5))]
+    rows = ["text,label"] + [f"{s},{i % 11}" for i, s in enumerate(words(44, 5))]
     (tmp_path / "train.csv").write_text("\n".join(rows))
     run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "text-classification",
                "--train-file", tmp_path / "train.csv", "--max-steps", 1, "--output-dir", tmp_path / "cls", cwd=tmp_path)
@@ -479,7 +455,7 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     sorted names (its predictions swapped classes); on other classes it gets a new head (sizes were refused)."""
     base = _tiny_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
                            id2label={0: "other", 1: "animal"}, label2id={"other": 0, "animal": 1})
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(40, 3)]
     (tmp_path / "train.csv").write_text("\n".join(rows))
     # A step too small to change the logits at fp32 tolerance (a rate of 0 is refused): swapped classes would.
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "train.csv",
@@ -490,7 +466,7 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     inputs = wordpiece()(["a dog runs", "the man sees a house"], return_tensors="pt", padding=True)
     torch.testing.assert_close(after(**inputs).logits, before(**inputs).logits)
     # The same from a `datasets` ClassLabel column, whose ids follow its own order of names (here the other one).
-    texts = _words(40, 3)
+    texts = words(40, 3)
     Dataset.from_dict({"text": texts, "label": [0 if "dog" in s or "horse" in s else 1 for s in texts]},
                       features=Features({"text": Value("string"), "label": ClassLabel(names=["animal", "other"])})
                       ).to_parquet(tmp_path / "dataset/train.parquet")
@@ -499,13 +475,13 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "dataset-run/model").eval()
     assert after.config.id2label == before.config.id2label
     torch.testing.assert_close(after(**inputs).logits, before(**inputs).logits)
-    three = ["text,label"] + [f"{s},{i % 3}" for i, s in enumerate(_words(30, 6))]
+    three = ["text,label"] + [f"{s},{i % 3}" for i, s in enumerate(words(30, 6))]
     (tmp_path / "three.csv").write_text("\n".join(three))
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "three.csv",
                "--max-steps", 1, "--output-dir", tmp_path / "three", cwd=tmp_path)
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "three/model").config.num_labels == 3
     # Other classes of the same number: the head trained for "other" and "animal" served "big" and "small" unchanged.
-    other = ["text,label"] + [f"{s},{'big' if 'horse' in s or 'house' in s else 'small'}" for s in _words(40, 3)]
+    other = ["text,label"] + [f"{s},{'big' if 'horse' in s or 'house' in s else 'small'}" for s in words(40, 3)]
     (tmp_path / "other.csv").write_text("\n".join(other))
     stdout = run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file",
                         tmp_path / "other.csv", "--max-steps", 1, "--learning-rate", 1e-9, "--output-dir",
@@ -522,7 +498,7 @@ def test_finetune_resumes_only_with_the_labels_of_its_checkpoint(tmp_path):
     loaded under the new names in silence: each of its rows predicted the class it was trained for under another
     name. Refused, naming both."""
     base = _tiny_folder(tmp_path / "mlm")
-    texts = _words(40, 3)
+    texts = words(40, 3)
     (tmp_path / "train.csv").write_text("\n".join(["text,label"] + [
         f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in texts]))
     finetune = ["--model", base, "--task", "text-classification", "--output-dir", tmp_path / "cls"]
@@ -552,7 +528,7 @@ def test_finetune_trains_classes_from_a_regression_model(tmp_path):
     (batch, classes) logits against (batch,) class ids (a size error, or broadcast in silence at two classes)."""
     base = _tiny_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
                         num_labels=1, problem_type="regression")
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(40, 3)]
+    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(40, 3)]
     (tmp_path / "train.csv").write_text("\n".join(rows))
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "train.csv",
                "--max-steps", 1, "--output-dir", tmp_path / "run", cwd=tmp_path)
@@ -568,7 +544,7 @@ def test_finetune_trains_classes_from_a_regression_model(tmp_path):
 def test_finetune_refuses_a_model_without_the_tasks_head(model_class, task, tmp_path):
     """The Auto class failed with a traceback ("Unrecognized configuration class ... for this kind of AutoModel")."""
     rows = [{"tokens": s.split(), "text": s, "label": "A" if "dog" in s else "B", "tags": ["O"] * 4 + ["X"]}
-            for s in _words(20, 7)]
+            for s in words(20, 7)]
     (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
     labels = "tags" if task == "token-classification" else "label"
     output = run_script("finetune.py", "--model", _tiny_folder(tmp_path / "model", model_class), "--task", task,
@@ -858,7 +834,7 @@ def test_finetune_tokenizes_words_as_the_pipeline_tokenizes_their_text(monkeypat
     hf_scratch_transformer.ScratchEncoderForMaskedLM(tiny_config(
         "encoder", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    sentences = _words(20, 4)
+    sentences = words(20, 4)
     rows = [{"tokens": s.split(), "tags": ["ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
             for s in sentences]
     (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
@@ -875,7 +851,7 @@ def test_finetune_tokenizes_words_as_the_pipeline_tokenizes_their_text(monkeypat
 def test_finetune_leaves_a_datasets_test_split_alone(monkeypatch, tmp_path):
     """A dataset folder's test split, unlabelled as test sets often are, is not used; its empty labels (or labels
     the training data lacks, as -1) stopped the run: "the 'test' split: the label column 'label' has no value"."""
-    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(20, 3)]
+    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
     (tmp_path / "data").mkdir()
     (tmp_path / "data/train.csv").write_text("text,label\n" + "\n".join(rows))
     (tmp_path / "data/test.csv").write_text("text,label\na dog runs,\nthe man sees,\n")
@@ -888,7 +864,7 @@ def test_finetune_leaves_a_datasets_test_split_alone(monkeypatch, tmp_path):
 def test_finetune_reads_a_label_column_named_labels(monkeypatch, tmp_path):
     """A CSV column named as a model input ("labels") kept its type (large_string) through `datasets.map`: the
     class ids became the strings '0', '1', and training stopped with "too many dimensions 'str'" in the collator."""
-    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(20, 3)]
+    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
     (tmp_path / "train.csv").write_text("text,labels\n" + "\n".join(rows))
     trained = finetune_until_training(monkeypatch, "--model", _tiny_folder(tmp_path / "mlm"), "--task",
                                       "text-classification", "--train-file", tmp_path / "train.csv",
@@ -905,7 +881,7 @@ def test_finetune_of_a_native_model_writes_no_copy_of_it(monkeypatch, tmp_path):
                                         intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
     native.save_pretrained(tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
-    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in _words(20, 3)]
+    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
     (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows))
     (tmp_path / "temp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))

@@ -3,7 +3,7 @@
 from functools import cache
 from pathlib import Path
 
-import torch
+from tiny_texts import words
 
 from tokenizer_training import train_tokenizer
 
@@ -32,10 +32,7 @@ def write_run_corpus(folder: Path, families: tuple[str, ...] = ("decoder",)) -> 
     """The training scripts' tiny data in `folder`: 110 five-word sentences as paragraphs (corpus.txt, a few epochs
     of 4-sequence batches in 8 steps), the same sentences as translation pairs into their reversal (train.src /
     train.tgt), and a 300-token tokenizer per family in folder/<family>."""
-    generator = torch.Generator().manual_seed(0)
-    vocabulary = "the a man woman dog horse rides walks runs sees red big small house street".split()
-    sentences = [" ".join(vocabulary[i] for i in torch.randint(0, len(vocabulary), (5,), generator=generator))
-                 for _ in range(110)]
+    sentences = words(110, seed=0)
     (folder / "corpus.txt").write_text("\n\n".join(sentences))
     (folder / "train.src").write_text("\n".join(sentences))
     (folder / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in sentences))
