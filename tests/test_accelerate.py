@@ -28,11 +28,13 @@ from full_disk import fail_as_on_a_full_disk
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_config, tiny_lm
+from tiny_texts import squad_rows, write_json_lines
 from tiny_tokenizers import wordpiece, write_run_corpus
 from torch.distributed.fsdp import StateDictType
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -40,7 +42,7 @@ from transformers import (
     DataCollatorForTokenClassification,
 )
 
-from hf_scratch_transformer import ScratchEncoderForMaskedLM, checkpointing, training_data
+from hf_scratch_transformer import ScratchEncoderForMaskedLM, checkpointing, question_answering, training_data
 from hf_scratch_transformer.checkpointing import CheckpointError
 from hf_scratch_transformer.presets import get_preset
 
@@ -573,6 +575,41 @@ def test_finetune_runs_under_torchrun_with_two_processes(classification_run):
         every_text = model(**inputs, labels=torch.tensor([config["label2id"][label] for label in labels])).loss
     results = json.loads((folder / "ddp/model/eval_results.json").read_text())
     assert results["loss"] == pytest.approx(every_text.item(), abs=1e-5)
+
+
+def test_finetune_question_answering_under_two_processes_scores_every_window_once(classification_run):
+    """Contexts cut into windows, evaluated by two processes in batches of 2, the last one padded by Accelerate with a
+    repeated window: the exact match and F1 are those of every window's logits read back in order, and the loss the
+    mean over the windows, as the saved model gives them here in one batch. (Trainer's own loss kept the mean of the
+    padded batch for its real window.)"""
+    folder, _ = classification_run
+    validation = squad_rows(9, seed=2)
+    tokenizer = AutoTokenizer.from_pretrained(folder / "mlm")
+    encode = question_answering.span_encoder(tokenizer, max_length=24, stride=6)
+    windows = encode({key: [row[key] for row in validation] for key in validation[0]}, list(range(len(validation))))
+    assert len(windows["input_ids"]) % 4 == 1  # two processes of batch 2: the second pads its last batch
+    launcher, env = two_cpu_processes("torchrun")
+    stdout = run(ROOT / "scripts/finetune.py", "--model", folder / "mlm", "--task", "question-answering",
+                 "--train-file", write_json_lines(folder / "squad.json", squad_rows(24, seed=8)), "--validation-file",
+                 write_json_lines(folder / "squad_validation.json", validation), "--max-length", 24, "--doc-stride", 6,
+                 "--max-steps", 3, "--batch-size", 2, "--output-dir", folder / "qa", launcher=launcher, env=env,
+                 cwd=folder)
+    assert stdout.count("saved a Hub-ready folder:") == 1
+    model = AutoModelForQuestionAnswering.from_pretrained(folder / "qa/model").eval()
+    # the tiny model has no token types, which the command leaves out as here
+    assert not model.config.type_vocab_size
+    inputs = tokenizer.pad({key: windows[key] for key in ("input_ids", "attention_mask")}, return_tensors="pt")
+    with torch.no_grad():
+        outputs = model(**inputs, start_positions=torch.tensor(windows["start_positions"]),
+                        end_positions=torch.tensor(windows["end_positions"]))
+    answers = question_answering.predicted_answers(
+        outputs.start_logits.numpy(), outputs.end_logits.numpy(), windows, [row["context"] for row in validation],
+        may_answer_none=True)
+    assert any(answers)  # spans read back, not only "no answer"
+    expected = question_answering.squad_scores(answers, [row["answers"] for row in validation])
+    results = json.loads((folder / "qa/model/eval_results.json").read_text())
+    assert {name: results[name] for name in expected} == pytest.approx(expected)
+    assert results["loss"] == pytest.approx(outputs.loss.item(), abs=1e-5)
 
 
 def test_finetune_under_an_fsdp_launch_shards_and_saves_every_weight(classification_run):

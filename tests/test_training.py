@@ -25,6 +25,7 @@ from transformers import (
     DataCollatorWithPadding,
     default_data_collator,
 )
+from transformers.loss.loss_utils import ForQuestionAnsweringLoss
 from transformers.testing_utils import CaptureLogger
 from transformers.tokenization_utils_base import logger as tokenization_logger
 
@@ -776,6 +777,26 @@ def test_sparse_mlm_predictions_are_put_back_in_place_of_their_labels():
     assert evaluation.mlm_accuracy(trimmed) == {"mlm_accuracy": 0.5, "masked_tokens": 2}
     dense = torch.nn.functional.one_hot(torch.tensor([[5, 0, 1], [3, 3, 2]]), 9).float()
     assert evaluation.argmax_logits(dense, labels).tolist() == [[5, 0, 1], [3, 3, 2]]
+
+
+@given(st.data())
+def test_summed_span_losses_over_their_count_are_the_question_answering_loss(data):
+    """The evaluation's sum over windows, divided by its count, is the model's loss (transformers' question-answering
+    loss, which clamps positions to [0, length]: one before the window is its first token); a position at or past the
+    window's end counts nothing, as there."""
+    batch, length = data.draw(st.integers(1, 5)), data.draw(st.integers(2, 9))
+    positions = st.lists(st.integers(-2, length - 1), min_size=batch, max_size=batch)
+    starts, ends = torch.tensor(data.draw(positions)), torch.tensor(data.draw(positions))
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    start_logits, end_logits = torch.randn(2, batch, length, generator=generator)
+    summed, count = evaluation.summed_span_losses(start_logits, end_logits, starts, ends).sum(0).tolist()
+    assert count == 2 * batch
+    assert summed / count == pytest.approx(ForQuestionAnsweringLoss(start_logits, end_logits, starts, ends).item(),
+                                           rel=1e-5)
+    past = evaluation.summed_span_losses(start_logits, end_logits, starts, torch.full_like(ends, length + 1))
+    assert past[:, 1].tolist() == [1.0] * batch  # the start alone
+    assert past[:, 0].tolist() == pytest.approx(torch.nn.functional.cross_entropy(
+        start_logits, starts.clamp(min=0), reduction="none").tolist(), rel=1e-5)
 
 
 def test_classification_metrics():
