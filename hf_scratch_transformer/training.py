@@ -37,7 +37,7 @@ def load_to_train(model_class, folder, **kwargs):
 def head_on(head_class, base, **settings):
     """`head_class` (an Auto class with a task's head: `AutoModelForSequenceClassification`) built on the weights of
     `base`, a model in memory, with the config `settings` (`num_labels`, ...), as `load_to_train` loads it from `base`
-    saved: float32, the head new. Nothing is written (the Auto class itself needs a folder)."""
+    saved: float32, the head new unless `base` has it. Nothing is written (the Auto class itself needs a folder)."""
     config = copy.deepcopy(base.config)
     config.update(settings)
     return load_to_train(head_class._model_mapping[type(config)], None, config=config, state_dict=base.state_dict())

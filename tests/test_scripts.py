@@ -27,6 +27,7 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
+    BertForQuestionAnswering,
     BertForTokenClassification,
     pipeline,
 )
@@ -391,6 +392,45 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
     assert "converted to ScratchEncoderForMaskedLM in memory" in capsys.readouterr().out
     # BERT's token types: the context's tokens are segment 1
     assert any(1 in types for types in trainer.train_dataset["token_type_ids"])
+
+
+@pytest.mark.parametrize("native_class", [BertForTokenClassification, BertForQuestionAnswering])
+def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monkeypatch, tmp_path, capsys):
+    """A native token classifier of the data's classes, or question answerer, is converted with its head (which
+    `from_hf` converts) and trains on from it, its classes in its order, as one of ours does; it was left out and
+    drawn anew. Of other classes, the head is new, as for ours."""
+    tokenizer = wordpiece()
+    tagging = native_class is BertForTokenClassification
+    classes = {"id2label": {0: "O", 1: "ANIMAL"}, "label2id": {"O": 0, "ANIMAL": 1}} if tagging else {}
+    torch.manual_seed(0)
+    native = native_class(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                     vocab_size=len(tokenizer), max_position_embeddings=64, **classes))
+    native.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    if tagging:
+        rows = [{"tokens": s.split(), "tags": ["ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
+                for s in words(20, 4)]
+        data = ["--train-file", write_json_lines(tmp_path / "train.json", rows), "--label-column", "tags"]
+    else:
+        data = ["--train-file", write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9))]
+    task = "token-classification" if tagging else "question-answering"
+    trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data, "--output-dir",
+                                  tmp_path / "out")
+    head, native_head = (trainer.model.classifier, native.classifier) if tagging else (
+        trainer.model.qa_outputs, native.qa_outputs)
+    torch.testing.assert_close(head.weight, native_head.weight)
+    torch.testing.assert_close(head.bias, native_head.bias)
+    assert trainer.model.config.id2label == native.config.id2label
+    stdout = capsys.readouterr().out
+    assert f"converted to {type(trainer.model).__name__} in memory (`from_hf`), its {task} head with it" in stdout
+    assert "trains a new head" not in stdout
+    if tagging:  # other classes: a new head, said
+        native.config.id2label, native.config.label2id = {0: "O", 1: "PERSON"}, {"O": 0, "PERSON": 1}
+        native.save_pretrained(tmp_path / "bert")
+        trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data,
+                                      "--output-dir", tmp_path / "out2")
+        assert not torch.allclose(trainer.model.classifier.weight, native.classifier.weight)
+        assert "only its language model is converted" in capsys.readouterr().out
 
 
 def test_finetune_question_answering_resumed_with_another_doc_stride_says_so(tmp_path):

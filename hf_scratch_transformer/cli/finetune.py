@@ -67,7 +67,7 @@ from hf_scratch_transformer.cli.run_options import (
     train_until_stopped,
     trainer_model_folder,
 )
-from hf_scratch_transformer.conversion import LANGUAGE_MODEL_CONVERTERS, from_hf
+from hf_scratch_transformer.conversion import CONVERTERS, LANGUAGE_MODEL_CONVERTERS, from_hf
 from hf_scratch_transformer.sharding import ShardedTrainer
 from hf_scratch_transformer.trainer_checkpoints import CrashSafeTrainer
 from tokenizer_training import load_data
@@ -450,11 +450,17 @@ if tokenizer.pad_token is None:  # else "Asking to pad but the tokenizer does no
 base = None
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
     # In memory: written to a temporary folder and loaded from there, a copy of the base model's size stayed on disk
-    # for good when the run was killed before it was removed.
-    base = from_hf(NATIVE_LMS[config.model_type].from_pretrained(args.model))
-    say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`); the {args.task} head is built on "
-        "it (transformers' load report below reads \"from: None\")")
-    if earlier_heads:
+    # for good when the run was killed before it was removed. A native head of this task (and these classes) that
+    # `from_hf` converts (BERT's over every token) comes with it, trained on as ours would be.
+    whole = next((name for name in earlier_heads if same_head and name in CONVERTERS), None)
+    base = from_hf((getattr(transformers, whole) if whole else NATIVE_LMS[config.model_type]).from_pretrained(
+        args.model))
+    if whole:
+        say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`), its {args.task} head with it")
+    else:
+        say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`); the {args.task} head is built "
+            "on it (transformers' load report below reads \"from: None\")")
+    if earlier_heads and not whole:
         say(f"note: {args.model} is a {earlier_heads[0]}; only its language model is converted (`from_hf`), so its "
             f"head is left out and {args.task} trains a new head")
 # A decoder's tokenizer pads on the left for batched generation; with absolute positions, a left-padded text's tokens
