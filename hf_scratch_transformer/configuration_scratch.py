@@ -381,6 +381,8 @@ class ScratchEncoderConfig(ScratchConfigBase):
     sparse_prediction: bool = False
     # BERT's MLM "transform": dense + activation + norm before the vocabulary projection.
     mlm_transform: bool = False
+    # BERT's pooler before the sequence classifier: [CLS]'s hidden state through a dense layer and tanh.
+    classifier_pooler: bool = False
     # None = `dropout`.
     classifier_dropout: float | None = None
 

@@ -1,11 +1,12 @@
 """Native `transformers` models <-> Scratch models with the same outputs, in both directions.
 
 - `from_hf(model)` converts a native `GPT2LMHeadModel`, `LlamaForCausalLM` (and `MistralForCausalLM`,
-  `Qwen2ForCausalLM`), `BertForMaskedLM`, `BertForTokenClassification`, `BertForQuestionAnswering` or `MarianMTModel`
-  into the matching Scratch model.
+  `Qwen2ForCausalLM`), `BertForMaskedLM`, `BertForSequenceClassification`, `BertForTokenClassification`,
+  `BertForQuestionAnswering` or `MarianMTModel` into the matching Scratch model.
 - `to_hf(model)` is its inverse: `ScratchDecoderForCausalLM` -> `GPT2LMHeadModel` or `LlamaForCausalLM`
-  (`MistralForCausalLM` with a sliding window), `ScratchEncoderForMaskedLM` -> `BertForMaskedLM` (and the token
-  classifier and question-answering heads to BERT's), `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
+  (`MistralForCausalLM` with a sliding window), `ScratchEncoderForMaskedLM` -> `BertForMaskedLM` (and the sequence
+  classifier with `classifier_pooler`, the token classifier and question-answering heads to BERT's),
+  `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
   A model with knobs that no native class computes exactly gets one `ValueError` naming every such knob and the
   value that would export. Never an approximate export.
 
@@ -28,6 +29,7 @@ from .modeling_scratch_decoder import ScratchDecoderForCausalLM
 from .modeling_scratch_encoder import (
     ScratchEncoderForMaskedLM,
     ScratchEncoderForQuestionAnswering,
+    ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
 )
 from .modeling_scratch_seq2seq import ScratchSeq2SeqForConditionalGeneration
@@ -527,8 +529,7 @@ class _Bert(_Family):
 class _BertTokenHead(_Bert):
     """BERT's trunk under one linear layer over every token's hidden state, which ours computes alike: token
     classification and question answering (subclasses name the native class and the layer, the same on both sides).
-    Not sequence classification: BERT's pools [CLS] through a dense layer and tanh first (its pooler), which ours
-    lacks."""
+    Sequence classification adds BERT's pooler before the layer (`_BertSequenceClassification`)."""
 
     head = ""
     fixed = {knob: value for knob, value in _Bert.fixed.items() if knob != "mlm_transform"}  # no MLM head here
@@ -563,6 +564,22 @@ class _BertQuestionAnswering(_BertTokenHead):
     def _head_problems(config) -> list[tuple[bool, str]]:
         # BERT sizes its head by `num_labels` and splits it in two: any other size fails in its own forward
         return [(config.num_labels != 2, f"num_labels={config.num_labels} (start and end logits: 2)")]
+
+
+class _BertSequenceClassification(_BertTokenClassification):
+    """BERT classifies a sequence from [CLS] pooled through a dense layer and tanh (its pooler): ours with
+    `classifier_pooler`. Its `problem_type` (regression, multi-label) decides the loss on both sides."""
+
+    name = "BertForSequenceClassification"
+    ours = ScratchEncoderForSequenceClassification
+    fixed = _BertTokenHead.fixed | {"classifier_pooler": True}
+
+    def weights(self, config) -> list[Entry]:
+        return super().weights(config) + _same("pooler.dense", "bert.pooler.dense")
+
+    @staticmethod
+    def _labels(config) -> dict:
+        return _BertTokenClassification._labels(config) | {"problem_type": config.problem_type}
 
 
 def _no_token_types(native) -> bool:
@@ -714,6 +731,7 @@ def _check_marian_positions(source: _StateDict) -> None:
 
 GPT2, LLAMA, BERT, MARIAN = _GPT2(), _Llama(), _Bert(), _Marian()
 BERT_TOKEN_CLASSIFICATION, BERT_QUESTION_ANSWERING = _BertTokenClassification(), _BertQuestionAnswering()
+BERT_SEQUENCE_CLASSIFICATION = _BertSequenceClassification()
 # native language model -> its family, for `from_hf`
 LANGUAGE_MODEL_CONVERTERS = {
     "GPT2LMHeadModel": GPT2,
@@ -723,8 +741,9 @@ LANGUAGE_MODEL_CONVERTERS = {
     "BertForMaskedLM": BERT,
     "MarianMTModel": MARIAN,
 }
-# native class -> its family, for `from_hf`: the language models and BERT's heads over every token
+# native class -> its family, for `from_hf`: the language models and BERT's task heads
 CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
+    "BertForSequenceClassification": BERT_SEQUENCE_CLASSIFICATION,
     "BertForTokenClassification": BERT_TOKEN_CLASSIFICATION,
     "BertForQuestionAnswering": BERT_QUESTION_ANSWERING,
 }
@@ -732,6 +751,7 @@ CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
 EXPORTS = {
     ScratchDecoderForCausalLM: (GPT2, LLAMA),
     ScratchEncoderForMaskedLM: (BERT,),
+    ScratchEncoderForSequenceClassification: (BERT_SEQUENCE_CLASSIFICATION,),
     ScratchEncoderForTokenClassification: (BERT_TOKEN_CLASSIFICATION,),
     ScratchEncoderForQuestionAnswering: (BERT_QUESTION_ANSWERING,),
     ScratchSeq2SeqForConditionalGeneration: (MARIAN,),

@@ -89,6 +89,7 @@ TASKS = {
 NATIVE_USAGE = {
     "causal-lm": ("text-generation", TASKS["causal-lm"]["pipeline_call"]),
     "masked-lm": ("fill-mask", TASKS["masked-lm"]["pipeline_call"]),
+    "text-classification": ("text-classification", TASKS["text-classification"]["pipeline_call"]),
     "token-classification": ("token-classification", TASKS["token-classification"]["pipeline_call"]),
     "question-answering": (None, TASKS["question-answering"]["pipeline_call"]),
     "seq2seq": (None, 'inputs = tokenizer("The house is wonderful.", return_tensors="pt")\n'

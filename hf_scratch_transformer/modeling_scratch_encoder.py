@@ -23,7 +23,7 @@ from .configuration_scratch import ScratchEncoderConfig
 from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
 from .scratch_attention import resolve_cache
 from .scratch_dropout import dropout
-from .scratch_layers import ScratchMLMTransform
+from .scratch_layers import ScratchMLMTransform, ScratchPooler
 from .scratch_linear import ScratchLinear
 
 
@@ -137,11 +137,20 @@ class _ScratchEncoderClassifier(_ScratchEncoderWithHead):
             config.classifier_dropout if config.classifier_dropout is not None else config.dropout
         )
         self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
+        self.pooler = self._pooler(config)
         self.post_init()
+
+    def _pooler(self, config: ScratchEncoderConfig) -> nn.Module | None:
+        """What the classifier reads the hidden states through first (BERT's pooler), where the subclass has one."""
+        return None
 
 
 class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
-    """Classifies a sequence from the hidden state of its first token ([CLS])."""
+    """Classifies a sequence from the hidden state of its first token ([CLS]); with `classifier_pooler`, from that
+    state through a dense layer and tanh first, as BERT's pooler (`BertForSequenceClassification`)."""
+
+    def _pooler(self, config: ScratchEncoderConfig) -> nn.Module | None:
+        return ScratchPooler(config) if config.classifier_pooler else None
 
     @can_return_tuple
     def forward(
@@ -160,7 +169,10 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             cache=resolve_cache(cache, past_key_values, self), **kwargs,
         )
-        pooled = dropout(outputs.last_hidden_state[:, 0], self.classifier_dropout.p, self.training)
+        pooled = outputs.last_hidden_state[:, 0]  # (B, T, hidden) -> (B, hidden)
+        if self.pooler is not None:
+            pooled = self.pooler(pooled)
+        pooled = dropout(pooled, self.classifier_dropout.p, self.training)
         logits = self.classifier(pooled)  # (B, num_labels)
         loss = None
         if labels is not None:

@@ -183,6 +183,17 @@ class ScratchMLMTransform(nn.Module):
         return self.norm(self.act_fn(self.dense(hidden_states)))
 
 
+class ScratchPooler(nn.Module):
+    """BERT's pooler before its sequence classifier: dense -> tanh, over [CLS]'s hidden state (B, hidden)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.dense = ScratchLinear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden_states))
+
+
 class ScratchBlock(GradientCheckpointingLayer):
     """One Transformer layer: self-attention, cross-attention (decoder of seq2seq only), feed-forward."""
 

@@ -28,11 +28,13 @@ from transformers import (
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,
+    BertForSequenceClassification,
     BertForTokenClassification,
     GPT2DoubleHeadsModel,
     LlamaConfig,
@@ -128,7 +130,9 @@ def test_converted_folder_reloads_with_native_logits(family, tmp_path):
         assert output_ids == source_ids
 
 
-TOKEN_HEADS = {  # native class: (Auto class, our class, the card's task)
+TASK_HEADS = {  # native class: (Auto class, our class, the card's task)
+    BertForSequenceClassification: (AutoModelForSequenceClassification, hst.ScratchEncoderForSequenceClassification,
+                                    "text-classification"),
     BertForTokenClassification: (AutoModelForTokenClassification, hst.ScratchEncoderForTokenClassification,
                                  "token-classification"),
     BertForQuestionAnswering: (AutoModelForQuestionAnswering, hst.ScratchEncoderForQuestionAnswering,
@@ -151,13 +155,13 @@ def _card_example(folder: Path, script: Path) -> Path:
     return script
 
 
-def test_berts_token_heads_convert_to_ours_and_back_with_cards_whose_examples_run(tmp_path, monkeypatch, capsys):
-    """A BERT token classifier or question-answering folder becomes ours and ours becomes BERT's again, each
+def test_berts_task_heads_convert_to_ours_and_back_with_cards_whose_examples_run(tmp_path, monkeypatch, capsys):
+    """A BERT sequence or token classifier or question-answering folder becomes ours and ours becomes BERT's again, each
     loading with its Auto class to the source's outputs and labels, the last with BERT's very tensors. Each card's
     example (ours with remote code, BERT's without) runs where the package is missing."""
     tokenizer, examples = wordpiece(), []
     labels = {0: "O", 1: "B-PER", 2: "I-PER"}
-    for native_class, (auto_class, our_class, task) in TOKEN_HEADS.items():
+    for native_class, (auto_class, our_class, task) in TASK_HEADS.items():
         source, scratch, back = (tmp_path / f"{task}-{name}" for name in ("native", "scratch", "back"))
         head = {} if task == "question-answering" else dict(id2label=labels, label2id={v: k for k, v in labels.items()})
         native = native_class(BertConfig(**bert(vocab_size=len(tokenizer)).config.to_dict() | head)).eval()

@@ -15,9 +15,11 @@ from transformers import (
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     BertConfig,
     BertForQuestionAnswering,
+    BertForSequenceClassification,
     BertForTokenClassification,
     Cache,
     DynamicCache,
@@ -499,8 +501,9 @@ def test_converted_model_survives_save_and_reload(native_factory, auto_class, tm
 
 
 LABELS = {0: "O", 1: "B-PER", 2: "I-PER"}
-TOKEN_HEADS = {BertForTokenClassification: AutoModelForTokenClassification,
-               BertForQuestionAnswering: AutoModelForQuestionAnswering}
+BERT_HEADS = {BertForSequenceClassification: AutoModelForSequenceClassification,
+              BertForTokenClassification: AutoModelForTokenClassification,
+              BertForQuestionAnswering: AutoModelForQuestionAnswering}
 
 
 def _token_head(native_class, **overrides):
@@ -518,11 +521,11 @@ def _token_head_outputs(model, **inputs) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(hidden_act="relu", type_vocab_size=1)], ids=str)
-@pytest.mark.parametrize("native_class", TOKEN_HEADS, ids=lambda native_class: native_class.__name__)
-def test_berts_token_heads_convert_both_ways(native_class, overrides, tmp_path):
-    """BERT's token classifier and question-answering head become ours with the same outputs (a padded batch with
-    token types) and the classifier's labels, and `to_hf` gives BERT's class back with the same tensors, which a
-    plain Auto class loads once saved."""
+@pytest.mark.parametrize("native_class", BERT_HEADS, ids=lambda native_class: native_class.__name__)
+def test_berts_task_heads_convert_both_ways(native_class, overrides, tmp_path):
+    """BERT's sequence classifier (its pooler: ours with `classifier_pooler`), token classifier and question-answering
+    head become ours with the same outputs (a padded batch with token types) and the classifiers' labels, and `to_hf`
+    gives BERT's class back with the same tensors, which a plain Auto class loads once saved."""
     native = _token_head(native_class, **overrides)
     ours = from_hf(native)
     assert type(ours).__name__ == native_class.__name__.replace("Bert", "ScratchEncoder")
@@ -532,7 +535,7 @@ def test_berts_token_heads_convert_both_ways(native_class, overrides, tmp_path):
     expected = _token_head_outputs(native, **inputs)
     for actual, reference in zip(_token_head_outputs(ours, **inputs), expected, strict=True):
         torch.testing.assert_close(actual, reference, atol=ATOL, rtol=0)
-    if native_class is BertForTokenClassification:
+    if native_class is not BertForQuestionAnswering:
         assert ours.config.id2label == LABELS
     back = to_hf(ours)
     assert type(back) is native_class and back.config.id2label == native.config.id2label
@@ -540,18 +543,41 @@ def test_berts_token_heads_convert_both_ways(native_class, overrides, tmp_path):
     for key, tensor in native.state_dict().items():
         assert torch.equal(back.state_dict()[key], tensor), key
     back.save_pretrained(tmp_path)
-    reloaded = TOKEN_HEADS[native_class].from_pretrained(tmp_path).eval()
+    reloaded = BERT_HEADS[native_class].from_pretrained(tmp_path).eval()
     assert type(reloaded) is native_class
     for actual, reference in zip(_token_head_outputs(reloaded, **inputs), expected, strict=True):
         torch.testing.assert_close(actual, reference, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("model_class", [hst.ScratchEncoderForTokenClassification,
+@pytest.mark.parametrize("num_labels, problem_type, labels", [
+    (3, None, torch.tensor([2, 0])),
+    (1, None, torch.tensor([0.5, -1.0])),  # one label: regression, on both sides
+    (3, "multi_label_classification", torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])),
+], ids=["single-label", "regression", "multi-label"])
+def test_berts_sequence_classifier_converts_with_its_loss(num_labels, problem_type, labels):
+    """The converted classifier keeps BERT's `problem_type`, so the same labels give the same loss, and its gradient
+    reaches the pooler as BERT's does."""
+    native = BertForSequenceClassification(BertConfig(**bert().config.to_dict() | dict(
+        num_labels=num_labels, problem_type=problem_type)))
+    native.eval()
+    ours = from_hf(native)
+    assert ours.config.problem_type == problem_type and ours.config.classifier_pooler
+    ids = _ids()
+    expected, actual = native(input_ids=ids, labels=labels), ours(input_ids=ids, labels=labels)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
+    expected.loss.backward()
+    actual.loss.backward()
+    torch.testing.assert_close(ours.pooler.dense.weight.grad, native.bert.pooler.dense.weight.grad, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
+                                         hst.ScratchEncoderForTokenClassification,
                                          hst.ScratchEncoderForQuestionAnswering])
-def test_our_token_heads_export_without_token_types_or_an_mlm_transform(model_class):
-    """Neither head reads BERT's MLM transform, so ours exports with or without one; without token types BERT gets
-    one zero row, which converts back to none. A pre-norm encoder has no BERT and is refused, by name."""
-    config = from_hf(bert()).config.to_dict() | dict(type_vocab_size=0, mlm_transform=False, num_labels=3)
+def test_our_task_heads_export_without_token_types_or_an_mlm_transform(model_class):
+    """No head reads BERT's MLM transform, so ours exports with or without one; without token types BERT gets one
+    zero row, which converts back to none. A pre-norm encoder has no BERT and is refused, by name."""
+    config = from_hf(bert()).config.to_dict() | dict(type_vocab_size=0, mlm_transform=False, num_labels=3,
+                                                     classifier_pooler=True)
     ours = model_class(hst.ScratchEncoderConfig(**config)).eval()
     native = to_hf(ours)
     assert not native.bert.embeddings.token_type_embeddings.weight.any()
@@ -574,7 +600,7 @@ def test_our_token_heads_export_without_token_types_or_an_mlm_transform(model_cl
 def test_unsupported_models_and_options_are_refused():
     with pytest.raises(ValueError, match="GPT2Model; supported: GPT2LMHeadModel"):
         from_hf(GPT2Model(gpt2().config))  # a bare stack: only the LM heads convert
-    with pytest.raises(ValueError, match="Cannot export a ScratchEncoderForSequenceClassification"):
+    with pytest.raises(ValueError, match=r"as BertForSequenceClassification: `classifier_pooler=False` \(needs True\)"):
         to_hf(hst.ScratchEncoderForSequenceClassification(from_hf(bert()).config))  # BERT's pools [CLS] first
     with pytest.raises(ValueError, match=r"BertForQuestionAnswering: num_labels=3 \(start and end logits: 2\)"):
         from_hf(BertForQuestionAnswering(_token_head(BertForTokenClassification).config))  # three labels

@@ -28,6 +28,7 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     BertForQuestionAnswering,
+    BertForSequenceClassification,
     BertForTokenClassification,
     pipeline,
 )
@@ -394,38 +395,47 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
     assert any(1 in types for types in trainer.train_dataset["token_type_ids"])
 
 
-@pytest.mark.parametrize("native_class", [BertForTokenClassification, BertForQuestionAnswering])
+@pytest.mark.parametrize("native_class", [BertForSequenceClassification, BertForTokenClassification,
+                                          BertForQuestionAnswering])
 def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monkeypatch, tmp_path, capsys):
-    """A native token classifier of the data's classes, or question answerer, is converted with its head (which
-    `from_hf` converts) and trains on from it, its classes in its order, as one of ours does; it was left out and
-    drawn anew. Of other classes, the head is new, as for ours."""
+    """A native classifier of the data's classes (the sequence classifier with its pooler), or question answerer, is
+    converted with its head (which `from_hf` converts) and trains on from it, its classes in its order, as one of ours
+    does; it was left out and drawn anew. Of other classes, the head is new, as for ours."""
     tokenizer = wordpiece()
-    tagging = native_class is BertForTokenClassification
-    classes = {"id2label": {0: "O", 1: "ANIMAL"}, "label2id": {"O": 0, "ANIMAL": 1}} if tagging else {}
+    task = {BertForSequenceClassification: "text-classification", BertForTokenClassification: "token-classification",
+            BertForQuestionAnswering: "question-answering"}[native_class]
+    classes = {} if task == "question-answering" else {"id2label": {0: "other", 1: "animal"},
+                                                       "label2id": {"other": 0, "animal": 1}}
     torch.manual_seed(0)
     native = native_class(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                                      vocab_size=len(tokenizer), max_position_embeddings=64, **classes))
     native.save_pretrained(tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
-    if tagging:
-        rows = [{"tokens": s.split(), "tags": ["ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
+    if task == "text-classification":
+        rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
+        (tmp_path / "train.csv").write_text("\n".join(["text,label", *rows]))
+        data = ["--train-file", tmp_path / "train.csv"]
+    elif task == "token-classification":
+        rows = [{"tokens": s.split(), "tags": ["animal" if w in ("dog", "horse") else "other" for w in s.split()]}
                 for s in words(20, 4)]
         data = ["--train-file", write_json_lines(tmp_path / "train.json", rows), "--label-column", "tags"]
     else:
         data = ["--train-file", write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9))]
-    task = "token-classification" if tagging else "question-answering"
     trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data, "--output-dir",
                                   tmp_path / "out")
-    head, native_head = (trainer.model.classifier, native.classifier) if tagging else (
-        trainer.model.qa_outputs, native.qa_outputs)
-    torch.testing.assert_close(head.weight, native_head.weight)
-    torch.testing.assert_close(head.bias, native_head.bias)
+    heads = {"qa_outputs": "qa_outputs"} if task == "question-answering" else {"classifier": "classifier"}
+    if task == "text-classification":
+        heads["pooler.dense"] = "bert.pooler.dense"
+    for ours, theirs in heads.items():  # BERT's own layers
+        for kind in ("weight", "bias"):
+            torch.testing.assert_close(trainer.model.get_parameter(f"{ours}.{kind}"),
+                                       native.get_parameter(f"{theirs}.{kind}"), rtol=0, atol=0)
     assert trainer.model.config.id2label == native.config.id2label
     stdout = capsys.readouterr().out
     assert f"converted to {type(trainer.model).__name__} in memory (`from_hf`), its {task} head with it" in stdout
     assert "trains a new head" not in stdout
-    if tagging:  # other classes: a new head, said
-        native.config.id2label, native.config.label2id = {0: "O", 1: "PERSON"}, {"O": 0, "PERSON": 1}
+    if classes:  # other classes: a new head, said
+        native.config.id2label, native.config.label2id = {0: "other", 1: "person"}, {"other": 0, "person": 1}
         native.save_pretrained(tmp_path / "bert")
         trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data,
                                       "--output-dir", tmp_path / "out2")

@@ -12,9 +12,10 @@ The direction comes from the source's `model_type` (or --to, which must agree wi
 `hf_scratch_transformer.conversion.from_hf`. A Scratch folder saved from a language-model head (scratch_decoder,
 scratch_encoder, scratch_seq2seq) becomes the native folder through `to_hf`: GPT-2, Llama or Mistral, BERT or
 Marian, whichever computes exactly the same function (knobs that none does are named, and nothing is written).
-BERT's token classifier and question-answering head convert both ways too (`BertForTokenClassification` <->
-`ScratchEncoderForTokenClassification`, `BertForQuestionAnswering` <-> `ScratchEncoderForQuestionAnswering`), as
-`hf-scratch finetune --task token-classification` saves one, for instance.
+BERT's task heads convert both ways too (`BertForSequenceClassification` <-> `ScratchEncoderForSequenceClassification`
+with `classifier_pooler`, `BertForTokenClassification` <-> `ScratchEncoderForTokenClassification`,
+`BertForQuestionAnswering` <-> `ScratchEncoderForQuestionAnswering`), as `hf-scratch finetune --task
+token-classification` saves one, for instance.
 
 The converted model is checked (unless --no-check: the logits of both models on a random batch in eval mode must
 agree within --atol) and saved with `save_pretrained` in the source's dtype, with its generation config and the
@@ -58,12 +59,14 @@ SCRATCH_CLASSES = {
     "scratch_encoder": "ScratchEncoderForMaskedLM",
     "scratch_seq2seq": "ScratchSeq2SeqForConditionalGeneration",
 }
-# model_type -> the heads over every token that convert too, loaded where config.json's `architectures` names one,
-# each with the task of its card
+# model_type -> the task heads that convert too, loaded where config.json's `architectures` names one, each with the
+# task of its card
 HEAD_CLASSES = {
-    "bert": {"BertForTokenClassification": "token-classification",
+    "bert": {"BertForSequenceClassification": "text-classification",
+             "BertForTokenClassification": "token-classification",
              "BertForQuestionAnswering": "question-answering"},
-    "scratch_encoder": {"ScratchEncoderForTokenClassification": "token-classification",
+    "scratch_encoder": {"ScratchEncoderForSequenceClassification": "text-classification",
+                        "ScratchEncoderForTokenClassification": "token-classification",
                         "ScratchEncoderForQuestionAnswering": "question-answering"},
 }
 # model_type -> the task of the converted model's card (`hub.TASKS`): its "How to use"
