@@ -27,6 +27,7 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
+    BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -37,6 +38,7 @@ import hf_scratch_transformer
 from hf_scratch_transformer import hub, training
 from hf_scratch_transformer.cli.run_data import dataset_name
 from hf_scratch_transformer.cli.run_options import config_override
+from hf_scratch_transformer.conversion import to_hf
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ["--set", "num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
@@ -400,7 +402,7 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
 def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monkeypatch, tmp_path, capsys):
     """A native classifier of the data's classes (the sequence classifier with its pooler), or question answerer, is
     converted with its head (which `from_hf` converts) and trains on from it, its classes in its order, as one of ours
-    does; it was left out and drawn anew. Of other classes, the head is new, as for ours."""
+    does; it was left out and drawn anew. Of other classes, the head is new, as for ours (BERT's pooler kept)."""
     tokenizer = wordpiece()
     task = {BertForSequenceClassification: "text-classification", BertForTokenClassification: "token-classification",
             BertForQuestionAnswering: "question-answering"}[native_class]
@@ -440,7 +442,37 @@ def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monk
         trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data,
                                       "--output-dir", tmp_path / "out2")
         assert not torch.allclose(trainer.model.classifier.weight, native.classifier.weight)
-        assert "only its language model is converted" in capsys.readouterr().out
+        assert "trains a new head" in capsys.readouterr().out
+        if task == "text-classification":  # BERT's pooler kept: its pretrained model's (`BertModel`'s)
+            torch.testing.assert_close(trainer.model.pooler.dense.weight, native.bert.pooler.dense.weight, rtol=0,
+                                       atol=0)
+
+
+def test_finetune_classifies_from_a_native_berts_pooler_and_exports_back_to_berts_classifier(monkeypatch, tmp_path,
+                                                                                              capsys):
+    """BERT fine-tunes a sequence classifier through its pooler, which its pre-training checkpoints hold (trained on
+    next-sentence prediction): converted with it (ours with `classifier_pooler`), the classifier is BERT's own and
+    exports back to `BertForSequenceClassification` (it had no pooler and exported to nothing)."""
+    tokenizer = wordpiece()
+    torch.manual_seed(0)
+    native = BertForPreTraining(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                           intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
+    native.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows))
+    trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", "text-classification",
+                                  "--train-file", tmp_path / "train.csv", "--output-dir", tmp_path / "out")
+    model = trainer.model
+    assert model.config.classifier_pooler and model.config.id2label == {0: "animal", 1: "other"}
+    torch.testing.assert_close(model.pooler.dense.weight, native.bert.pooler.dense.weight, rtol=0, atol=0)
+    assert "as BERT's sequence classifier: its pooler where the checkpoint holds one" in capsys.readouterr().out
+    exported = to_hf(model).eval()
+    assert type(exported) is BertForSequenceClassification and exported.config.id2label == model.config.id2label
+    inputs = tokenizer(["a dog runs", "the red house"], return_tensors="pt", padding=True)
+    inputs.pop("token_type_ids")  # the tiny folder's tokenizer writes none (no token types)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(**inputs).logits, model.eval()(**inputs).logits, atol=1e-5, rtol=0)
 
 
 def test_finetune_question_answering_resumed_with_another_doc_stride_says_so(tmp_path):

@@ -451,16 +451,30 @@ base = None
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
     # In memory: written to a temporary folder and loaded from there, a copy of the base model's size stayed on disk
     # for good when the run was killed before it was removed. A native head of this task (and these classes) that
-    # `from_hf` converts (BERT's over every token) comes with it, trained on as ours would be.
+    # `from_hf` converts (BERT's task heads) comes with it, trained on as ours would be.
     whole = next((name for name in earlier_heads if same_head and name in CONVERTERS), None)
-    base = from_hf((getattr(transformers, whole) if whole else NATIVE_LMS[config.model_type]).from_pretrained(
-        args.model))
+    # BERT classifies a sequence through its pooler: loaded as BERT's own classifier (its pooler from the checkpoint
+    # where it holds one, a new classifier), as run_glue fine-tunes BERT, the classifier exports back to BERT's class
+    pooled = not whole and args.task == "text-classification" and config.model_type == "bert"
+    if whole:
+        native = getattr(transformers, whole).from_pretrained(args.model)
+    elif pooled:
+        native = transformers.BertForSequenceClassification.from_pretrained(
+            args.model, ignore_mismatched_sizes=True, **{key: head[key] for key in ("num_labels", "id2label",
+                                                                                 "label2id")})
+    else:
+        native = NATIVE_LMS[config.model_type].from_pretrained(args.model)
+    base = from_hf(native)
+    del native
     if whole:
         say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`), its {args.task} head with it")
+    elif pooled:
+        say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`) as BERT's sequence classifier: "
+            "its pooler where the checkpoint holds one, a new classifier (transformers' load report above)")
     else:
         say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`); the {args.task} head is built "
             "on it (transformers' load report below reads \"from: None\")")
-    if earlier_heads and not whole:
+    if earlier_heads and not whole and not pooled:
         say(f"note: {args.model} is a {earlier_heads[0]}; only its language model is converted (`from_hf`), so its "
             f"head is left out and {args.task} trains a new head")
 # A decoder's tokenizer pads on the left for batched generation; with absolute positions, a left-padded text's tokens
@@ -474,8 +488,9 @@ else:
     model = training.head_on(HEADS[args.task], base, **head)
     del base  # the converted language model: freed, but for the weights the new model shares with it
 if not same_head and earlier_heads:
-    for name, module in model.named_children():  # the head: every module beside the base model
-        if name != model.base_model_prefix:
+    # the head: every module beside the base model, but BERT's pooler, which is its pretrained model's (`BertModel`'s)
+    for name, module in model.named_children():
+        if name not in (model.base_model_prefix, "pooler"):
             for parameter in module.parameters():
                 parameter._is_hf_initialized = False  # loaded: transformers' init functions would leave it as it is
             module.apply(model._init_weights)
