@@ -1,12 +1,12 @@
 """Native `transformers` models <-> Scratch models with the same outputs, in both directions.
 
 - `from_hf(model)` converts a native `GPT2LMHeadModel`, `LlamaForCausalLM` (and `MistralForCausalLM`,
-  `Qwen2ForCausalLM`), `BertForMaskedLM`, `BertForSequenceClassification`, `BertForTokenClassification`,
-  `BertForQuestionAnswering` or `MarianMTModel` into the matching Scratch model.
+  `Qwen2ForCausalLM`), `BertForMaskedLM` or `MarianMTModel` into the matching Scratch model, and the sequence
+  classifiers of GPT-2, Llama, Mistral, Qwen2 and BERT, BERT's token classifier and question-answering head too.
 - `to_hf(model)` is its inverse: `ScratchDecoderForCausalLM` -> `GPT2LMHeadModel` or `LlamaForCausalLM`
-  (`MistralForCausalLM` with a sliding window), `ScratchEncoderForMaskedLM` -> `BertForMaskedLM` (and the sequence
-  classifier with `classifier_pooler`, the token classifier and question-answering heads to BERT's),
-  `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
+  (`MistralForCausalLM` with a sliding window), and its sequence classifier to theirs; `ScratchEncoderForMaskedLM`
+  -> `BertForMaskedLM` (and the sequence classifier with `classifier_pooler`, the token classifier and
+  question-answering heads to BERT's), `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
   A model with knobs that no native class computes exactly gets one `ValueError` naming every such knob and the
   value that would export. Never an approximate export.
 
@@ -25,7 +25,7 @@ import transformers
 from transformers import PreTrainedModel
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .modeling_scratch_decoder import ScratchDecoderForCausalLM
+from .modeling_scratch_decoder import ScratchDecoderForCausalLM, ScratchDecoderForSequenceClassification
 from .modeling_scratch_encoder import (
     ScratchEncoderForMaskedLM,
     ScratchEncoderForQuestionAnswering,
@@ -276,16 +276,24 @@ class _GPT2(_Family):
         return super().blockers(config) + _non_gated_activation(config, self.name) + _multi_head(config, self.name)
 
     def native_model(self, config):
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        return transformers.GPT2LMHeadModel(self.native_config(config))
+
+    def native_config(self, config) -> transformers.GPT2Config:
+        return transformers.GPT2Config(
             **self.renamed_values(config),
             # `n_ctx`, as OpenAI's GPT-2 configs have it: a field GPT2Config no longer writes, which llama.cpp's
             # convert_hf_to_gguf.py reads (a KeyError without it). It changes nothing in transformers.
             n_ctx=config.max_position_embeddings,
             n_inner=config.intermediate_size,
             activation_function=NATIVE_ACTIVATIONS[config.hidden_act],
-        ))
+        )
 
     def weights(self, config) -> list[Entry]:
+        return self.trunk_weights(config) + (
+            [] if config.tie_word_embeddings else _same("lm_head", "lm_head", bias=False))
+
+    @staticmethod
+    def trunk_weights(config) -> list[Entry]:
         t = (_same("model.embeddings.embed_tokens", "transformer.wte", bias=False)
              + _same("model.embeddings.embed_positions", "transformer.wpe", bias=False)
              + _same("model.final_norm", "transformer.ln_f"))
@@ -297,7 +305,7 @@ class _GPT2(_Family):
             t += _same(f"{ours}.mlp_norm", f"{theirs}.ln_2")
             t += _conv1d(f"{ours}.mlp.up_proj", f"{theirs}.mlp.c_fc")
             t += _conv1d(f"{ours}.mlp.down_proj", f"{theirs}.mlp.c_proj")
-        return t + ([] if config.tie_word_embeddings else _same("lm_head", "lm_head", bias=False))
+        return t
 
 
 class _Llama(_Family):
@@ -373,15 +381,25 @@ class _Llama(_Family):
                             "the Llama with a sliding window, has no biases: needs use_bias=False or no window)")
         return problems
 
+    native_classes = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM}
+
     def native_model(self, config):
+        native_config = self.native_config(config)
+        return self.native_classes[native_config.model_type](native_config)
+
+    def native_config(self, config) -> transformers.PretrainedConfig:
+        """Llama's, or Mistral's where there is a sliding window."""
         values = dict(self.renamed_values(config), hidden_act="silu", rope_parameters=dict(config.rope_parameters))
         if config.sliding_window is not None:
-            return transformers.MistralForCausalLM(
-                transformers.MistralConfig(**values, sliding_window=config.sliding_window))
-        return transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(**values, attention_bias=config.use_bias, mlp_bias=config.use_bias))
+            return transformers.MistralConfig(**values, sliding_window=config.sliding_window)
+        return transformers.LlamaConfig(**values, attention_bias=config.use_bias, mlp_bias=config.use_bias)
 
     def weights(self, config) -> list[Entry]:
+        return self.trunk_weights(config) + (
+            [] if config.tie_word_embeddings else _same("lm_head", "lm_head", bias=False))
+
+    @staticmethod
+    def trunk_weights(config) -> list[Entry]:
         bias = config.use_bias
         t = _same("model.embeddings.embed_tokens", "model.embed_tokens", bias=False)
         for i in range(config.num_hidden_layers):
@@ -393,7 +411,7 @@ class _Llama(_Family):
             t += _stacked(f"{ours}.mlp.up_proj", [f"{theirs}.mlp.gate_proj", f"{theirs}.mlp.up_proj"], bias)
             t += _same(f"{ours}.mlp.down_proj", f"{theirs}.mlp.down_proj", bias)
         t += _same("model.final_norm", "model.norm", bias=False)
-        return t + ([] if config.tie_word_embeddings else _same("lm_head", "lm_head", bias=False))
+        return t
 
     def extra_from_native(self, native, source, config, entries) -> dict:
         """A bias the native model does not have is a zero bias (see `use_bias` in `from_native`)."""
@@ -403,6 +421,44 @@ class _Llama(_Family):
                     weight = source.tensors[name.removesuffix(".bias") + ".weight"]
                     source.tensors[name] = weight.new_zeros(weight.shape[0])
         return {}
+
+
+class _DecoderClassifier:
+    """A decoder family's sequence classifier (mixed in before the family): its trunk under `score`, a linear layer
+    without bias read at each row's last token other than padding, found by `input_ids` on both sides (from
+    `inputs_embeds` the native classes read the last position, with a warning; ours the last one the attention mask
+    keeps), with its labels and `problem_type`."""
+
+    ours = ScratchDecoderForSequenceClassification
+    native_classes: dict[str, type[PreTrainedModel]]  # the native config's model_type -> the classifier class
+
+    def our_config(self, native):
+        config = super().our_config(native)
+        config.update(self._labels(native.config))
+        return config
+
+    def native_model(self, config):
+        native_config = self.native_config(config)
+        native_config.update(self._labels(config))
+        return self.native_classes[native_config.model_type](native_config)
+
+    def weights(self, config) -> list[Entry]:
+        return self.trunk_weights(config) + _same("score", "score", bias=False)
+
+    @staticmethod
+    def _labels(config) -> dict:
+        return {"id2label": config.id2label, "label2id": config.label2id, "problem_type": config.problem_type}
+
+
+class _GPT2SequenceClassification(_DecoderClassifier, _GPT2):
+    name = "GPT2ForSequenceClassification"
+    native_classes = {"gpt2": transformers.GPT2ForSequenceClassification}
+
+
+class _LlamaSequenceClassification(_DecoderClassifier, _Llama):
+    name = "LlamaForSequenceClassification / MistralForSequenceClassification"
+    native_classes = {"llama": transformers.LlamaForSequenceClassification,
+                      "mistral": transformers.MistralForSequenceClassification}
 
 
 class _Bert(_Family):
@@ -730,6 +786,8 @@ def _check_marian_positions(source: _StateDict) -> None:
 
 
 GPT2, LLAMA, BERT, MARIAN = _GPT2(), _Llama(), _Bert(), _Marian()
+GPT2_SEQUENCE_CLASSIFICATION = _GPT2SequenceClassification()
+LLAMA_SEQUENCE_CLASSIFICATION = _LlamaSequenceClassification()
 BERT_TOKEN_CLASSIFICATION, BERT_QUESTION_ANSWERING = _BertTokenClassification(), _BertQuestionAnswering()
 BERT_SEQUENCE_CLASSIFICATION = _BertSequenceClassification()
 # native language model -> its family, for `from_hf`
@@ -743,6 +801,10 @@ LANGUAGE_MODEL_CONVERTERS = {
 }
 # native class -> its family, for `from_hf`: the language models and BERT's task heads
 CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
+    "GPT2ForSequenceClassification": GPT2_SEQUENCE_CLASSIFICATION,
+    "LlamaForSequenceClassification": LLAMA_SEQUENCE_CLASSIFICATION,
+    "MistralForSequenceClassification": LLAMA_SEQUENCE_CLASSIFICATION,
+    "Qwen2ForSequenceClassification": LLAMA_SEQUENCE_CLASSIFICATION,
     "BertForSequenceClassification": BERT_SEQUENCE_CLASSIFICATION,
     "BertForTokenClassification": BERT_TOKEN_CLASSIFICATION,
     "BertForQuestionAnswering": BERT_QUESTION_ANSWERING,
@@ -750,6 +812,7 @@ CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
 # our class -> the families `to_hf` tries, in order (the first the knobs fit is used)
 EXPORTS = {
     ScratchDecoderForCausalLM: (GPT2, LLAMA),
+    ScratchDecoderForSequenceClassification: (GPT2_SEQUENCE_CLASSIFICATION, LLAMA_SEQUENCE_CLASSIFICATION),
     ScratchEncoderForMaskedLM: (BERT,),
     ScratchEncoderForSequenceClassification: (BERT_SEQUENCE_CLASSIFICATION,),
     ScratchEncoderForTokenClassification: (BERT_TOKEN_CLASSIFICATION,),

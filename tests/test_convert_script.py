@@ -36,7 +36,9 @@ from transformers import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    GPT2Config,
     GPT2DoubleHeadsModel,
+    GPT2ForSequenceClassification,
     LlamaConfig,
     LlamaForCausalLM,
     TorchAoConfig,
@@ -183,6 +185,36 @@ def test_berts_task_heads_convert_to_ours_and_back_with_cards_whose_examples_run
         assert ModelCard.load(back / "README.md").data.pipeline_tag == task
         examples += [_card_example(folder, tmp_path / f"{folder.name}.py") for folder in (scratch, back)]
     completed = run_without_package(tmp_path, "--run", *examples)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+
+
+def test_a_gpt2_classifier_without_a_padding_id_converts_to_ours_and_back(tmp_path, monkeypatch, capsys):
+    """GPT-2's sequence classifier (as GPT-2 checkpoints come: no padding id, so one row at a time, which the check
+    takes) becomes ours and ours GPT-2's again, with its labels, the same outputs and GPT-2's very tensors; the
+    card's example of ours runs where the package is missing."""
+    tokenizer = byte_level_bpe()
+    labels = {0: "negative", 1: "positive"}
+    native = GPT2ForSequenceClassification(GPT2Config(**gpt2(vocab_size=len(tokenizer), pad_token_id=None).config
+                                                      .to_dict() | dict(id2label=labels,
+                                                                        label2id={v: k for k, v in labels.items()})))
+    source, scratch, back = tmp_path / "native", tmp_path / "scratch", tmp_path / "back"
+    native.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    convert_here(monkeypatch, source, scratch)
+    assert "parity check passed" in capsys.readouterr().out
+    ours = AutoModelForSequenceClassification.from_pretrained(scratch).eval()
+    assert type(ours) is hst.ScratchDecoderForSequenceClassification and ours.config.id2label == labels
+    ids = _inputs("decoder")["input_ids"][:1]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids).logits, native.eval()(input_ids=ids).logits, atol=ATOL, rtol=0)
+    convert_here(monkeypatch, scratch, back)
+    assert "-> GPT2ForSequenceClassification" in capsys.readouterr().out
+    reloaded = AutoModelForSequenceClassification.from_pretrained(back)
+    assert type(reloaded) is GPT2ForSequenceClassification and reloaded.config.id2label == labels
+    for key, tensor in native.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], tensor), key
+    assert ModelCard.load(back / "README.md").data.pipeline_tag == "text-classification"
+    completed = run_without_package(tmp_path, "--run", _card_example(scratch, tmp_path / "scratch.py"))
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
 
 
@@ -502,8 +534,11 @@ def _folder_without_config(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("make_source, options, expected", [
-    (_unsupported_folder, [], ["model_type='opt'", "OPTForCausalLM", "supported: gpt2 (GPT2LMHeadModel)",
-                               "llama (LlamaForCausalLM)", "scratch_decoder (ScratchDecoderForCausalLM)"]),
+    (_unsupported_folder, [], ["model_type='opt'", "OPTForCausalLM",
+                               "supported: gpt2 (GPT2LMHeadModel or GPT2ForSequenceClassification)",
+                               "llama (LlamaForCausalLM or LlamaForSequenceClassification)",
+                               "scratch_decoder (ScratchDecoderForCausalLM or "
+                               "ScratchDecoderForSequenceClassification)"]),
     (lambda path: path / "missing", [], ["does not exist", "local folders only, never the Hub", "hf download"]),
     (lambda path: gpt2().save_pretrained(path) or path / "config.json", [], [  # it said the file does not exist
         "config.json is a file: give the folder that `save_pretrained` wrote"]),

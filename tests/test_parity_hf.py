@@ -23,9 +23,14 @@ from transformers import (
     BertForTokenClassification,
     Cache,
     DynamicCache,
+    GPT2ForSequenceClassification,
     GPT2Model,
+    LlamaForSequenceClassification,
     MistralConfig,
     MistralForCausalLM,
+    MistralForSequenceClassification,
+    Qwen2Config,
+    Qwen2ForSequenceClassification,
 )
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
@@ -568,6 +573,41 @@ def test_berts_sequence_classifier_converts_with_its_loss(num_labels, problem_ty
     expected.loss.backward()
     actual.loss.backward()
     torch.testing.assert_close(ours.pooler.dense.weight.grad, native.bert.pooler.dense.weight.grad, atol=ATOL, rtol=0)
+
+
+DECODER_CLASSIFIERS = {  # native classifier: its config, from the language model's of tiny_native
+    GPT2ForSequenceClassification: lambda: gpt2().config,
+    LlamaForSequenceClassification: lambda: llama(attention_bias=True).config,
+    MistralForSequenceClassification: lambda: MistralConfig(**llama().config.to_dict() | dict(sliding_window=4)),
+    Qwen2ForSequenceClassification: lambda: Qwen2Config(**llama().config.to_dict()),
+}
+
+
+@pytest.mark.parametrize("native_class", DECODER_CLASSIFIERS, ids=lambda native_class: native_class.__name__)
+def test_decoder_classifiers_convert_both_ways(native_class):
+    """GPT-2's, Llama's, Mistral's and Qwen2's sequence classifiers become ours (the last token other than padding of
+    each row, left- and right-padded rows, the labels, `problem_type`, the loss) and `to_hf` gives the native class
+    back with the same tensors (Qwen2's as Llama's, which computes it)."""
+    config = DECODER_CLASSIFIERS[native_class]()
+    config.update(dict(id2label=LABELS, label2id={label: i for i, label in LABELS.items()},
+                       problem_type="single_label_classification"))
+    native = native_class(config).eval()
+    ours = from_hf(native)
+    assert type(ours) is hst.ScratchDecoderForSequenceClassification and ours.config.id2label == LABELS
+    ids = _ids(batch=3)
+    ids[1, 6:] = 0  # right-padded
+    ids[2, :3] = 0  # left-padded
+    inputs = dict(input_ids=ids, attention_mask=(ids != 0).long(), labels=torch.tensor([2, 0, 1]))
+    with torch.no_grad():
+        expected, actual = native(**inputs), ours(**inputs)
+    torch.testing.assert_close(actual.logits, expected.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
+    back = to_hf(ours)
+    expected_class = LlamaForSequenceClassification if native_class is Qwen2ForSequenceClassification else native_class
+    assert type(back) is expected_class and back.config.id2label == LABELS
+    assert back.config.problem_type == "single_label_classification"
+    for key, tensor in native.state_dict().items():
+        assert torch.equal(back.state_dict()[key], tensor), key
 
 
 @pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,

@@ -31,6 +31,8 @@ from transformers import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    GPT2Config,
+    GPT2ForSequenceClassification,
     pipeline,
 )
 
@@ -398,19 +400,21 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
 
 
 @pytest.mark.parametrize("native_class", [BertForSequenceClassification, BertForTokenClassification,
-                                          BertForQuestionAnswering])
+                                          BertForQuestionAnswering, GPT2ForSequenceClassification])
 def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monkeypatch, tmp_path, capsys):
     """A native classifier of the data's classes (the sequence classifier with its pooler), or question answerer, is
     converted with its head (which `from_hf` converts) and trains on from it, its classes in its order, as one of ours
     does; it was left out and drawn anew. Of other classes, the head is new, as for ours (BERT's pooler kept)."""
-    tokenizer = wordpiece()
-    task = {BertForSequenceClassification: "text-classification", BertForTokenClassification: "token-classification",
-            BertForQuestionAnswering: "question-answering"}[native_class]
+    gpt2 = native_class is GPT2ForSequenceClassification
+    tokenizer = byte_level_bpe() if gpt2 else wordpiece()
+    task = {BertForTokenClassification: "token-classification",
+            BertForQuestionAnswering: "question-answering"}.get(native_class, "text-classification")
     classes = {} if task == "question-answering" else {"id2label": {0: "other", 1: "animal"},
                                                        "label2id": {"other": 0, "animal": 1}}
     torch.manual_seed(0)
-    native = native_class(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                                     vocab_size=len(tokenizer), max_position_embeddings=64, **classes))
+    sizes = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=len(tokenizer),
+                 max_position_embeddings=64, **classes)
+    native = native_class(GPT2Config(**sizes) if gpt2 else BertConfig(**sizes, intermediate_size=64))
     native.save_pretrained(tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
     if task == "text-classification":
@@ -425,11 +429,10 @@ def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monk
         data = ["--train-file", write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9))]
     trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data, "--output-dir",
                                   tmp_path / "out")
-    heads = {"qa_outputs": "qa_outputs"} if task == "question-answering" else {"classifier": "classifier"}
-    if task == "text-classification":
-        heads["pooler.dense"] = "bert.pooler.dense"
-    for ours, theirs in heads.items():  # BERT's own layers
-        for kind in ("weight", "bias"):
+    heads = {"score": "score"} if gpt2 else {"qa_outputs": "qa_outputs"} if task == "question-answering" else {
+        "classifier": "classifier", **({"pooler.dense": "bert.pooler.dense"} if task == "text-classification" else {})}
+    for ours, theirs in heads.items():  # the native model's own layers
+        for kind in ("weight",) if gpt2 else ("weight", "bias"):  # GPT-2's `score` has no bias
             torch.testing.assert_close(trainer.model.get_parameter(f"{ours}.{kind}"),
                                        native.get_parameter(f"{theirs}.{kind}"), rtol=0, atol=0)
     assert trainer.model.config.id2label == native.config.id2label
@@ -441,9 +444,10 @@ def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monk
         native.save_pretrained(tmp_path / "bert")
         trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data,
                                       "--output-dir", tmp_path / "out2")
-        assert not torch.allclose(trainer.model.classifier.weight, native.classifier.weight)
+        head = "score" if gpt2 else "classifier"
+        assert not torch.allclose(trainer.model.get_parameter(f"{head}.weight"), native.get_parameter(f"{head}.weight"))
         assert "trains a new head" in capsys.readouterr().out
-        if task == "text-classification":  # BERT's pooler kept: its pretrained model's (`BertModel`'s)
+        if task == "text-classification" and not gpt2:  # BERT's pooler kept: its pretrained model's (`BertModel`'s)
             torch.testing.assert_close(trainer.model.pooler.dense.weight, native.bert.pooler.dense.weight, rtol=0,
                                        atol=0)
 

@@ -12,10 +12,11 @@ The direction comes from the source's `model_type` (or --to, which must agree wi
 `hf_scratch_transformer.conversion.from_hf`. A Scratch folder saved from a language-model head (scratch_decoder,
 scratch_encoder, scratch_seq2seq) becomes the native folder through `to_hf`: GPT-2, Llama or Mistral, BERT or
 Marian, whichever computes exactly the same function (knobs that none does are named, and nothing is written).
-BERT's task heads convert both ways too (`BertForSequenceClassification` <-> `ScratchEncoderForSequenceClassification`
-with `classifier_pooler`, `BertForTokenClassification` <-> `ScratchEncoderForTokenClassification`,
-`BertForQuestionAnswering` <-> `ScratchEncoderForQuestionAnswering`), as `hf-scratch finetune --task
-token-classification` saves one, for instance.
+Sequence classifiers convert both ways too (`GPT2ForSequenceClassification`, `LlamaForSequenceClassification`,
+`MistralForSequenceClassification` and `Qwen2ForSequenceClassification` <-> `ScratchDecoderForSequenceClassification`,
+`BertForSequenceClassification` <-> `ScratchEncoderForSequenceClassification` with `classifier_pooler`), and BERT's
+other task heads (`BertForTokenClassification` <-> `ScratchEncoderForTokenClassification`, `BertForQuestionAnswering`
+<-> `ScratchEncoderForQuestionAnswering`), as `hf-scratch finetune` saves them.
 
 The converted model is checked (unless --no-check: the logits of both models on a random batch in eval mode must
 agree within --atol) and saved with `save_pretrained` in the source's dtype, with its generation config and the
@@ -62,6 +63,11 @@ SCRATCH_CLASSES = {
 # model_type -> the task heads that convert too, loaded where config.json's `architectures` names one, each with the
 # task of its card
 HEAD_CLASSES = {
+    "gpt2": {"GPT2ForSequenceClassification": "text-classification"},
+    "llama": {"LlamaForSequenceClassification": "text-classification"},
+    "mistral": {"MistralForSequenceClassification": "text-classification"},
+    "qwen2": {"Qwen2ForSequenceClassification": "text-classification"},
+    "scratch_decoder": {"ScratchDecoderForSequenceClassification": "text-classification"},
     "bert": {"BertForSequenceClassification": "text-classification",
              "BertForTokenClassification": "token-classification",
              "BertForQuestionAnswering": "question-answering"},
@@ -290,10 +296,12 @@ native = source if to_scratch else converted
 if args.check:
     generator = torch.Generator().manual_seed(args.seed)
     config = native.config
-    batch, length = 2, min(8, config.max_position_embeddings)
+    # a classifier without a padding id classifies one row at a time (a batch is refused on both sides)
+    batch = 1 if "ForSequenceClassification" in type(native).__name__ and config.pad_token_id is None else 2
+    length = min(8, config.max_position_embeddings)
     ids = torch.randint(config.vocab_size, (batch, length), generator=generator)
     mask = torch.ones_like(ids)
-    mask[1, length // 2 :] = 0  # a padded row: the masks must agree too
+    mask[-1, length // 2 :] = 0  # a padded row: the masks must agree too
     inputs = {"input_ids": ids, "attention_mask": mask}
     if config.model_type == "bert":
         inputs["token_type_ids"] = torch.randint(config.type_vocab_size, (batch, length), generator=generator)
