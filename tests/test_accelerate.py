@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+import tiny_texts
 import torch
 import torch.distributed.checkpoint
 import yaml
@@ -610,6 +611,27 @@ def test_finetune_question_answering_under_two_processes_scores_every_window_onc
     results = json.loads((folder / "qa/model/eval_results.json").read_text())
     assert {name: results[name] for name in expected} == pytest.approx(expected)
     assert results["loss"] == pytest.approx(outputs.loss.item(), abs=1e-5)
+
+
+def test_finetune_token_classification_under_two_processes_scores_as_one_process(classification_run):
+    """Entity tags, sentences of different lengths evaluated by two processes in batches of 2 (the last padded with a
+    repeated sentence, the predictions padded to the longest across processes): the word accuracy, macro-F1, entity
+    scores and loss are those of one process with the combined batch, as its training steps are."""
+    folder, _ = classification_run
+    tagged = [{"tokens": words, "tags": ["B-ANIMAL" if word in ("dog", "horse") else "O" for word in words]}
+              for words in (sentence.split()[: 2 + i % 4] for i, sentence in enumerate(tiny_texts.words(30, 4)))]
+    finetune = [ROOT / "scripts/finetune.py", "--model", folder / "mlm", "--task", "token-classification",
+                "--train-file", write_json_lines(folder / "tags.json", tagged[:23]), "--validation-file",
+                write_json_lines(folder / "tags_validation.json", tagged[23:]), "--label-column", "tags",
+                "--max-steps", 3]
+    assert len(tagged[23:]) % 4 == 3  # two processes of batch 2: the second pads its last batch
+    launcher, env = two_cpu_processes("torchrun")
+    run(*finetune, "--batch-size", 2, "--output-dir", folder / "ner-ddp", launcher=launcher, env=env, cwd=folder)
+    run(*finetune, "--batch-size", 4, "--output-dir", folder / "ner-one", cwd=folder, env={"OMP_NUM_THREADS": "1"})
+    two, one = (json.loads((folder / run_dir / "model/eval_results.json").read_text())
+                for run_dir in ("ner-ddp", "ner-one"))
+    assert set(two) == {"loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1"} == set(one)
+    assert two == pytest.approx(one, abs=1e-5)
 
 
 def test_finetune_under_an_fsdp_launch_shards_and_saves_every_weight(classification_run):
