@@ -447,7 +447,12 @@ class _DecoderClassifier:
 
     @staticmethod
     def _labels(config) -> dict:
-        return {"id2label": config.id2label, "label2id": config.label2id, "problem_type": config.problem_type}
+        return _sequence_classifier_labels(config)
+
+
+def _sequence_classifier_labels(config) -> dict:
+    """The label fields of a sequence classifier's config (ours or the native one's), which decide its loss too."""
+    return {"id2label": config.id2label, "label2id": config.label2id, "problem_type": config.problem_type}
 
 
 class _GPT2SequenceClassification(_DecoderClassifier, _GPT2):
@@ -635,7 +640,7 @@ class _BertSequenceClassification(_BertTokenClassification):
 
     @staticmethod
     def _labels(config) -> dict:
-        return _BertTokenClassification._labels(config) | {"problem_type": config.problem_type}
+        return _sequence_classifier_labels(config)
 
 
 def _no_token_types(native) -> bool:

@@ -211,7 +211,7 @@ def test_finetune_text_classification_from_our_masked_lm(tmp_path):
     corpus.write_text("\n\n".join(words(100, seed=2)))
     run_script("train.py", "--task", "masked-lm", "--train-files", corpus, "--max-steps", 2, "--output-dir",
                tmp_path / "mlm", *TINY_RUN, *TINY_MODEL, cwd=tmp_path)
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(80, 3)]
+    rows = ["text,label"] + _animal_rows(80, 3)
     (tmp_path / "train.csv").write_text("\n".join(rows))
     # --dataset as a single local file (load_dataset looked for its name on the Hub)
     stdout = run_script("finetune.py", "--model", tmp_path / "mlm/model", "--task", "text-classification",
@@ -260,7 +260,7 @@ def test_finetune_text_classification_from_our_causal_lm_scores_texts_independen
         causal_lm_run, tmp_path):
     """The causal LM's tokenizer pads on the left (for generation) and gpt-mini's positions are absolute: the
     classifier's folder pads on the right, so a text's score is the same alone and in a batch of longer ones."""
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(40, 3)]
+    rows = ["text,label"] + _animal_rows(40, 3)
     (tmp_path / "train.csv").write_text("\n".join(rows))
     run_script("finetune.py", "--model", causal_lm_run[0] / "model", "--task", "text-classification",
                "--train-file", tmp_path / "train.csv", "--max-steps", 2, "--batch-size", 8,
@@ -278,11 +278,7 @@ def test_finetune_text_classification_from_our_causal_lm_scores_texts_independen
 
 @pytest.mark.parametrize("native_class", [BertForMaskedLM, BertForTokenClassification])
 def test_finetune_token_classification_from_a_converted_native_bert(native_class, tmp_path):
-    tokenizer = wordpiece()
-    native = native_class(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
-                                        intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
-    native.save_pretrained(tmp_path / "bert")
-    tokenizer.save_pretrained(tmp_path / "bert")
+    _native_bert_folder(tmp_path / "bert", native_class)
     rows = [{"tokens": s.split(), "tags": ["ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
             for s in words(60, 4)]
     (tmp_path / "train.json").write_text("\n".join(json.dumps(row) for row in rows))
@@ -385,11 +381,7 @@ def test_finetune_continues_a_question_answering_model_with_its_head(monkeypatch
 
 
 def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, tmp_path, capsys):
-    tokenizer = wordpiece()
-    BertForMaskedLM(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                               vocab_size=len(tokenizer), max_position_embeddings=64)).save_pretrained(
-        tmp_path / "bert")
-    tokenizer.save_pretrained(tmp_path / "bert")
+    _native_bert_folder(tmp_path / "bert")
     trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", "question-answering",
                                   "--train-file", write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9)),
                                   "--output-dir", tmp_path / "out")
@@ -418,7 +410,7 @@ def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monk
     native.save_pretrained(tmp_path / "bert")
     tokenizer.save_pretrained(tmp_path / "bert")
     if task == "text-classification":
-        rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
+        rows = _animal_rows(20, 3)
         (tmp_path / "train.csv").write_text("\n".join(["text,label", *rows]))
         data = ["--train-file", tmp_path / "train.csv"]
     elif task == "token-classification":
@@ -457,13 +449,10 @@ def test_finetune_classifies_from_a_native_berts_pooler_and_exports_back_to_bert
     """BERT fine-tunes a sequence classifier through its pooler, which its pre-training checkpoints hold (trained on
     next-sentence prediction): converted with it (ours with `classifier_pooler`), the classifier is BERT's own and
     exports back to `BertForSequenceClassification` (it had no pooler and exported to nothing)."""
-    tokenizer = wordpiece()
     torch.manual_seed(0)
-    native = BertForPreTraining(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
-                                           intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
-    native.save_pretrained(tmp_path / "bert")
-    tokenizer.save_pretrained(tmp_path / "bert")
-    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
+    native = _native_bert_folder(tmp_path / "bert", BertForPreTraining)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "bert")
+    rows = _animal_rows(20, 3)
     (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows))
     trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", "text-classification",
                                   "--train-file", tmp_path / "train.csv", "--output-dir", tmp_path / "out")
@@ -526,6 +515,21 @@ def _tiny_folder(folder: Path, model_class=hf_scratch_transformer.ScratchEncoder
     return folder
 
 
+def _native_bert_folder(folder: Path, native_class=BertForMaskedLM):
+    """A tiny native BERT of `native_class` with the test WordPiece tokenizer, saved in `folder`; returns the model."""
+    tokenizer = wordpiece()
+    native = native_class(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                     vocab_size=len(tokenizer), max_position_embeddings=64))
+    native.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return native
+
+
+def _animal_rows(count: int, seed: int) -> list[str]:
+    """CSV rows `text,label` of `words`: "animal" where the sentence names a dog or a horse, else "other"."""
+    return [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(count, seed)]
+
+
 def test_finetune_gives_integer_labels_their_own_ids(tmp_path):
     """Sorted as text, labels 0..10 took the ids 0, 1, 3, 4, ... 10, 2: class 2 was the head's row 3."""
     rows = ["text,label"] + [f"{s},{i % 11}" for i, s in enumerate(words(44, 5))]
@@ -541,7 +545,7 @@ def test_finetune_continues_a_classifier_with_its_classes_in_their_order(tmp_pat
     sorted names (its predictions swapped classes); on other classes it gets a new head (sizes were refused)."""
     base = _tiny_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
                            id2label={0: "other", 1: "animal"}, label2id={"other": 0, "animal": 1})
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(40, 3)]
+    rows = ["text,label"] + _animal_rows(40, 3)
     (tmp_path / "train.csv").write_text("\n".join(rows))
     # A step too small to change the logits at fp32 tolerance (a rate of 0 is refused): swapped classes would.
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "train.csv",
@@ -614,7 +618,7 @@ def test_finetune_trains_classes_from_a_regression_model(tmp_path):
     (batch, classes) logits against (batch,) class ids (a size error, or broadcast in silence at two classes)."""
     base = _tiny_folder(tmp_path / "base", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
                         num_labels=1, problem_type="regression")
-    rows = ["text,label"] + [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(40, 3)]
+    rows = ["text,label"] + _animal_rows(40, 3)
     (tmp_path / "train.csv").write_text("\n".join(rows))
     run_script("finetune.py", "--model", base, "--task", "text-classification", "--train-file", tmp_path / "train.csv",
                "--max-steps", 1, "--output-dir", tmp_path / "run", cwd=tmp_path)
@@ -937,7 +941,7 @@ def test_finetune_tokenizes_words_as_the_pipeline_tokenizes_their_text(monkeypat
 def test_finetune_leaves_a_datasets_test_split_alone(monkeypatch, tmp_path):
     """A dataset folder's test split, unlabelled as test sets often are, is not used; its empty labels (or labels
     the training data lacks, as -1) stopped the run: "the 'test' split: the label column 'label' has no value"."""
-    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
+    rows = _animal_rows(20, 3)
     (tmp_path / "data").mkdir()
     (tmp_path / "data/train.csv").write_text("text,label\n" + "\n".join(rows))
     (tmp_path / "data/test.csv").write_text("text,label\na dog runs,\nthe man sees,\n")
@@ -950,7 +954,7 @@ def test_finetune_leaves_a_datasets_test_split_alone(monkeypatch, tmp_path):
 def test_finetune_reads_a_label_column_named_labels(monkeypatch, tmp_path):
     """A CSV column named as a model input ("labels") kept its type (large_string) through `datasets.map`: the
     class ids became the strings '0', '1', and training stopped with "too many dimensions 'str'" in the collator."""
-    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
+    rows = _animal_rows(20, 3)
     (tmp_path / "train.csv").write_text("text,labels\n" + "\n".join(rows))
     trained = finetune_until_training(monkeypatch, "--model", _tiny_folder(tmp_path / "mlm"), "--task",
                                       "text-classification", "--train-file", tmp_path / "train.csv",
@@ -962,12 +966,8 @@ def test_finetune_of_a_native_model_writes_no_copy_of_it(monkeypatch, tmp_path):
     """A native BERT was converted into a temporary folder and the new head loaded from there: removed once loaded,
     the copy stayed in /tmp for good when the run was killed before (440 MB from bert-base, each time). Converted in
     memory, nothing is written there at any instant."""
-    tokenizer = wordpiece()
-    native = BertForMaskedLM(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
-                                        intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=64))
-    native.save_pretrained(tmp_path / "bert")
-    tokenizer.save_pretrained(tmp_path / "bert")
-    rows = [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(20, 3)]
+    _native_bert_folder(tmp_path / "bert")
+    rows = _animal_rows(20, 3)
     (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows))
     (tmp_path / "temp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))

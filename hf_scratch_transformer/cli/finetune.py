@@ -451,7 +451,7 @@ base = None
 if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then build the head on our weights
     # In memory: written to a temporary folder and loaded from there, a copy of the base model's size stayed on disk
     # for good when the run was killed before it was removed. A native head of this task (and these classes) that
-    # `from_hf` converts (BERT's task heads) comes with it, trained on as ours would be.
+    # `from_hf` converts (the sequence classifiers, BERT's other task heads) comes with it, trained on as ours would be.
     whole = next((name for name in earlier_heads if same_head and name in CONVERTERS), None)
     # BERT classifies a sequence through its pooler: loaded as BERT's own classifier (its pooler from the checkpoint
     # where it holds one, a new classifier), as run_glue fine-tunes BERT, the classifier exports back to BERT's class
