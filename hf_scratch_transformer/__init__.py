@@ -27,6 +27,7 @@ from .modeling_scratch_decoder import (
 )
 from .modeling_scratch_encoder import (
     ScratchEncoderForMaskedLM,
+    ScratchEncoderForMultipleChoice,
     ScratchEncoderForQuestionAnswering,
     ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
@@ -88,6 +89,7 @@ __all__ = [
     "ScratchEncoderForSequenceClassification",
     "ScratchEncoderForTokenClassification",
     "ScratchEncoderForQuestionAnswering",
+    "ScratchEncoderForMultipleChoice",
     "ScratchSeq2SeqPreTrainedModel",
     "ScratchSeq2SeqModel",
     "ScratchSeq2SeqForConditionalGeneration",

@@ -362,7 +362,8 @@ class ScratchDecoderConfig(ScratchConfigBase):
 
 
 class ScratchEncoderConfig(ScratchConfigBase):
-    """BERT-style bidirectional encoder for masked LM, sequence and token classification."""
+    """BERT-style bidirectional encoder for masked LM, sequence and token classification, question answering and
+    multiple choice."""
 
     model_type = "scratch_encoder"
     family_auto_map = {
@@ -372,6 +373,7 @@ class ScratchEncoderConfig(ScratchConfigBase):
         "AutoModelForSequenceClassification": "modeling_scratch_encoder.ScratchEncoderForSequenceClassification",
         "AutoModelForTokenClassification": "modeling_scratch_encoder.ScratchEncoderForTokenClassification",
         "AutoModelForQuestionAnswering": "modeling_scratch_encoder.ScratchEncoderForQuestionAnswering",
+        "AutoModelForMultipleChoice": "modeling_scratch_encoder.ScratchEncoderForMultipleChoice",
     }
 
     num_hidden_layers: int = 6

@@ -2,11 +2,12 @@
 
 - `from_hf(model)` converts a native `GPT2LMHeadModel`, `LlamaForCausalLM` (and `MistralForCausalLM`,
   `Qwen2ForCausalLM`), `BertForMaskedLM` or `MarianMTModel` into the matching Scratch model, and the sequence
-  classifiers of GPT-2, Llama, Mistral, Qwen2 and BERT, BERT's token classifier and question-answering head too.
+  classifiers of GPT-2, Llama, Mistral, Qwen2 and BERT, BERT's token classifier, question-answering and
+  multiple-choice heads too.
 - `to_hf(model)` is its inverse: `ScratchDecoderForCausalLM` -> `GPT2LMHeadModel` or `LlamaForCausalLM`
   (`MistralForCausalLM` with a sliding window), and its sequence classifier to theirs; `ScratchEncoderForMaskedLM`
-  -> `BertForMaskedLM` (and the sequence classifier with `classifier_pooler`, the token classifier and
-  question-answering heads to BERT's), `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
+  -> `BertForMaskedLM` (and the sequence classifier and multiple-choice head with `classifier_pooler`, the token
+  classifier and question-answering heads to BERT's), `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
   A model with knobs that no native class computes exactly gets one `ValueError` naming every such knob and the
   value that would export. Never an approximate export.
 
@@ -28,6 +29,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from .modeling_scratch_decoder import ScratchDecoderForCausalLM, ScratchDecoderForSequenceClassification
 from .modeling_scratch_encoder import (
     ScratchEncoderForMaskedLM,
+    ScratchEncoderForMultipleChoice,
     ScratchEncoderForQuestionAnswering,
     ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
@@ -643,6 +645,18 @@ class _BertSequenceClassification(_BertTokenClassification):
         return _sequence_classifier_labels(config)
 
 
+class _BertMultipleChoice(_BertSequenceClassification):
+    """BERT scores each choice as its sequence classifier scores a sequence (pooler, then one output): ours with
+    `classifier_pooler`. No classes, whatever its config's labels say."""
+
+    name = "BertForMultipleChoice"
+    ours = ScratchEncoderForMultipleChoice
+
+    @staticmethod
+    def _labels(config) -> dict:
+        return {}
+
+
 def _no_token_types(native) -> bool:
     """A BERT with one all-zero token-type row: what `to_hf` writes for a Scratch encoder without token types."""
     weight = native.bert.embeddings.token_type_embeddings.weight
@@ -794,7 +808,7 @@ GPT2, LLAMA, BERT, MARIAN = _GPT2(), _Llama(), _Bert(), _Marian()
 GPT2_SEQUENCE_CLASSIFICATION = _GPT2SequenceClassification()
 LLAMA_SEQUENCE_CLASSIFICATION = _LlamaSequenceClassification()
 BERT_TOKEN_CLASSIFICATION, BERT_QUESTION_ANSWERING = _BertTokenClassification(), _BertQuestionAnswering()
-BERT_SEQUENCE_CLASSIFICATION = _BertSequenceClassification()
+BERT_SEQUENCE_CLASSIFICATION, BERT_MULTIPLE_CHOICE = _BertSequenceClassification(), _BertMultipleChoice()
 # native language model -> its family, for `from_hf`
 LANGUAGE_MODEL_CONVERTERS = {
     "GPT2LMHeadModel": GPT2,
@@ -813,6 +827,7 @@ CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
     "BertForSequenceClassification": BERT_SEQUENCE_CLASSIFICATION,
     "BertForTokenClassification": BERT_TOKEN_CLASSIFICATION,
     "BertForQuestionAnswering": BERT_QUESTION_ANSWERING,
+    "BertForMultipleChoice": BERT_MULTIPLE_CHOICE,
 }
 # our class -> the families `to_hf` tries, in order (the first the knobs fit is used)
 EXPORTS = {
@@ -822,6 +837,7 @@ EXPORTS = {
     ScratchEncoderForSequenceClassification: (BERT_SEQUENCE_CLASSIFICATION,),
     ScratchEncoderForTokenClassification: (BERT_TOKEN_CLASSIFICATION,),
     ScratchEncoderForQuestionAnswering: (BERT_QUESTION_ANSWERING,),
+    ScratchEncoderForMultipleChoice: (BERT_MULTIPLE_CHOICE,),
     ScratchSeq2SeqForConditionalGeneration: (MARIAN,),
 }
 

@@ -82,6 +82,19 @@ TASKS = {
                       'print(tokenizer.decode(inputs["input_ids"][0, start : end + 1]))',
         hub_task="question-answering",
     ),
+    # Nor a multiple-choice one: the example pairs the prompt with each choice and scores the pairs as one row.
+    "multiple-choice": dict(
+        family_description="A multiple-choice model",
+        model_class="ScratchEncoderForMultipleChoice",
+        auto_class="AutoModelForMultipleChoice",
+        pipeline_task=None,
+        pipeline_call='prompt, choices = "Romeo met Juliet", ["in Verona.", "on the moon."]\n'
+                      'inputs = tokenizer([prompt] * len(choices), choices, padding=True, return_tensors="pt")\n'
+                      "output = model(**{name: tensor[None] for name, tensor in inputs.items()})  # one row of "
+                      "choices\n"
+                      "print(choices[output.logits.argmax(-1).item()])",
+        hub_task="multiple-choice",
+    ),
 }
 
 # The "How to use" of a native model (a folder `hf-scratch convert` exported), by task: (pipeline task, the call on
@@ -92,6 +105,7 @@ NATIVE_USAGE = {
     "text-classification": ("text-classification", TASKS["text-classification"]["pipeline_call"]),
     "token-classification": ("token-classification", TASKS["token-classification"]["pipeline_call"]),
     "question-answering": (None, TASKS["question-answering"]["pipeline_call"]),
+    "multiple-choice": (None, TASKS["multiple-choice"]["pipeline_call"]),
     "seq2seq": (None, 'inputs = tokenizer("The house is wonderful.", return_tensors="pt")\n'
                       "output = model.generate(**inputs, max_new_tokens=40)\n"
                       "print(tokenizer.decode(output[0], skip_special_tokens=True))"),

@@ -30,7 +30,12 @@ from .configuration_scratch import ScratchConfigBase
 from .scratch_attention import MODEL_UPDATES_PAGED_CACHE, ScratchAttention, cache_output, is_paged, resolve_cache
 from .scratch_layers import ScratchBlock, ScratchEmbeddings, ScratchLayerNorm, ScratchRMSNorm, make_norm
 from .scratch_linear import mark_working_set
-from .scratch_loss import lm_loss, sequence_classification_loss, token_classification_loss
+from .scratch_loss import (
+    lm_loss,
+    multiple_choice_loss,
+    sequence_classification_loss,
+    token_classification_loss,
+)
 from .scratch_masks import build_cross_attention_mask, build_self_attention_mask, mask_for_generate
 from .scratch_positions import ScratchAlibiBias, ScratchRotaryEmbedding
 
@@ -39,6 +44,7 @@ LOSSES = {
     "ForMaskedLM": partial(lm_loss, shift=False),
     "ForSequenceClassification": sequence_classification_loss,
     "ForTokenClassification": token_classification_loss,
+    "ForMultipleChoice": multiple_choice_loss,
 }
 
 
@@ -63,6 +69,30 @@ def check_inputs_shape(inputs: torch.Tensor, name: str, dims: int) -> None:
         f"`{name}` must have shape {expected}, with at least one sequence and one token, got {tuple(inputs.shape)}."
         + hint
     )
+
+
+def check_choice_inputs_shape(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                              labels: torch.Tensor | None, **per_token: torch.Tensor | None) -> tuple[int, int]:
+    """(batch, choices) of a multiple-choice head's inputs: ids (batch, choices, length) or embeddings (batch,
+    choices, length, hidden), none empty; the `per_token` tensors (attention mask, token types, positions) shaped as
+    the ids, and labels (batch,). A batch of plain sequences (batch, length) was otherwise read as `length` choices
+    of one token each, without a word, and a mask of another shape failed in a reshape."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+    inputs, name, dims = (input_ids, "input_ids", 3) if input_ids is not None else (inputs_embeds, "inputs_embeds", 4)
+    if inputs.dim() != dims or 0 in inputs.shape[:3]:
+        expected = "(batch_size, num_choices, sequence_length" + (", hidden_size)" if dims == 4 else ")")
+        raise ValueError(f"`{name}` must have shape {expected}: each row's choices, with at least one row, choice "
+                         f"and token, got {tuple(inputs.shape)}.")
+    for tensor_name, tensor in per_token.items():
+        if tensor is not None and tensor.shape != inputs.shape[:3]:
+            raise ValueError(f"`{tensor_name}` must have shape {tuple(inputs.shape[:3])} to match `{name}` "
+                             f"(batch_size, num_choices, sequence_length), got {tuple(tensor.shape)}.")
+    batch, choices = inputs.shape[:2]
+    if labels is not None and labels.shape != (batch,):
+        raise ValueError(f"`labels` must have shape ({batch},): the index of each row's right choice, got "
+                         f"{tuple(labels.shape)}.")
+    return batch, choices
 
 
 def _safetensors_problem(path) -> str | None:

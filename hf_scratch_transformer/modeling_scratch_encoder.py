@@ -1,7 +1,7 @@
 """Encoder-only family (BERT-style): `ScratchEncoderModel`, `ScratchEncoderForMaskedLM`,
 `ScratchEncoderForSequenceClassification`, `ScratchEncoderForTokenClassification`,
-`ScratchEncoderForQuestionAnswering`. The stack is the shared `ScratchTransformer`, bidirectional, with optional
-token-type embeddings.
+`ScratchEncoderForQuestionAnswering`, `ScratchEncoderForMultipleChoice`. The stack is the shared `ScratchTransformer`,
+bidirectional, with optional token-type embeddings.
 
 References: Devlin et al. (2019), BERT; Geiping & Goldstein (2023), Cramming (sparse MLM prediction);
 transformers' `BertForMaskedLM` and `ModernBertForMaskedLM` for the v5 conventions.
@@ -12,6 +12,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import (
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
@@ -20,7 +21,12 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_scratch import ScratchEncoderConfig
-from .modeling_scratch_common import ScratchPreTrainedModel, ScratchTransformer, check_labels_shape
+from .modeling_scratch_common import (
+    ScratchPreTrainedModel,
+    ScratchTransformer,
+    check_choice_inputs_shape,
+    check_labels_shape,
+)
 from .scratch_attention import resolve_cache
 from .scratch_dropout import dropout
 from .scratch_layers import ScratchMLMTransform, ScratchPooler
@@ -136,21 +142,37 @@ class _ScratchEncoderClassifier(_ScratchEncoderWithHead):
         self.classifier_dropout = nn.Dropout(
             config.classifier_dropout if config.classifier_dropout is not None else config.dropout
         )
-        self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
+        self.classifier = ScratchLinear(config.hidden_size, self._scores_per_input(config))
         self.pooler = self._pooler(config)
         self.post_init()
+
+    def _scores_per_input(self, config: ScratchEncoderConfig) -> int:
+        """The classifier's outputs: one score per class, unless the subclass scores otherwise."""
+        return config.num_labels
 
     def _pooler(self, config: ScratchEncoderConfig) -> nn.Module | None:
         """What the classifier reads the hidden states through first (BERT's pooler), where the subclass has one."""
         return None
 
 
-class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
-    """Classifies a sequence from the hidden state of its first token ([CLS]); with `classifier_pooler`, from that
-    state through a dense layer and tanh first, as BERT's pooler (`BertForSequenceClassification`)."""
+class _ScratchEncoderSequenceScorer(_ScratchEncoderClassifier):
+    """Scores a sequence from the hidden state of its first token ([CLS]); with `classifier_pooler`, from that state
+    through a dense layer and tanh first, as BERT's pooler (its sequence classifier and multiple-choice head)."""
 
     def _pooler(self, config: ScratchEncoderConfig) -> nn.Module | None:
         return ScratchPooler(config) if config.classifier_pooler else None
+
+    def _score_sequences(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(B, T, hidden) -> (B, scores per input)."""
+        pooled = hidden_states[:, 0]  # (B, hidden)
+        if self.pooler is not None:
+            pooled = self.pooler(pooled)
+        return self.classifier(dropout(pooled, self.classifier_dropout.p, self.training))
+
+
+class ScratchEncoderForSequenceClassification(_ScratchEncoderSequenceScorer):
+    """Classifies a sequence from [CLS]'s hidden state (through BERT's pooler with `classifier_pooler`, as
+    `BertForSequenceClassification`): logits (B, num_labels)."""
 
     @can_return_tuple
     def forward(
@@ -169,11 +191,7 @@ class ScratchEncoderForSequenceClassification(_ScratchEncoderClassifier):
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             cache=resolve_cache(cache, past_key_values, self), **kwargs,
         )
-        pooled = outputs.last_hidden_state[:, 0]  # (B, T, hidden) -> (B, hidden)
-        if self.pooler is not None:
-            pooled = self.pooler(pooled)
-        pooled = dropout(pooled, self.classifier_dropout.p, self.training)
-        logits = self.classifier(pooled)  # (B, num_labels)
+        logits = self._score_sequences(outputs.last_hidden_state)  # (B, num_labels)
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
@@ -263,6 +281,53 @@ class ScratchEncoderForQuestionAnswering(_ScratchEncoderWithHead):
         )
 
 
+class ScratchEncoderForMultipleChoice(_ScratchEncoderSequenceScorer):
+    """Chooses among C candidate sequences (SWAG: a context paired with each ending) by one score per sequence, read
+    from [CLS] as the sequence classifier reads it (through BERT's pooler with `classifier_pooler`, as
+    `BertForMultipleChoice`): inputs (B, C, T) -> logits (B, C). `num_labels` plays no part: any number of choices."""
+
+    def __init__(self, config: ScratchEncoderConfig):
+        super().__init__(config)
+        self.loss_type = "ForMultipleChoice"  # transformers names no loss for it (`LOSSES`)
+
+    def _scores_per_input(self, config: ScratchEncoderConfig) -> int:
+        return 1
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> MultipleChoiceModelOutput:
+        """`input_ids`, `attention_mask`, `token_type_ids`, `position_ids` (B, C, T), or `inputs_embeds`
+        (B, C, T, hidden): the C choices of each row. `labels` (B,): the index of each row's right choice (-100:
+        none, ignored). The hidden states and attentions returned are the B * C sequences' (as BERT's)."""
+        batch, choices = check_choice_inputs_shape(input_ids, inputs_embeds, labels, attention_mask=attention_mask,
+                                                   token_type_ids=token_type_ids, position_ids=position_ids)
+
+        def one_row_per_choice(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            # (B, C, T, ...) -> (B * C, T, ...)
+            return None if tensor is None else tensor.reshape(batch * choices, *tensor.shape[2:])
+
+        outputs = self._encode(
+            *(one_row_per_choice(tensor) for tensor in (input_ids, attention_mask, token_type_ids, position_ids,
+                                                        inputs_embeds)),
+            **kwargs,
+        )
+        logits = self._score_sequences(outputs.last_hidden_state).view(batch, choices)  # (B * C, 1) -> (B, C)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, **kwargs)
+        return MultipleChoiceModelOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
 __all__ = [
     "ScratchEncoderPreTrainedModel",
     "ScratchEncoderModel",
@@ -270,4 +335,5 @@ __all__ = [
     "ScratchEncoderForSequenceClassification",
     "ScratchEncoderForTokenClassification",
     "ScratchEncoderForQuestionAnswering",
+    "ScratchEncoderForMultipleChoice",
 ]

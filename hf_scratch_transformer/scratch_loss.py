@@ -1,6 +1,7 @@
 """The language-model losses: transformers' `ForCausalLMLoss` / `ForMaskedLMLoss`, with a faster CPU cross-entropy
-(also label-smoothed, for the training scripts' objective); the sequence-classification loss, counted as they
-are under gradient accumulation; and transformers' classification losses with their class ids checked first.
+(also label-smoothed, for the training scripts' objective); the sequence-classification and multiple-choice losses,
+counted as they are under gradient accumulation; and transformers' classification losses with their class ids checked
+first.
 
 On CPU, PyTorch's backward of `cross_entropy` over a (tokens, vocab) matrix (nll_loss backward into a zero-filled
 matrix, then log_softmax backward) takes several times its forward: for 2048 x 8192 logits, forward and backward
@@ -151,8 +152,9 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
 def check_label_ids(labels: torch.Tensor, num_ids: int, ignore_index: int = -100, kind: str = "token") -> None:
     """Labels must be integer ids in [0, num_ids) or `ignore_index`: a float or out-of-range label would otherwise
     fail inside the loss's gather (CPU) or a device-side assert (CUDA), naming neither (SPEC section 10). `kind`
-    "token": token ids of a vocabulary of `num_ids`; "class": class ids of `num_labels` = `num_ids` classes.
-    The range is read from the data, so it is not checked where those are not read (`values_unreadable`)."""
+    "token": token ids of a vocabulary of `num_ids`; "class": class ids of `num_labels` = `num_ids` classes; "choice":
+    the index of one of `num_ids` choices. The range is read from the data, so it is not checked where those are not
+    read (`values_unreadable`)."""
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"`labels` must be integer {kind} ids, got dtype {labels.dtype}.")
     if values_unreadable(labels):
@@ -163,7 +165,8 @@ def check_label_ids(labels: torch.Tensor, num_ids: int, ignore_index: int = -100
     low, high = torch.aminmax(labels.masked_fill(labels == ignore_index, 0))
     if low < 0 or high >= num_ids:
         wrong = labels[(labels != ignore_index) & ((labels < 0) | (labels >= num_ids))].unique()
-        size = f"the vocabulary size is {num_ids}" if kind == "token" else f"`num_labels` is {num_ids}"
+        size = {"token": f"the vocabulary size is {num_ids}", "class": f"`num_labels` is {num_ids}",
+                "choice": f"each row has {num_ids} choices"}[kind]
         raise ValueError(
             f"`labels` must lie in [0, {num_ids - 1}] ({size}) or be {ignore_index} "
             f"(ignored), got {wrong[:5].tolist()}{' ...' if len(wrong) > 5 else ''}."
@@ -215,3 +218,12 @@ def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor, config
     check_label_ids(labels, config.num_labels, kind="class")
     return fixed_cross_entropy(widened(logits).reshape(-1, config.num_labels), labels.reshape(-1).to(logits.device),
                                **kwargs)
+
+
+def multiple_choice_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100,
+                         **kwargs) -> torch.Tensor:
+    """The cross-entropy of each row's choice scores, logits (B, C), against the right choice's index, labels (B,),
+    as `BertForMultipleChoice`'s, with each label checked to be a choice first. With `num_items_in_batch` (Trainer's
+    gradient accumulation) the sum divided by it: BERT's mean made accumulated updates that many times too large."""
+    check_label_ids(labels, logits.shape[-1], ignore_index, kind="choice")
+    return fixed_cross_entropy(widened(logits), labels.to(logits.device), num_items_in_batch, ignore_index)

@@ -25,6 +25,7 @@ from hf_scratch_transformer import (
     ScratchDecoderForSequenceClassification,
     ScratchEncoderConfig,
     ScratchEncoderForMaskedLM,
+    ScratchEncoderForMultipleChoice,
     ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
     ScratchSeq2SeqConfig,
@@ -120,6 +121,31 @@ def test_class_labels_outside_num_labels_are_a_clear_error(head, wrong):
         model(input_ids=ids, labels=labels)
     labels[0] = -100 if head is ScratchEncoderForTokenClassification else 2  # what the loss takes still passes
     assert torch.isfinite(model(input_ids=ids, labels=labels).loss)
+
+
+CHOICE_IDS = torch.randint(3, VOCAB, (2, 3, 5))  # two rows of three choices
+
+
+@pytest.mark.parametrize("inputs, message", [
+    (dict(input_ids=CHOICE_IDS[0]), r"`input_ids` must have shape \(batch_size, num_choices, sequence_length\).*"
+                                    r"got \(3, 5\)"),
+    (dict(input_ids=CHOICE_IDS[:, :0]), r"at least one row, choice and token, got \(2, 0, 5\)"),
+    (dict(inputs_embeds=torch.randn(2, 3, 5)), r"`inputs_embeds` must have shape \(batch_size, num_choices, "
+                                               r"sequence_length, hidden_size\)"),
+    (dict(input_ids=CHOICE_IDS, attention_mask=torch.ones(2, 5)),
+     r"`attention_mask` must have shape \(2, 3, 5\) to match `input_ids`.*got \(2, 5\)"),
+    (dict(input_ids=CHOICE_IDS, labels=torch.tensor([[0], [1]])), r"`labels` must have shape \(2,\).*got \(2, 1\)"),
+    (dict(input_ids=CHOICE_IDS, labels=torch.tensor([3, 0])),
+     r"`labels` must lie in \[0, 2\] \(each row has 3 choices\).*got \[3\]"),
+    (dict(input_ids=CHOICE_IDS, labels=torch.tensor([0.0, 1.0])), r"`labels` must be integer choice ids"),
+], ids=["a-batch-of-sequences", "no-choices", "embeddings-without-choices", "a-mask-per-row", "labels-per-choice",
+        "a-label-past-the-choices", "float-labels"])
+def test_multiple_choice_inputs_of_the_wrong_shape_or_labels_out_of_range_are_a_clear_error(inputs, message):
+    """A batch of plain sequences (B, T) was read as T choices of one token each, without a word; a label past the
+    choices failed inside the cross-entropy."""
+    model = ScratchEncoderForMultipleChoice(tiny_config("encoder"))
+    with pytest.raises(ValueError, match=message):
+        model(**inputs)
 
 
 def test_seq2seq_without_decoder_inputs_or_labels_names_them():

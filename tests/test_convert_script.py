@@ -26,12 +26,14 @@ from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
     BertConfig,
+    BertForMultipleChoice,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -139,7 +141,9 @@ TASK_HEADS = {  # native class: (Auto class, our class, the card's task)
                                  "token-classification"),
     BertForQuestionAnswering: (AutoModelForQuestionAnswering, hst.ScratchEncoderForQuestionAnswering,
                                "question-answering"),
+    BertForMultipleChoice: (AutoModelForMultipleChoice, hst.ScratchEncoderForMultipleChoice, "multiple-choice"),
 }
+UNLABELLED = ("question-answering", "multiple-choice")  # heads without classes
 
 
 def _head_outputs(model, inputs: dict) -> list[torch.Tensor]:
@@ -158,14 +162,14 @@ def _card_example(folder: Path, script: Path) -> Path:
 
 
 def test_berts_task_heads_convert_to_ours_and_back_with_cards_whose_examples_run(tmp_path, monkeypatch, capsys):
-    """A BERT sequence or token classifier or question-answering folder becomes ours and ours becomes BERT's again, each
-    loading with its Auto class to the source's outputs and labels, the last with BERT's very tensors. Each card's
-    example (ours with remote code, BERT's without) runs where the package is missing."""
+    """A BERT sequence or token classifier, question-answering or multiple-choice folder becomes ours and ours becomes
+    BERT's again, each loading with its Auto class to the source's outputs and labels, the last with BERT's very
+    tensors. Each card's example (ours with remote code, BERT's without) runs where the package is missing."""
     tokenizer, examples = wordpiece(), []
     labels = {0: "O", 1: "B-PER", 2: "I-PER"}
     for native_class, (auto_class, our_class, task) in TASK_HEADS.items():
         source, scratch, back = (tmp_path / f"{task}-{name}" for name in ("native", "scratch", "back"))
-        head = {} if task == "question-answering" else dict(id2label=labels, label2id={v: k for k, v in labels.items()})
+        head = {} if task in UNLABELLED else dict(id2label=labels, label2id={v: k for k, v in labels.items()})
         native = native_class(BertConfig(**bert(vocab_size=len(tokenizer)).config.to_dict() | head)).eval()
         native.save_pretrained(source)
         tokenizer.save_pretrained(source)
@@ -173,8 +177,10 @@ def test_berts_task_heads_convert_to_ours_and_back_with_cards_whose_examples_run
         assert "parity check passed" in capsys.readouterr().out
         ours = auto_class.from_pretrained(scratch).eval()
         assert type(ours) is our_class and ours.config.id2label == native.config.id2label
-        for actual, expected in zip(_head_outputs(ours, _inputs("encoder")), _head_outputs(native, _inputs("encoder")),
-                                    strict=True):
+        inputs = _inputs("encoder")
+        if task == "multiple-choice":  # the two rows as the choices of one: (1, 2, length)
+            inputs = {name: tensor[None] for name, tensor in inputs.items()}
+        for actual, expected in zip(_head_outputs(ours, inputs), _head_outputs(native, inputs), strict=True):
             torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
         convert_here(monkeypatch, scratch, back)
         assert f"-> {native_class.__name__}" in capsys.readouterr().out

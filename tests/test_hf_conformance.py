@@ -28,6 +28,7 @@ from hf_scratch_transformer import (
     ScratchDecoderModel,
     ScratchEncoderConfig,
     ScratchEncoderForMaskedLM,
+    ScratchEncoderForMultipleChoice,
     ScratchEncoderForQuestionAnswering,
     ScratchEncoderForSequenceClassification,
     ScratchEncoderForTokenClassification,
@@ -139,6 +140,7 @@ class ScratchDecoderModelTester(_TinySizes):
 
 class ScratchEncoderModelTester(_TinySizes):
     type_vocab_size = 2
+    num_choices = 4  # the mixin repeats each input this many times for the multiple-choice head (as BERT's tester)
 
     def get_config(self):
         # BERT-style: post-norm, learned positions, token types, embedding norm, GELU, MLM transform, tied head.
@@ -266,6 +268,7 @@ class ScratchEncoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
         ScratchEncoderForSequenceClassification,
         ScratchEncoderForTokenClassification,
         ScratchEncoderForQuestionAnswering,
+        ScratchEncoderForMultipleChoice,
     )
 
 

@@ -18,6 +18,7 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
@@ -58,6 +59,7 @@ def test_spec_auto_mapping_is_complete():
             hst.ScratchDecoderForSequenceClassification, hst.ScratchEncoderForSequenceClassification},
         AutoModelForTokenClassification: {hst.ScratchEncoderForTokenClassification},
         AutoModelForQuestionAnswering: {hst.ScratchEncoderForQuestionAnswering},
+        AutoModelForMultipleChoice: {hst.ScratchEncoderForMultipleChoice},
     }
     for auto_class, models in expected.items():
         registered = {model for pairs in hst.AUTO_CLASSES.values() for auto, model in pairs if auto is auto_class}
@@ -162,6 +164,29 @@ def test_classification_heads_return_native_losses():
     out = tagger(input_ids=ids, labels=labels)
     assert out.logits.shape == (3, 6, 5)
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits.reshape(-1, 5), labels.view(-1)))
+
+
+@pytest.mark.parametrize("classifier_pooler", [False, True])
+def test_multiple_choice_scores_each_choice_as_the_sequence_classifier_scores_a_sequence(classifier_pooler):
+    """Each of a row's C choices gets the score a one-output sequence classifier with the same weights gives it alone
+    (right padding changing nothing); the loss is the cross-entropy over each row's scores, a sum over
+    `num_items_in_batch` under Trainer's gradient accumulation, -100 rows ignored."""
+    config = tiny_config("encoder", num_labels=1, classifier_pooler=classifier_pooler)
+    chooser = hst.ScratchEncoderForMultipleChoice(config).eval()
+    scorer = hst.ScratchEncoderForSequenceClassification(config).eval()
+    scorer.load_state_dict(chooser.state_dict())
+    ids = torch.randint(3, VOCAB, (2, 3, 6))
+    ids[0, 1, 4:] = PAD
+    labels = torch.tensor([1, 2])
+    with torch.no_grad():
+        out = chooser(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels)
+        alone = torch.stack([scorer(input_ids=choice[choice != PAD][None]).logits[0, 0]
+                             for row in ids for choice in row]).view(2, 3)
+        torch.testing.assert_close(out.logits, alone)
+        torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
+        summed = chooser(input_ids=ids, attention_mask=(ids != PAD).long(), labels=torch.tensor([1, -100]),
+                         num_items_in_batch=torch.tensor(4)).loss
+        torch.testing.assert_close(summed, torch.nn.functional.cross_entropy(out.logits[:1], labels[:1]) / 4)
 
 
 def test_encoder_sequence_classifier_reads_the_first_token_so_right_padding_changes_nothing():

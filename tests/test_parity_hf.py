@@ -13,11 +13,13 @@ from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama,
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     BertConfig,
+    BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -573,6 +575,47 @@ def test_berts_sequence_classifier_converts_with_its_loss(num_labels, problem_ty
     expected.loss.backward()
     actual.loss.backward()
     torch.testing.assert_close(ours.pooler.dense.weight.grad, native.bert.pooler.dense.weight.grad, atol=ATOL, rtol=0)
+
+
+def _choice_inputs(type_vocab_size: int) -> dict:
+    """Two rows of three choices, 9 tokens each (B, C, T), some choices padded, with token types and labels."""
+    ids = _ids(batch=6).view(2, 3, 9)
+    lengths = torch.tensor([[9, 5, 7], [3, 9, 9]])[..., None]  # (B, C, 1)
+    return dict(input_ids=ids, attention_mask=(torch.arange(9) < lengths).long(),
+                token_type_ids=torch.randint(0, type_vocab_size, ids.shape), labels=torch.tensor([2, 0]))
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(hidden_act="relu", type_vocab_size=1)], ids=str)
+def test_berts_multiple_choice_head_converts_both_ways(overrides, tmp_path):
+    """BERT's multiple-choice head (its pooler and one score per choice) becomes ours with the same scores, loss and
+    pooler gradient over padded choices with token types; `to_hf` gives BERT's class back with the same tensors,
+    which `AutoModelForMultipleChoice` loads once saved, and ours exports without token types too."""
+    native = BertForMultipleChoice(bert(**overrides).config).eval()
+    ours = from_hf(native)
+    assert type(ours) is hst.ScratchEncoderForMultipleChoice and ours.config.classifier_pooler
+    inputs = _choice_inputs(native.config.type_vocab_size)
+    expected, actual = native(**inputs), ours(**inputs)
+    assert actual.logits.shape == (2, 3)
+    torch.testing.assert_close(actual.logits, expected.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
+    expected.loss.backward()
+    actual.loss.backward()
+    torch.testing.assert_close(ours.pooler.dense.weight.grad, native.bert.pooler.dense.weight.grad, atol=ATOL, rtol=0)
+    back = to_hf(ours)
+    assert type(back) is BertForMultipleChoice
+    assert back.state_dict().keys() == native.state_dict().keys()
+    for key, tensor in native.state_dict().items():
+        assert torch.equal(back.state_dict()[key], tensor), key
+    back.save_pretrained(tmp_path)
+    reloaded = AutoModelForMultipleChoice.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is BertForMultipleChoice
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs).logits, expected.logits, atol=ATOL, rtol=0)
+    untyped = hst.ScratchEncoderForMultipleChoice(hst.ScratchEncoderConfig(**ours.config.to_dict() | dict(
+        type_vocab_size=0))).eval()
+    inputs.pop("token_type_ids")
+    with torch.no_grad():
+        torch.testing.assert_close(to_hf(untyped)(**inputs).logits, untyped(**inputs).logits, atol=ATOL, rtol=0)
 
 
 DECODER_CLASSIFIERS = {  # native classifier: its config, from the language model's of tiny_native

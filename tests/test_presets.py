@@ -5,6 +5,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
@@ -128,18 +129,20 @@ def test_seq2seq_presets_take_the_ids_of_a_seq2seq_tokenizer_trained_here(name):
 
 @pytest.mark.parametrize("name", sorted(name for name, preset in PRESETS.items() if preset["family"] != "seq2seq"))
 @pytest.mark.parametrize("head", [AutoModelForSequenceClassification, AutoModelForTokenClassification,
-                                  AutoModelForQuestionAnswering])
+                                  AutoModelForQuestionAnswering, AutoModelForMultipleChoice])
 def test_every_parameter_of_a_classifier_takes_part_in_a_step(name, head):
-    """`hf-scratch finetune` tells DDP so (ddp_find_unused_parameters=False)."""
-    config = get_preset(name, num_hidden_layers=1, num_labels=3, pad_token_id=0)
+    """`hf-scratch finetune` tells DDP so (ddp_find_unused_parameters=False); BERT's pooler too."""
+    pooler = {"classifier_pooler": True} if PRESETS[name]["family"] == "encoder" else {}
+    config = get_preset(name, num_hidden_layers=1, num_labels=3, pad_token_id=0, **pooler)
     if type(config) not in head._model_mapping:
         pytest.skip(f"no {head.__name__} for {config.model_type}")
     model = head.from_config(config)
-    ids = torch.randint(3, config.vocab_size, (2, 8))
+    ids = torch.randint(3, config.vocab_size, (2, 3, 8) if head is AutoModelForMultipleChoice else (2, 8))
     labels = {
         AutoModelForSequenceClassification: {"labels": torch.randint(0, 3, (2,))},
         AutoModelForTokenClassification: {"labels": torch.randint(0, 3, (2, 8))},
         AutoModelForQuestionAnswering: {"start_positions": torch.tensor([1, 3]), "end_positions": torch.tensor([2, 7])},
+        AutoModelForMultipleChoice: {"labels": torch.tensor([2, 0])},
     }[head]
     model(input_ids=ids, **labels).loss.backward()
     assert [name for name, parameter in model.named_parameters() if parameter.grad is None] == []

@@ -16,7 +16,8 @@ Sequence classifiers convert both ways too (`GPT2ForSequenceClassification`, `Ll
 `MistralForSequenceClassification` and `Qwen2ForSequenceClassification` <-> `ScratchDecoderForSequenceClassification`,
 `BertForSequenceClassification` <-> `ScratchEncoderForSequenceClassification` with `classifier_pooler`), and BERT's
 other task heads (`BertForTokenClassification` <-> `ScratchEncoderForTokenClassification`, `BertForQuestionAnswering`
-<-> `ScratchEncoderForQuestionAnswering`), as `hf-scratch finetune` saves them.
+<-> `ScratchEncoderForQuestionAnswering`, `BertForMultipleChoice` <-> `ScratchEncoderForMultipleChoice`), as
+`hf-scratch finetune` saves them.
 
 The converted model is checked (unless --no-check: the logits of both models on a random batch in eval mode must
 agree within --atol) and saved with `save_pretrained` in the source's dtype, with its generation config and the
@@ -70,10 +71,12 @@ HEAD_CLASSES = {
     "scratch_decoder": {"ScratchDecoderForSequenceClassification": "text-classification"},
     "bert": {"BertForSequenceClassification": "text-classification",
              "BertForTokenClassification": "token-classification",
-             "BertForQuestionAnswering": "question-answering"},
+             "BertForQuestionAnswering": "question-answering",
+             "BertForMultipleChoice": "multiple-choice"},
     "scratch_encoder": {"ScratchEncoderForSequenceClassification": "text-classification",
                         "ScratchEncoderForTokenClassification": "token-classification",
-                        "ScratchEncoderForQuestionAnswering": "question-answering"},
+                        "ScratchEncoderForQuestionAnswering": "question-answering",
+                        "ScratchEncoderForMultipleChoice": "multiple-choice"},
 }
 # model_type -> the task of the converted model's card (`hub.TASKS`): its "How to use"
 CARD_TASKS = {"gpt2": "causal-lm", "llama": "causal-lm", "mistral": "causal-lm", "qwen2": "causal-lm",
@@ -307,6 +310,8 @@ if args.check:
         inputs["token_type_ids"] = torch.randint(config.type_vocab_size, (batch, length), generator=generator)
     if config.model_type == "marian":
         inputs["decoder_input_ids"] = torch.randint(config.decoder_vocab_size, (batch, length), generator=generator)
+    if "ForMultipleChoice" in type(native).__name__:  # the rows as the choices of one question: (1, choices, length)
+        inputs = {name: tensor[None] for name, tensor in inputs.items()}
 
     def logits(model) -> torch.Tensor:
         """The logits; a question-answering head's start and end logits, stacked."""
