@@ -1,6 +1,6 @@
 """What the training and fine-tuning commands evaluate: the validation loss weighted by token (not by batch), and
-the metrics each task reports (perplexity, masked-LM accuracy, BLEU/chrF, accuracy and macro-F1, entity F1). No model
-file imports this module.
+the metrics each task reports (perplexity, masked-LM accuracy, BLEU/chrF, accuracy and macro-F1, entity F1, the
+accuracy of multiple choice). No model file imports this module.
 """
 
 import math
@@ -162,6 +162,12 @@ def classification_metrics(eval_prediction) -> dict:
     averages every class found in the labels or the predictions, as scikit-learn's does: a class only ever
     predicted (wrongly) counts, with F1 0."""
     return _accuracy_and_macro_f1(*_predicted_ids(eval_prediction))
+
+
+def choice_accuracy(eval_prediction) -> dict:
+    """The share of rows whose highest-scored choice is the right one (run_swag's accuracy); logits (rows, choices)."""
+    predictions, labels = _predicted_ids(eval_prediction)
+    return {"accuracy": float((predictions == labels)[labels != -100].mean())}
 
 
 def _predicted_ids(eval_prediction) -> tuple[np.ndarray, np.ndarray]:

@@ -1026,6 +1026,24 @@ BAD_FINETUNE_DATA = {
     "no_question.json": ("question-answering",
                          '{"question": "", "context": "in Verona", "answers": {"text": [], "answer_start": []}}\n',
                          "the question column 'question' holds no text in row 1"),
+    # Multiple choice: a question, a list of choices (as many in every row: one batch holds one number), an index.
+    "choices.csv": ("multiple-choice", "question,choices,label\nWhat runs?,\"['a dog', 'a house']\",0\n",
+                    "multiple choice needs a list of choices per row, which CSV cannot hold"),
+    "one_choice.json": ("multiple-choice", '{"question": "What runs?", "choices": ["a dog", "a house"], "label": 0}\n'
+                                           '{"question": "What runs?", "choices": ["a dog"], "label": 0}\n',
+                        "the choices in 'choices' are not a list of two or more texts in row 2"),
+    "uneven.json": ("multiple-choice", '{"question": "What runs?", "choices": ["a dog", "a house", "a man"], '
+                                       '"label": 0}\n{"question": "What runs?", "choices": ["a dog", "a house"], '
+                                       '"label": 0}\n',
+                    "the number of choices in 'choices' is not 3, that of the first training row (every row needs "
+                    "as many) in row 2"),
+    "label_past.json": ("multiple-choice", '{"question": "What runs?", "choices": ["a dog", "a house"], "label": 2}\n'
+                                           '{"question": "What runs?", "choices": ["a dog", "a man"], "label": "a dog"}'
+                                           '\n',
+                        "the label in 'label' is not the index of one of the row's choices (an integer, counted from "
+                        "0) in rows 1, 2"),
+    "no_prompt.json": ("multiple-choice", '{"question": null, "choices": ["a dog", "a house"], "label": 0}\n',
+                       "the question column 'question' holds no text in row 1"),
     # an upper-case suffix (Windows tools) was an "unsupported format '.CSV'"
     "MISSING.CSV": ("text-classification", "text,label\na dog,animal\na man,other\nsome text,\nmore,\n",
                     "the label column 'label' has no value in rows 3, 4"),
@@ -1060,6 +1078,11 @@ def test_finetune_names_bad_data_before_building_the_model(hf_scratch, tmp_path,
     ("question-answering", ["--question-column", "context"],
      "--question-column and --context-column both name the column 'context'"),
     ("text-classification", ["--doc-stride", "16"], "--doc-stride: goes with --task question-answering"),
+    ("multiple-choice", ["--context-column", "text"],
+     "--context-column: not an input of --task multiple-choice (its input columns: --question-column, "
+     "--choices-column)"),
+    ("text-classification", ["--choices-column", "endings"],
+     "--choices-column: not an input of --task text-classification"),
 ])
 def test_finetune_refuses_options_it_would_leave_out(hf_scratch, tmp_path, task, options, message):
     # Each was ignored without a word: the run read the default column, or the file as it was.

@@ -19,7 +19,7 @@ from datasets import ClassLabel, Dataset, Features, Value
 from forked_python import run_python
 from huggingface_hub import ModelCard
 from tiny_models import tiny_config, tiny_lm
-from tiny_texts import squad_rows, words, write_json_lines
+from tiny_texts import choice_rows, squad_rows, words, write_json_lines
 from tiny_tokenizers import byte_level_bpe, wordpiece, write_run_corpus
 from transformers import (
     AutoModelForCausalLM,
@@ -27,6 +27,7 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
+    BertForMultipleChoice,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -341,6 +342,55 @@ def test_finetune_question_answering_from_our_masked_lm(tmp_path):
     assert "| evaluated_on | 10% of the training data, held out: 4 examples |" in card.text  # questions, not windows
 
 
+def test_finetune_multiple_choice_from_our_masked_lm(tmp_path):
+    """Rows of a question and three choices: trained, scored by accuracy and loss (those of the saved model itself over
+    the validation rows, each question paired with each choice), saved as a multiple-choice folder with its card."""
+    validation = choice_rows(10, seed=6)
+    stdout = run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "multiple-choice",
+                        "--train-file", write_json_lines(tmp_path / "train.json", choice_rows(40, seed=5)),
+                        "--validation-file", write_json_lines(tmp_path / "dev.json", validation), "--max-steps", 3,
+                        "--batch-size", 4, "--output-dir", tmp_path / "mc", cwd=tmp_path)
+    assert "evaluation: loss" in stdout and "accuracy" in stdout
+    results = json.loads((tmp_path / "mc/model/eval_results.json").read_text())
+    assert set(results) == {"loss", "accuracy"}
+    model = transformers.AutoModelForMultipleChoice.from_pretrained(tmp_path / "mc/model").eval()
+    assert isinstance(model, hf_scratch_transformer.ScratchEncoderForMultipleChoice)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "mc/model")
+    pairs = tokenizer([row["question"] for row in validation for _ in row["choices"]],
+                      [choice for row in validation for choice in row["choices"]], padding=True, return_tensors="pt")
+    labels = torch.tensor([row["label"] for row in validation])
+    with torch.no_grad():
+        output = model(**{name: tensor.view(10, 3, -1) for name, tensor in pairs.items()}, labels=labels)
+    assert results["accuracy"] == pytest.approx((output.logits.argmax(-1) == labels).float().mean().item())
+    assert results["loss"] == pytest.approx(output.loss.item(), rel=1e-5)
+    card = ModelCard.load(tmp_path / "mc/model/README.md")
+    assert card.data.pipeline_tag == "multiple-choice"
+    assert {result.metric_name for result in card.data.eval_results} == {"Eval loss", "Accuracy"}
+
+
+def test_finetune_multiple_choice_from_a_native_bert_scores_through_its_pooler_and_exports_back(monkeypatch, tmp_path,
+                                                                                               capsys):
+    """A native BERT is fine-tuned for multiple choice as run_swag does, as `BertForMultipleChoice` (its pooler from a
+    pre-training checkpoint), each question paired with each choice (the choice segment 1), and exports back to it."""
+    torch.manual_seed(0)
+    native = _native_bert_folder(tmp_path / "bert", BertForPreTraining)
+    trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", "multiple-choice",
+                                  "--train-file", write_json_lines(tmp_path / "train.json", choice_rows(20, seed=5)),
+                                  "--output-dir", tmp_path / "out")
+    model = trainer.model
+    assert isinstance(model, hf_scratch_transformer.ScratchEncoderForMultipleChoice) and model.config.classifier_pooler
+    torch.testing.assert_close(model.pooler.dense.weight, native.bert.pooler.dense.weight, rtol=0, atol=0)
+    assert "as BertForMultipleChoice: its pooler where the checkpoint holds one" in capsys.readouterr().out
+    row = trainer.train_dataset[0]
+    assert len(row["input_ids"]) == 3 and all(1 in types for types in row["token_type_ids"])
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    assert batch["input_ids"].shape[:2] == (2, 3) and batch["labels"].shape == (2,)
+    exported = to_hf(model).eval()
+    assert type(exported) is BertForMultipleChoice
+    with torch.no_grad():
+        torch.testing.assert_close(exported(**batch).logits, model.eval()(**batch).logits, atol=1e-5, rtol=0)
+
+
 def trainer_at_training(monkeypatch, *arguments):
     """Runs `hf-scratch finetune ARGUMENTS` in this process up to its first training step; returns its Trainer."""
     from hf_scratch_transformer.cli import main
@@ -392,16 +442,18 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
 
 
 @pytest.mark.parametrize("native_class", [BertForSequenceClassification, BertForTokenClassification,
-                                          BertForQuestionAnswering, GPT2ForSequenceClassification])
+                                          BertForQuestionAnswering, BertForMultipleChoice,
+                                          GPT2ForSequenceClassification])
 def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monkeypatch, tmp_path, capsys):
-    """A native classifier of the data's classes (the sequence classifier with its pooler), or question answerer, is
-    converted with its head (which `from_hf` converts) and trains on from it, its classes in its order, as one of ours
-    does; it was left out and drawn anew. Of other classes, the head is new, as for ours (BERT's pooler kept)."""
+    """A native classifier of the data's classes (the sequence classifier with its pooler), question answerer or
+    multiple-choice head (with its pooler) is converted with its head (which `from_hf` converts) and trains on from
+    it, its classes in its order, as one of ours does; it was left out and drawn anew. Of other classes, the head is
+    new, as for ours (BERT's pooler kept)."""
     gpt2 = native_class is GPT2ForSequenceClassification
     tokenizer = byte_level_bpe() if gpt2 else wordpiece()
-    task = {BertForTokenClassification: "token-classification",
-            BertForQuestionAnswering: "question-answering"}.get(native_class, "text-classification")
-    classes = {} if task == "question-answering" else {"id2label": {0: "other", 1: "animal"},
+    task = {BertForTokenClassification: "token-classification", BertForQuestionAnswering: "question-answering",
+            BertForMultipleChoice: "multiple-choice"}.get(native_class, "text-classification")
+    classes = {} if task in ("question-answering", "multiple-choice") else {"id2label": {0: "other", 1: "animal"},
                                                        "label2id": {"other": 0, "animal": 1}}
     torch.manual_seed(0)
     sizes = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, vocab_size=len(tokenizer),
@@ -417,12 +469,15 @@ def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monk
         rows = [{"tokens": s.split(), "tags": ["animal" if w in ("dog", "horse") else "other" for w in s.split()]}
                 for s in words(20, 4)]
         data = ["--train-file", write_json_lines(tmp_path / "train.json", rows), "--label-column", "tags"]
+    elif task == "multiple-choice":
+        data = ["--train-file", write_json_lines(tmp_path / "train.json", choice_rows(20, seed=5))]
     else:
         data = ["--train-file", write_json_lines(tmp_path / "train.json", squad_rows(20, seed=9))]
     trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data, "--output-dir",
                                   tmp_path / "out")
+    pooled = task in ("text-classification", "multiple-choice")
     heads = {"score": "score"} if gpt2 else {"qa_outputs": "qa_outputs"} if task == "question-answering" else {
-        "classifier": "classifier", **({"pooler.dense": "bert.pooler.dense"} if task == "text-classification" else {})}
+        "classifier": "classifier", **({"pooler.dense": "bert.pooler.dense"} if pooled else {})}
     for ours, theirs in heads.items():  # the native model's own layers
         for kind in ("weight",) if gpt2 else ("weight", "bias"):  # GPT-2's `score` has no bias
             torch.testing.assert_close(trainer.model.get_parameter(f"{ours}.{kind}"),
@@ -459,7 +514,7 @@ def test_finetune_classifies_from_a_native_berts_pooler_and_exports_back_to_bert
     model = trainer.model
     assert model.config.classifier_pooler and model.config.id2label == {0: "animal", 1: "other"}
     torch.testing.assert_close(model.pooler.dense.weight, native.bert.pooler.dense.weight, rtol=0, atol=0)
-    assert "as BERT's sequence classifier: its pooler where the checkpoint holds one" in capsys.readouterr().out
+    assert "as BertForSequenceClassification: its pooler where the checkpoint holds one" in capsys.readouterr().out
     exported = to_hf(model).eval()
     assert type(exported) is BertForSequenceClassification and exported.config.id2label == model.config.id2label
     inputs = tokenizer(["a dog runs", "the red house"], return_tensors="pt", padding=True)
@@ -630,6 +685,7 @@ def test_finetune_trains_classes_from_a_regression_model(tmp_path):
     (hf_scratch_transformer.ScratchDecoderForCausalLM, "token-classification"),
     (hf_scratch_transformer.ScratchSeq2SeqForConditionalGeneration, "text-classification"),
     (hf_scratch_transformer.ScratchDecoderForCausalLM, "question-answering"),
+    (hf_scratch_transformer.ScratchDecoderForCausalLM, "multiple-choice"),
 ])
 def test_finetune_refuses_a_model_without_the_tasks_head(model_class, task, tmp_path):
     """The Auto class failed with a traceback ("Unrecognized configuration class ... for this kind of AutoModel")."""

@@ -1,4 +1,5 @@
-"""Small texts for the tests, drawn from a 15-word vocabulary by seed: sentences, and SQuAD-style rows."""
+"""Small texts for the tests, drawn from a 15-word vocabulary by seed: sentences, SQuAD-style and multiple-choice
+rows."""
 
 import json
 import re
@@ -26,6 +27,19 @@ def squad_rows(count: int, seed: int) -> list[dict]:
         found = [match for match in re.finditer(r"\b(dog|horse)\b", context)]
         answers = {"text": [found[0].group()] if found else [], "answer_start": [found[0].start()] if found else []}
         rows.append({"question": "which animal is there ?", "context": context, "answers": answers})
+    return rows
+
+
+def choice_rows(count: int, seed: int, choices: int = 3) -> list[dict]:
+    """Multiple-choice rows: "what runs ?" with `choices` two-word choices, one of them (the label's) an animal."""
+    generator = torch.Generator().manual_seed(seed)
+    things = "the man", "a woman", "the house", "a street", "the red house"
+    rows = []
+    for _ in range(count):
+        picked = [things[i] for i in torch.randperm(len(things), generator=generator)[:choices - 1]]
+        label = int(torch.randint(0, choices, (1,), generator=generator))
+        animal = ("the dog", "a horse")[int(torch.randint(0, 2, (1,), generator=generator))]
+        rows.append({"question": "what runs ?", "choices": [*picked[:label], animal, *picked[label:]], "label": label})
     return rows
 
 

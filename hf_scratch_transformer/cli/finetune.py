@@ -1,6 +1,7 @@
 """Fine-tune a saved model for text or token classification with `Trainer`, reporting accuracy and macro-F1 (and,
 for entity tags such as B-PER / I-PER / O, entity-level precision, recall and F1 as seqeval and run_ner compute them),
-or for extractive question answering, reporting SQuAD's exact match and F1 (as run_qa computes them):
+for extractive question answering, reporting SQuAD's exact match and F1 (as run_qa computes them), or for multiple
+choice, reporting accuracy (as run_swag does):
 
     hf-scratch finetune --model outputs/masked-lm/model --task text-classification \\
         --train-file train.csv --validation-file dev.csv --text-column sentence --label-column label
@@ -8,12 +9,15 @@ or for extractive question answering, reporting SQuAD's exact match and F1 (as r
         --train-file train.json --tokens-column tokens --label-column ner_tags
     hf-scratch finetune --model path/to/native-bert-folder --task text-classification --dataset imdb
     hf-scratch finetune --model outputs/masked-lm/model --task question-answering --dataset squad
+    hf-scratch finetune --model outputs/masked-lm/model --task multiple-choice --train-file train.jsonl
 
 The model is one of ours (any family with the task's head: decoder or encoder for text classification, encoder
 for the others), or a saved native GPT-2 / Llama / Mistral / Qwen2 / BERT folder, converted first with
 `hf_scratch_transformer.conversion.from_hf`. Data: local CSV / JSON files or a `datasets` name; question answering
 reads SQuAD's columns (question, context, and answers as {"text": [...], "answer_start": [...]}, empty lists for a
-question the context does not answer, as SQuAD 2.0). Writes OUTPUT_DIR/model (Hub-ready, with eval_results.json) and
+question the context does not answer, as SQuAD 2.0); multiple choice reads a question (any first text), a list of
+choices, as many in every row, and the right choice's index from 0 (SWAG's columns map to these: docs/training.md).
+Writes OUTPUT_DIR/model (Hub-ready, with eval_results.json) and
 OUTPUT_DIR/checkpoints. To continue causal-LM or seq2seq training of a saved model instead, use
 `hf-scratch train --model FOLDER`.
 """
@@ -28,9 +32,11 @@ import transformers
 from datasets import DatasetDict
 from transformers import (
     AutoConfig,
+    AutoModelForMultipleChoice,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    DataCollatorForMultipleChoice,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
     TrainingArguments,
@@ -39,7 +45,15 @@ from transformers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help, is_rank_zero
-from hf_scratch_transformer import evaluation, hub, mixed_precision, question_answering, training, training_data
+from hf_scratch_transformer import (
+    evaluation,
+    hub,
+    mixed_precision,
+    multiple_choice,
+    question_answering,
+    training,
+    training_data,
+)
 from hf_scratch_transformer.checkpointing import TRAINER_PREFIX, CheckpointError, checkpoint_to_resume
 from hf_scratch_transformer.cli.output_folder import add_run_safety_arguments, claim_output_dir, remove_the_earlier_run
 from hf_scratch_transformer.cli.run_data import data_settings, dataset_name, on_the_hub
@@ -78,19 +92,27 @@ NATIVE_LMS = {(native := getattr(transformers, name)).config_class.model_type: n
               for name in LANGUAGE_MODEL_CONVERTERS}
 HEADS = {"text-classification": AutoModelForSequenceClassification,
          "token-classification": AutoModelForTokenClassification,
-         "question-answering": AutoModelForQuestionAnswering}
+         "question-answering": AutoModelForQuestionAnswering,
+         "multiple-choice": AutoModelForMultipleChoice}
 HEAD_SUFFIXES = {"text-classification": "ForSequenceClassification", "token-classification": "ForTokenClassification",
-                 "question-answering": "ForQuestionAnswering"}
+                 "question-answering": "ForQuestionAnswering", "multiple-choice": "ForMultipleChoice"}
 MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2, Llama, Mistral, Qwen2 "
                                            "or BERT",
                     "token-classification": "an encoder of ours, or a native BERT",
-                    "question-answering": "an encoder of ours, or a native BERT"}
-QUESTION_ANSWERING = "question-answering"
+                    "question-answering": "an encoder of ours, or a native BERT",
+                    "multiple-choice": "an encoder of ours, or a native BERT"}
+QUESTION_ANSWERING, MULTIPLE_CHOICE = "question-answering", "multiple-choice"
+UNCLASSED = (QUESTION_ANSWERING, MULTIPLE_CHOICE)  # tasks whose labels are positions, not classes
+# BERT's own class for the task where it reads [CLS] through its pooler, as run_glue and run_swag fine-tune BERT
+POOLED_BERT = {"text-classification": transformers.BertForSequenceClassification,
+               MULTIPLE_CHOICE: transformers.BertForMultipleChoice}
 # The data columns each task reads: option -> its default column
 COLUMNS = {"text-classification": {"--text-column": "text", "--label-column": "label"},
            "token-classification": {"--tokens-column": "tokens", "--label-column": "label"},
            QUESTION_ANSWERING: {"--question-column": "question", "--context-column": "context",
-                                "--answers-column": "answers"}}
+                                "--answers-column": "answers"},
+           MULTIPLE_CHOICE: {"--question-column": "question", "--choices-column": "choices",
+                             "--label-column": "label"}}
 FORMATS = (".csv", ".json", ".jsonl")  # the data files with named columns (`load_data` reads them)
 
 
@@ -126,11 +148,13 @@ parser.add_argument("--dataset", help="instead of files: a `datasets.load_datase
 parser.add_argument("--dataset-config", help="--dataset's configuration")
 parser.add_argument("--text-column", help="text-classification input (default text)")
 parser.add_argument("--tokens-column", help="token-classification input words (default tokens)")
-parser.add_argument("--label-column", default="label", help="label, or list of labels per word (default label)")
-parser.add_argument("--question-column", help="question-answering question (default question)")
+parser.add_argument("--label-column", default="label",
+                    help="label, list of labels per word, or the right choice's index (default label)")
+parser.add_argument("--question-column", help="question-answering and multiple-choice question (default question)")
 parser.add_argument("--context-column", help="question-answering context the answer is in (default context)")
 parser.add_argument("--answers-column", help='question-answering answers, {"text": [...], "answer_start": [...]} '
                                              "(default answers)")
+parser.add_argument("--choices-column", help="multiple-choice choices: a list of texts per row (default choices)")
 parser.add_argument("--max-length", type=sequence_length,
                     help="tokens per text, >= 3 (default 128, or the model's absolute positions if fewer)")
 parser.add_argument("--doc-stride", type=positive_int,
@@ -192,8 +216,9 @@ def load_data_file(option: str, path: str):
         fail(parser, f"{option} {path}: unsupported format {file.suffix or '(no extension)'!r}; use CSV (.csv) or "
                      "JSON lines (.json, .jsonl)")
     if args.task != "text-classification" and file.suffix.lower() == ".csv":
-        held = ("a list of words and a list of labels" if args.task == "token-classification"
-                else 'SQuAD\'s answers ({"text": [...], "answer_start": [...]})')
+        held = {"token-classification": "a list of words and a list of labels",
+                QUESTION_ANSWERING: 'SQuAD\'s answers ({"text": [...], "answer_start": [...]})',
+                MULTIPLE_CHOICE: "a list of choices"}[args.task]
         fail(parser, f"{option} {path}: {args.task.replace('-', ' ')} needs {held} per row, which CSV cannot hold: "
                      "use JSON lines (.json, .jsonl)")
     try:
@@ -323,6 +348,7 @@ sources = {"train": args.train_file, "validation": args.validation_file}
 where = {split: f"--{split}-file {sources[split]}" if sources.get(split) else f"the {split!r} split" for split in raw}
 input_column = columns.get("--text-column") or columns.get("--tokens-column")  # classification's
 question_column, context_column, answers_column = (columns.get(option) for option in COLUMNS[QUESTION_ANSWERING])
+choices_column = columns.get("--choices-column")
 
 
 def check_squad_rows(where: str, data) -> None:
@@ -341,6 +367,25 @@ def check_squad_rows(where: str, data) -> None:
     }
     for problem, indices in problems.items():
         fail(parser, f"{where}: {described[problem]} in {rows(indices)}")
+
+
+def check_choice_rows(where: str, data, count: int | None) -> None:
+    """An error naming the rows of multiple-choice data without a question, without a list of two or more choice
+    texts, with another number of choices than `count` (the training data's first row's: a batch holds one number,
+    and the collator failed midway through training), or whose label is not the index of one of their choices."""
+    problems = multiple_choice.choice_problems(data[question_column], data[choices_column], data[args.label_column],
+                                               count)
+    described = {
+        "question": f"the question column {question_column!r} holds no text",
+        "choices": f"the choices in {choices_column!r} are not a list of two or more texts",
+        "count": f"the number of choices in {choices_column!r} is not {count}, that of the first training row "
+                 "(every row needs as many)",
+        "label": f"the label in {args.label_column!r} is not the index of one of the row's choices (an integer, "
+                 "counted from 0)",
+    }
+    for problem, indices in problems.items():
+        if indices:
+            fail(parser, f"{where}: {described[problem]} in {rows(indices)}")
 
 
 def check_questions_fit() -> None:
@@ -404,9 +449,11 @@ for name in raw:
             fail(parser, f"{where[name]}: the text column {input_column!r} holds no text in {rows(no_text)}")
     if args.task == QUESTION_ANSWERING:
         check_squad_rows(where[name], raw[name])
+    elif args.task == MULTIPLE_CHOICE:
+        check_choice_rows(where[name], raw[name], multiple_choice.choice_count(raw["train"][choices_column]))
     else:
         check_label_shapes(where[name], raw[name])
-names, class_names = class_names_of(raw) if args.task != QUESTION_ANSWERING else (None, None)  # QA has no classes
+names, class_names = class_names_of(raw) if args.task not in UNCLASSED else (None, None)
 # SQuAD 2.0's rule: the model may answer none where its training data has questions without an answer
 may_answer_none = args.task == QUESTION_ANSWERING and question_answering.has_no_answer(raw["train"][answers_column])
 # What the card's figures were measured on: its "Dataset" column names the training data, whatever was evaluated
@@ -424,7 +471,7 @@ earlier_heads = [name for name in config.architectures or [] if name.endswith(tu
 # Any other head is drawn anew (below): with as many classes, a classifier's rows for "a" and "b" served "c" and "d".
 same_head = (any(name.endswith(HEAD_SUFFIXES[args.task]) for name in earlier_heads)
              and (names is None or set(config.label2id) == set(names)))
-if args.task == QUESTION_ANSWERING:  # a start and an end logit per token, whatever the data: transformers' labels
+if args.task in UNCLASSED:  # a start and an end logit per token, or a score per choice: transformers' default labels
     head = dict(num_labels=2, id2label={i: f"LABEL_{i}" for i in range(2)}, problem_type=None)
 else:
     if same_head:
@@ -453,15 +500,16 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     # for good when the run was killed before it was removed. A native head of this task (and these classes) that
     # `from_hf` converts (the sequence classifiers, BERT's other task heads) comes with it, trained on as ours would be.
     whole = next((name for name in earlier_heads if same_head and name in CONVERTERS), None)
-    # BERT classifies a sequence through its pooler: loaded as BERT's own classifier (its pooler from the checkpoint
-    # where it holds one, a new classifier), as run_glue fine-tunes BERT, the classifier exports back to BERT's class
-    pooled = not whole and args.task == "text-classification" and config.model_type == "bert"
+    # BERT classifies a sequence, and scores a choice, through its pooler: loaded as BERT's own class of the task (its
+    # pooler from the checkpoint where it holds one, a new classifier), as run_glue and run_swag fine-tune BERT, the
+    # model exports back to BERT's class
+    pooled = not whole and args.task in POOLED_BERT and config.model_type == "bert"
     if whole:
         native = getattr(transformers, whole).from_pretrained(args.model)
     elif pooled:
-        native = transformers.BertForSequenceClassification.from_pretrained(
+        native = POOLED_BERT[args.task].from_pretrained(
             args.model, ignore_mismatched_sizes=True, **{key: head[key] for key in ("num_labels", "id2label",
-                                                                                 "label2id")})
+                                                                                 "label2id") if key in head})
     else:
         native = NATIVE_LMS[config.model_type].from_pretrained(args.model)
     base = from_hf(native)
@@ -469,8 +517,9 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
     if whole:
         say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`), its {args.task} head with it")
     elif pooled:
-        say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`) as BERT's sequence classifier: "
-            "its pooler where the checkpoint holds one, a new classifier (transformers' load report above)")
+        say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`) as "
+            f"{POOLED_BERT[args.task].__name__}: its pooler where the checkpoint holds one, a new classifier "
+            "(transformers' load report above)")
     else:
         say(f"{args.model}: converted to {type(base).__name__} in memory (`from_hf`); the {args.task} head is built "
             "on it (transformers' load report below reads \"from: None\")")
@@ -538,6 +587,9 @@ def encode_labels(batch):
 if args.task == QUESTION_ANSWERING:
     used = {question_column: "question", context_column: "context", answers_column: "answers"}
     encode = question_answering.span_encoder(tokenizer, args.max_length, args.doc_stride)
+elif args.task == MULTIPLE_CHOICE:
+    used = {question_column: "question", choices_column: "choices", args.label_column: "label"}
+    encode = multiple_choice.choice_encoder(tokenizer, args.max_length)
 else:
     used = {input_column: "inputs", args.label_column: "targets"}
     encode = encode_labels
@@ -549,12 +601,14 @@ if args.task == QUESTION_ANSWERING:  # each window's row and context offsets: re
     datasets = {split: data.remove_columns(["example", "offset_mapping"]) for split, data in datasets.items()}
     compute_metrics = question_answering.answer_metrics(
         windows, list(raw["validation"][context_column]), list(raw["validation"][answers_column]), may_answer_none)
+elif args.task == MULTIPLE_CHOICE:
+    compute_metrics = evaluation.choice_accuracy
 elif args.task == "text-classification":
     compute_metrics = evaluation.classification_metrics
 else:
     compute_metrics = evaluation.token_classification_metrics(names)
-collator = (DataCollatorForTokenClassification(tokenizer) if args.task == "token-classification"
-            else DataCollatorWithPadding(tokenizer))
+collator = {"token-classification": DataCollatorForTokenClassification,
+            MULTIPLE_CHOICE: DataCollatorForMultipleChoice}.get(args.task, DataCollatorWithPadding)(tokenizer)
 
 # ----------------------------------------------------------------------------------------------- training
 training.keep_freed_memory()  # each step's tensors reused, not faulted in again (docs/nanogpt.md)
