@@ -391,6 +391,52 @@ def test_finetune_multiple_choice_from_a_native_bert_scores_through_its_pooler_a
         torch.testing.assert_close(exported(**batch).logits, model.eval()(**batch).logits, atol=1e-5, rtol=0)
 
 
+BERT_KNOBS = dict(position_embedding_type="learned", norm_position="post", final_norm=False, embedding_norm=True,
+                  use_bias=True, hidden_act="gelu", mlm_transform=True)  # what `to_hf` needs for BERT's classes
+
+
+@pytest.mark.parametrize("task, rows, native_class", [
+    ("text-classification", lambda: [{"text": row.split(",")[0], "label": row.split(",")[1]}
+                                     for row in _animal_rows(20, 3)], BertForSequenceClassification),
+    ("multiple-choice", lambda: choice_rows(20, seed=5), BertForMultipleChoice),
+])
+def test_finetune_of_our_masked_lm_with_berts_pooler_exports_to_berts_class(task, rows, native_class, monkeypatch,
+                                                                            tmp_path):
+    """Our MLM has no pooler, so its classifier reads [CLS] as it is and BERT's class (which pools it) cannot take it:
+    with --classifier-pooler the head reads it through a new pooler, and the fine-tuned model exports to BERT's."""
+    base = _tiny_folder(tmp_path / "mlm", **BERT_KNOBS)
+    train = write_json_lines(tmp_path / "train.json", rows())
+    plain = trainer_at_training(monkeypatch, "--model", base, "--task", task, "--train-file", train, "--output-dir",
+                                tmp_path / "plain").model
+    assert not plain.config.classifier_pooler and plain.pooler is None
+    with pytest.raises(ValueError, match="classifier_pooler=False"):
+        to_hf(plain)
+    model = trainer_at_training(monkeypatch, "--model", base, "--task", task, "--train-file", train, "--output-dir",
+                                tmp_path / "pooled", "--classifier-pooler").model
+    assert model.config.classifier_pooler and model.pooler is not None
+    torch.testing.assert_close(model.model.embeddings.embed_tokens.weight, plain.model.embeddings.embed_tokens.weight)
+    assert type(to_hf(model)) is native_class
+
+
+@pytest.mark.parametrize("model_class, task", [
+    (hf_scratch_transformer.ScratchEncoderForMaskedLM, "token-classification"),
+    (hf_scratch_transformer.ScratchDecoderForCausalLM, "text-classification"),
+])
+def test_finetune_refuses_berts_pooler_where_no_head_reads_it(model_class, task, monkeypatch, tmp_path, capsys):
+    train = write_json_lines(tmp_path / "train.json", [{"text": s, "tokens": s.split(), "label": "a"} for s in
+                                                       words(4, 1)])
+    monkeypatch.setattr("sys.argv", ["hf-scratch"])
+    from hf_scratch_transformer.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["finetune", "--model", str(_tiny_folder(tmp_path / "model", model_class)), "--task", task,
+              "--train-file", str(train), "--classifier-pooler", "--output-dir", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    refusal = "--classifier-pooler: BERT's pooler goes with --task text-classification or multiple-choice of an encoder"
+    assert refusal in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def trainer_at_training(monkeypatch, *arguments):
     """Runs `hf-scratch finetune ARGUMENTS` in this process up to its first training step; returns its Trainer."""
     from hf_scratch_transformer.cli import main

@@ -46,6 +46,7 @@ from transformers import (
 import hf_scratch_transformer  # noqa: F401  (registers the Scratch families with the Auto classes)
 from hf_scratch_command import command_help, is_rank_zero
 from hf_scratch_transformer import (
+    ScratchEncoderConfig,
     evaluation,
     hub,
     mixed_precision,
@@ -165,6 +166,10 @@ parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides
 parser.add_argument("--batch-size", type=positive_int, default=16, help="default 16")
 parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="default 5e-5")
 parser.add_argument("--seed", type=random_seed, default=42, help="default 42")
+parser.add_argument("--classifier-pooler", action="store_true",
+                    help="text-classification and multiple-choice of an encoder: read [CLS] through BERT's pooler (a "
+                         "dense layer and tanh, new where the model has none) before the classifier, so that the "
+                         "model exports to BERT's class (a native BERT is always fine-tuned so)")
 parser.add_argument("--force-bf16", action="store_true",
                     help="the launch config's bf16 even on a CPU where it is slower than fp32")
 parser.add_argument("--model-name", type=repo_id, help="the card's title and repo id (default: scratch-<task>-<data>)")
@@ -186,6 +191,9 @@ family = (LANGUAGE_MODEL_CONVERTERS[NATIVE_LMS[model_type].__name__].ours.config
 if family not in HEADS[args.task]._model_mapping:
     parser.error(f"--model {args.model}: a {model_type} model has no {args.task} head; {args.task} fine-tunes "
                  f"{MODELS_WITH_HEAD[args.task]}")
+if args.classifier_pooler and (args.task not in POOLED_BERT or family is not ScratchEncoderConfig):
+    parser.error(f"--classifier-pooler: BERT's pooler goes with --task {' or '.join(POOLED_BERT)} of an encoder (ours "
+                 f"or a native BERT); --model {args.model} is a {model_type} model, --task {args.task}")
 set_seed(args.seed)
 output_dir = args.output_dir or Path("outputs") / args.task
 claim_output_dir(parser, output_dir, args.resume, args.overwrite_output_dir, is_rank_zero(), model=args.model)
@@ -531,6 +539,8 @@ if config.model_type in NATIVE_LMS:  # a native checkpoint: convert it, then bui
 # side, so they pad on the right (as GPT-2's tokenizer does), in training and in the saved folder's pipelines.
 tokenizer.padding_side = "right"
 head["pad_token_id"] = tokenizer.pad_token_id
+if args.classifier_pooler:
+    head["classifier_pooler"] = True
 if base is None:  # ignore_mismatched_sizes: a base classifier of other classes gets a new head
     model = training.load_to_train(HEADS[args.task], args.model, ignore_mismatched_sizes=True, **head)
 else:
