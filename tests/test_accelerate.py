@@ -634,6 +634,24 @@ def test_finetune_token_classification_under_two_processes_scores_as_one_process
     assert two == pytest.approx(one, abs=1e-5)
 
 
+def test_finetune_multiple_choice_under_two_processes_scores_as_one_process(classification_run):
+    """Rows of three choices evaluated by two processes in batches of 2, the last padded with a repeated row: the
+    accuracy and loss are those of one process with the combined batch, as its training steps are."""
+    folder, _ = classification_run
+    rows = tiny_texts.choice_rows(30, seed=4)
+    finetune = [ROOT / "scripts/finetune.py", "--model", folder / "mlm", "--task", "multiple-choice", "--train-file",
+                write_json_lines(folder / "choices.json", rows[:23]), "--validation-file",
+                write_json_lines(folder / "choices_validation.json", rows[23:]), "--max-steps", 3]
+    assert len(rows[23:]) % 4 == 3  # two processes of batch 2: the second pads its last batch
+    launcher, env = two_cpu_processes("torchrun")
+    run(*finetune, "--batch-size", 2, "--output-dir", folder / "mc-ddp", launcher=launcher, env=env, cwd=folder)
+    run(*finetune, "--batch-size", 4, "--output-dir", folder / "mc-one", cwd=folder, env={"OMP_NUM_THREADS": "1"})
+    two, one = (json.loads((folder / run_dir / "model/eval_results.json").read_text())
+                for run_dir in ("mc-ddp", "mc-one"))
+    assert set(two) == {"loss", "accuracy"} == set(one)
+    assert two == pytest.approx(one, abs=1e-5)
+
+
 def test_finetune_under_an_fsdp_launch_shards_and_saves_every_weight(classification_run):
     """Accelerate ran finetune's FSDP launch on CPU processes as DDP without a word (whole checkpoints), and
     Trainer's `save_model` writes no weights under the sharded state dict: its trainers shard and save as train's.
