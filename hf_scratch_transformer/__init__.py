@@ -21,7 +21,9 @@ from transformers import AutoConfig
 from .configuration_scratch import ScratchDecoderConfig, ScratchEncoderConfig, ScratchSeq2SeqConfig
 from .modeling_scratch_decoder import (
     ScratchDecoderForCausalLM,
+    ScratchDecoderForQuestionAnswering,
     ScratchDecoderForSequenceClassification,
+    ScratchDecoderForTokenClassification,
     ScratchDecoderModel,
     ScratchDecoderPreTrainedModel,
 )
@@ -83,6 +85,8 @@ __all__ = [
     "ScratchDecoderModel",
     "ScratchDecoderForCausalLM",
     "ScratchDecoderForSequenceClassification",
+    "ScratchDecoderForTokenClassification",
+    "ScratchDecoderForQuestionAnswering",
     "ScratchEncoderPreTrainedModel",
     "ScratchEncoderModel",
     "ScratchEncoderForMaskedLM",

@@ -341,7 +341,7 @@ class ScratchConfigBase(PreTrainedConfig):
 
 
 class ScratchDecoderConfig(ScratchConfigBase):
-    """GPT-style decoder-only causal language model."""
+    """GPT-style decoder-only causal language model, and its sequence and token classifiers and question answerer."""
 
     model_type = "scratch_decoder"
     family_auto_map = {
@@ -349,16 +349,22 @@ class ScratchDecoderConfig(ScratchConfigBase):
         "AutoModel": "modeling_scratch_decoder.ScratchDecoderModel",
         "AutoModelForCausalLM": "modeling_scratch_decoder.ScratchDecoderForCausalLM",
         "AutoModelForSequenceClassification": "modeling_scratch_decoder.ScratchDecoderForSequenceClassification",
+        "AutoModelForTokenClassification": "modeling_scratch_decoder.ScratchDecoderForTokenClassification",
+        "AutoModelForQuestionAnswering": "modeling_scratch_decoder.ScratchDecoderForQuestionAnswering",
     }
 
     num_hidden_layers: int = 6
     # None = full causal attention; an int = each token sees itself and the previous `sliding_window - 1` tokens.
     sliding_window: int | None = None
+    # The token classifier's input dropout; None = `dropout`.
+    classifier_dropout: float | None = None
 
     def _validate_family(self) -> None:
         _check_positive("num_hidden_layers", self.num_hidden_layers)
         if self.sliding_window is not None:
             _check_positive("sliding_window", self.sliding_window)
+        if self.classifier_dropout is not None:
+            _check_probability("classifier_dropout", self.classifier_dropout)
 
 
 class ScratchEncoderConfig(ScratchConfigBase):

@@ -26,7 +26,12 @@ import transformers
 from transformers import PreTrainedModel
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .modeling_scratch_decoder import ScratchDecoderForCausalLM, ScratchDecoderForSequenceClassification
+from .modeling_scratch_decoder import (
+    ScratchDecoderForCausalLM,
+    ScratchDecoderForQuestionAnswering,
+    ScratchDecoderForSequenceClassification,
+    ScratchDecoderForTokenClassification,
+)
 from .modeling_scratch_encoder import (
     ScratchEncoderForMaskedLM,
     ScratchEncoderForMultipleChoice,
@@ -207,6 +212,10 @@ class _Family:
     def weights(self, config) -> list[Entry]:
         raise NotImplementedError
 
+    def native_weights(self, config, native: PreTrainedModel) -> list[Entry]:
+        """`weights(config)` under the names `native` (the model converted, or exported to) gives its tensors."""
+        return self.weights(config)
+
     def extra_from_native(self, native, source: _StateDict, config, entries: list[Entry]) -> dict:
         """Our tensors outside the weight table (and native ones it leaves unread on purpose), native -> ours."""
         return {}
@@ -232,6 +241,7 @@ def _multi_head(config, target: str) -> list[str]:
 class _GPT2(_Family):
     name = "GPT2LMHeadModel"
     ours = ScratchDecoderForCausalLM
+    trunk_prefix = "transformer"  # where `trunk_weights` puts the native trunk
     renamed = {
         "vocab_size": "vocab_size",
         "num_hidden_layers": "n_layer",
@@ -316,6 +326,7 @@ class _Llama(_Family):
 
     name = "LlamaForCausalLM / MistralForCausalLM"
     ours = ScratchDecoderForCausalLM
+    trunk_prefix = "model"  # where `trunk_weights` puts the native trunk
     renamed = {
         "vocab_size": "vocab_size",
         "num_hidden_layers": "num_hidden_layers",
@@ -369,8 +380,10 @@ class _Llama(_Family):
             rope_parameters=rope,
             sliding_window=sliding_window,
             # One `use_bias` covers every projection. Qwen2 biases q, k and v only, and Llama can bias attention or
-            # MLP alone: those projections get zero biases (`extra_from_native`), which changes no output.
-            use_bias=any(key.endswith(".bias") for key in native.state_dict()),
+            # MLP alone: those projections get zero biases (`extra_from_native`), which changes no output. The trunk's
+            # only: a head's bias (the token classifier's, the question answerer's) is the head's own.
+            use_bias=any(key.startswith(f"{native.base_model_prefix}.") and key.endswith(".bias")
+                         for key in native.state_dict()),
             dropout=0.0,  # Llama has no residual, embedding or MLP dropout
             embedding_dropout=0.0,
             activation_dropout=0.0,
@@ -455,6 +468,111 @@ class _DecoderClassifier:
 def _sequence_classifier_labels(config) -> dict:
     """The label fields of a sequence classifier's config (ours or the native one's), which decide its loss too."""
     return {"id2label": config.id2label, "label2id": config.label2id, "problem_type": config.problem_type}
+
+
+def _native_classifier_dropout(config) -> float:
+    """The dropout rate GPT-2's, Llama's, Mistral's and Qwen2's token classifiers apply before their classifier."""
+    for field in ("classifier_dropout", "hidden_dropout"):
+        if getattr(config, field, None) is not None:
+            return getattr(config, field)
+    return 0.1
+
+
+class _DecoderTokenHead:
+    """A decoder family's head over every token's hidden state (mixed in before the family): the trunk and one
+    linear layer with bias, `head` here and `native_head` in the native class. The native classes keep the trunk
+    under their `base_model_prefix`, which for Llama's question answerer is `transformer` (its old name), not the
+    `model` of Llama's other classes: renamed on the way."""
+
+    head = ""
+    native_head = ""
+    native_classes: dict[str, type[PreTrainedModel]]  # the native config's model_type -> the head's class
+
+    def our_config(self, native):
+        config = super().our_config(native)
+        config.update(self._values(native.config))
+        return config
+
+    def native_model(self, config):
+        native_config = self.native_config(config)
+        native_config.update(self._native_values(config))
+        return self.native_classes[native_config.model_type](native_config)
+
+    def weights(self, config) -> list[Entry]:
+        return self.trunk_weights(config) + _same(self.head, self.native_head)
+
+    def native_weights(self, config, native) -> list[Entry]:
+        def renamed(key: str) -> str:
+            return native.base_model_prefix + key[len(self.trunk_prefix):] if key.startswith(
+                f"{self.trunk_prefix}.") else key
+
+        return [(ours, tuple(map(renamed, theirs)) if isinstance(theirs, tuple) else renamed(theirs), how)
+                for ours, theirs, how in self.weights(config)]
+
+    @staticmethod
+    def _values(native_config) -> dict:
+        """Our config's values of the head, from the native config."""
+        return {}
+
+    @staticmethod
+    def _native_values(config) -> dict:
+        """The native config's values of the head, from ours."""
+        return {}
+
+
+class _DecoderTokenClassifier(_DecoderTokenHead):
+    """The token classifier: its labels and the dropout rate before it (the native classes' default, 0.1, written
+    out both ways)."""
+
+    ours = ScratchDecoderForTokenClassification
+    head = "classifier"
+
+    def from_native(self, native) -> dict:
+        values = super().from_native(native)
+        if not getattr(native.config, "token_classification_bias", True):
+            _refuse(["token_classification_bias=False (Scratch's token classifier has a bias)"], type(native).__name__)
+        return values
+
+    @staticmethod
+    def _values(native_config) -> dict:
+        return {"id2label": native_config.id2label, "label2id": native_config.label2id,
+                "classifier_dropout": _native_classifier_dropout(native_config)}
+
+    @staticmethod
+    def _native_values(config) -> dict:
+        rate = config.classifier_dropout if config.classifier_dropout is not None else config.dropout
+        return {"id2label": config.id2label, "label2id": config.label2id, "classifier_dropout": rate}
+
+
+class _DecoderQuestionAnswerer(_DecoderTokenHead):
+    """The question answerer: `qa_outputs`, two outputs (the start and end logits) on both sides."""
+
+    ours = ScratchDecoderForQuestionAnswering
+    head = native_head = "qa_outputs"
+
+
+class _GPT2TokenClassification(_DecoderTokenClassifier, _GPT2):
+    name = "GPT2ForTokenClassification"
+    native_head = "classifier"
+    native_classes = {"gpt2": transformers.GPT2ForTokenClassification}
+
+
+class _LlamaTokenClassification(_DecoderTokenClassifier, _Llama):
+    name = "LlamaForTokenClassification / MistralForTokenClassification"
+    native_head = "score"
+    native_classes = {"llama": transformers.LlamaForTokenClassification,
+                      "mistral": transformers.MistralForTokenClassification}
+
+
+class _GPT2QuestionAnswering(_DecoderQuestionAnswerer, _GPT2):
+    name = "GPT2ForQuestionAnswering"
+    native_classes = {"gpt2": transformers.GPT2ForQuestionAnswering}
+
+
+class _LlamaQuestionAnswering(_DecoderQuestionAnswerer, _Llama):
+    name = "LlamaForQuestionAnswering / MistralForQuestionAnswering"
+    native_classes = {"llama": transformers.LlamaForQuestionAnswering,
+                      "mistral": transformers.MistralForQuestionAnswering}
 
 
 class _GPT2SequenceClassification(_DecoderClassifier, _GPT2):
@@ -807,6 +925,8 @@ def _check_marian_positions(source: _StateDict) -> None:
 GPT2, LLAMA, BERT, MARIAN = _GPT2(), _Llama(), _Bert(), _Marian()
 GPT2_SEQUENCE_CLASSIFICATION = _GPT2SequenceClassification()
 LLAMA_SEQUENCE_CLASSIFICATION = _LlamaSequenceClassification()
+GPT2_TOKEN_CLASSIFICATION, LLAMA_TOKEN_CLASSIFICATION = _GPT2TokenClassification(), _LlamaTokenClassification()
+GPT2_QUESTION_ANSWERING, LLAMA_QUESTION_ANSWERING = _GPT2QuestionAnswering(), _LlamaQuestionAnswering()
 BERT_TOKEN_CLASSIFICATION, BERT_QUESTION_ANSWERING = _BertTokenClassification(), _BertQuestionAnswering()
 BERT_SEQUENCE_CLASSIFICATION, BERT_MULTIPLE_CHOICE = _BertSequenceClassification(), _BertMultipleChoice()
 # native language model -> its family, for `from_hf`
@@ -824,6 +944,14 @@ CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
     "LlamaForSequenceClassification": LLAMA_SEQUENCE_CLASSIFICATION,
     "MistralForSequenceClassification": LLAMA_SEQUENCE_CLASSIFICATION,
     "Qwen2ForSequenceClassification": LLAMA_SEQUENCE_CLASSIFICATION,
+    "GPT2ForTokenClassification": GPT2_TOKEN_CLASSIFICATION,
+    "LlamaForTokenClassification": LLAMA_TOKEN_CLASSIFICATION,
+    "MistralForTokenClassification": LLAMA_TOKEN_CLASSIFICATION,
+    "Qwen2ForTokenClassification": LLAMA_TOKEN_CLASSIFICATION,
+    "GPT2ForQuestionAnswering": GPT2_QUESTION_ANSWERING,
+    "LlamaForQuestionAnswering": LLAMA_QUESTION_ANSWERING,
+    "MistralForQuestionAnswering": LLAMA_QUESTION_ANSWERING,
+    "Qwen2ForQuestionAnswering": LLAMA_QUESTION_ANSWERING,
     "BertForSequenceClassification": BERT_SEQUENCE_CLASSIFICATION,
     "BertForTokenClassification": BERT_TOKEN_CLASSIFICATION,
     "BertForQuestionAnswering": BERT_QUESTION_ANSWERING,
@@ -833,6 +961,8 @@ CONVERTERS = LANGUAGE_MODEL_CONVERTERS | {
 EXPORTS = {
     ScratchDecoderForCausalLM: (GPT2, LLAMA),
     ScratchDecoderForSequenceClassification: (GPT2_SEQUENCE_CLASSIFICATION, LLAMA_SEQUENCE_CLASSIFICATION),
+    ScratchDecoderForTokenClassification: (GPT2_TOKEN_CLASSIFICATION, LLAMA_TOKEN_CLASSIFICATION),
+    ScratchDecoderForQuestionAnswering: (GPT2_QUESTION_ANSWERING, LLAMA_QUESTION_ANSWERING),
     ScratchEncoderForMaskedLM: (BERT,),
     ScratchEncoderForSequenceClassification: (BERT_SEQUENCE_CLASSIFICATION,),
     ScratchEncoderForTokenClassification: (BERT_TOKEN_CLASSIFICATION,),
@@ -881,7 +1011,7 @@ def from_hf(model: PreTrainedModel) -> PreTrainedModel:
     family = CONVERTERS[name]
     source = _StateDict(model)  # first: reading the config may read tensors (BERT's token types), which must be plain
     config = family.our_config(model)
-    entries = family.weights(config)
+    entries = family.native_weights(config, model)
     tensors = family.extra_from_native(model, source, config, entries)
     tensors |= _native_to_ours(entries, source)
     source.check_all_read()
@@ -908,7 +1038,7 @@ def to_hf(model: PreTrainedModel) -> PreTrainedModel:
             f"exports, this one has no exact native equivalent."
         )
     native = family.native_model(model.config)
-    entries = family.weights(model.config)
+    entries = family.native_weights(model.config, native)
     source = _StateDict(model)
     tensors = _ours_to_native(entries, source, native)
     family.extra_to_native(model, source, native, tensors)

@@ -1,13 +1,21 @@
 """Decoder-only family (GPT-style): `ScratchDecoderModel`, `ScratchDecoderForCausalLM`,
-`ScratchDecoderForSequenceClassification`. The stack itself is the shared `ScratchTransformer`, causal.
+`ScratchDecoderForSequenceClassification`, `ScratchDecoderForTokenClassification`,
+`ScratchDecoderForQuestionAnswering`. The stack itself is the shared `ScratchTransformer`, causal: a head reads each
+token's hidden state after the tokens before it only, as GPT-2's and Llama's heads do.
 
 References: Radford et al. (2019), GPT-2; transformers' `LlamaForCausalLM` for the v5 conventions (loss through
 `self.loss_function`, `logits_to_keep`, caches).
 """
 
 import torch
+from torch import nn
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
+from transformers.modeling_outputs import (
+    CausalLMOutputWithPast,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
+)
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
@@ -20,6 +28,7 @@ from .modeling_scratch_common import (
     check_labels_shape,
 )
 from .scratch_attention import CACHE_FIELD, cache_output, resolve_cache
+from .scratch_heads import answer_spans, check_answer_positions, classify_tokens
 from .scratch_linear import ScratchLinear
 
 
@@ -165,6 +174,91 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         return (positions * real).argmax(-1)
 
 
+class _ScratchDecoderTokenHead(ScratchDecoderPreTrainedModel):
+    """The causal trunk under a head over every token's hidden state (a subclass adds it, then calls `post_init`). Its
+    output has no place for a cache, so none is made unless `use_cache=True` asks; `past_key_values` given are
+    attended to before the input (a prefix, as PEFT's prefix tuning passes one)."""
+
+    def __init__(self, config: ScratchDecoderConfig):
+        super().__init__(config)
+        self.model = ScratchDecoderModel(config)
+
+    def _decode(self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache, **kwargs):
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=bool(use_cache),
+            return_dict=True,  # read by name, whatever `config.return_dict` says
+            **kwargs,
+        )
+
+
+class ScratchDecoderForTokenClassification(_ScratchDecoderTokenHead):
+    """Labels every token from its hidden state through dropout (`classifier_dropout`) and a linear layer, as
+    `GPT2ForTokenClassification` and `LlamaForTokenClassification`: logits (B, T, num_labels)."""
+
+    def __init__(self, config: ScratchDecoderConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.classifier_dropout = nn.Dropout(
+            config.classifier_dropout if config.classifier_dropout is not None else config.dropout
+        )
+        self.classifier = ScratchLinear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> TokenClassifierOutput:
+        """`labels` (B, T): each token's class, -100 for none."""
+        check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
+        outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
+                               inputs_embeds, use_cache, **kwargs)
+        return classify_tokens(self, outputs, labels, **kwargs)
+
+
+class ScratchDecoderForQuestionAnswering(_ScratchDecoderTokenHead):
+    """Extractive question answering: the answer's start and end logits (B, T) each, from one linear layer over every
+    token's hidden state, as `GPT2ForQuestionAnswering` and `LlamaForQuestionAnswering`."""
+
+    def __init__(self, config: ScratchDecoderConfig):
+        super().__init__(config)
+        self.qa_outputs = ScratchLinear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> QuestionAnsweringModelOutput:
+        """`start_positions`, `end_positions` (B,): the token index of each answer's first and last token."""
+        check_answer_positions(start_positions, end_positions)
+        outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
+                               inputs_embeds, use_cache, **kwargs)
+        return answer_spans(self, outputs, start_positions, end_positions, **kwargs)
+
+
 # Trainer's `label_smoothing_factor` shifts the labels of a causal LM only when its class name is in this table of
 # native names, which `AutoModelForCausalLM.register` leaves alone: without the entry Trainer smooths our logits
 # against unshifted labels and trains each position to predict its own token. Done here, not at registration, so
@@ -177,4 +271,6 @@ __all__ = [
     "ScratchDecoderModel",
     "ScratchDecoderForCausalLM",
     "ScratchDecoderForSequenceClassification",
+    "ScratchDecoderForTokenClassification",
+    "ScratchDecoderForQuestionAnswering",
 ]

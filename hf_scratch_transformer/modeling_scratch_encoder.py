@@ -29,6 +29,7 @@ from .modeling_scratch_common import (
 )
 from .scratch_attention import resolve_cache
 from .scratch_dropout import dropout
+from .scratch_heads import answer_spans, check_answer_positions, classify_tokens
 from .scratch_layers import ScratchMLMTransform, ScratchPooler
 from .scratch_linear import ScratchLinear
 
@@ -221,13 +222,7 @@ class ScratchEncoderForTokenClassification(_ScratchEncoderClassifier):
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             cache=resolve_cache(cache, past_key_values, self), **kwargs,
         )
-        logits = self.classifier(dropout(outputs.last_hidden_state, self.classifier_dropout.p, self.training))
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)
-        return TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+        return classify_tokens(self, outputs, labels, **kwargs)
 
 
 class ScratchEncoderForQuestionAnswering(_ScratchEncoderWithHead):
@@ -257,28 +252,12 @@ class ScratchEncoderForQuestionAnswering(_ScratchEncoderWithHead):
         """`start_positions`, `end_positions` (B,): the token index of each answer's first and last token; one past
         the sequence or beyond, the answer is not in it and counts nothing (transformers' question-answering loss
         clamps them there, as BERT's)."""
-        if (start_positions is None) != (end_positions is None):
-            given = "start_positions" if start_positions is not None else "end_positions"
-            raise ValueError(f"{given} was given without the other: the loss needs both start_positions and "
-                             "end_positions (or neither, for logits alone).")
+        check_answer_positions(start_positions, end_positions)
         outputs = self._encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             cache=resolve_cache(cache, past_key_values, self), **kwargs,
         )
-        # (B, T, hidden) -> (B, T, 2) -> the start and the end logits, (B, T) each
-        start_logits, end_logits = (
-            logits.contiguous() for logits in self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
-        )
-        loss = None
-        if start_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
-        return QuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return answer_spans(self, outputs, start_positions, end_positions, **kwargs)
 
 
 class ScratchEncoderForMultipleChoice(_ScratchEncoderSequenceScorer):

@@ -24,7 +24,9 @@ import hf_scratch_transformer
 from hf_scratch_transformer import (
     ScratchDecoderConfig,
     ScratchDecoderForCausalLM,
+    ScratchDecoderForQuestionAnswering,
     ScratchDecoderForSequenceClassification,
+    ScratchDecoderForTokenClassification,
     ScratchDecoderModel,
     ScratchEncoderConfig,
     ScratchEncoderForMaskedLM,
@@ -256,7 +258,8 @@ class _ScratchConformanceTest(ModelTesterMixin):
 class ScratchDecoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):
     model_tester_class = ScratchDecoderModelTester
     config_class = ScratchDecoderConfig
-    all_model_classes = (ScratchDecoderModel, ScratchDecoderForCausalLM, ScratchDecoderForSequenceClassification)
+    all_model_classes = (ScratchDecoderModel, ScratchDecoderForCausalLM, ScratchDecoderForSequenceClassification,
+                         ScratchDecoderForTokenClassification, ScratchDecoderForQuestionAnswering)
 
 
 class ScratchEncoderConformanceTest(_ScratchConformanceTest, unittest.TestCase):

@@ -57,8 +57,10 @@ def test_spec_auto_mapping_is_complete():
         AutoModelForSeq2SeqLM: {hst.ScratchSeq2SeqForConditionalGeneration},
         AutoModelForSequenceClassification: {
             hst.ScratchDecoderForSequenceClassification, hst.ScratchEncoderForSequenceClassification},
-        AutoModelForTokenClassification: {hst.ScratchEncoderForTokenClassification},
-        AutoModelForQuestionAnswering: {hst.ScratchEncoderForQuestionAnswering},
+        AutoModelForTokenClassification: {
+            hst.ScratchDecoderForTokenClassification, hst.ScratchEncoderForTokenClassification},
+        AutoModelForQuestionAnswering: {
+            hst.ScratchDecoderForQuestionAnswering, hst.ScratchEncoderForQuestionAnswering},
         AutoModelForMultipleChoice: {hst.ScratchEncoderForMultipleChoice},
     }
     for auto_class, models in expected.items():
@@ -218,7 +220,9 @@ def test_the_classifier_drops_out_at_classifier_dropout_in_training_mode_only(mo
 @pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
                                          hst.ScratchEncoderForTokenClassification, hst.ScratchEncoderForMaskedLM,
                                          hst.ScratchEncoderForQuestionAnswering,
-                                         hst.ScratchDecoderForSequenceClassification, hst.ScratchDecoderForCausalLM])
+                                         hst.ScratchDecoderForSequenceClassification, hst.ScratchDecoderForCausalLM,
+                                         hst.ScratchDecoderForTokenClassification,
+                                         hst.ScratchDecoderForQuestionAnswering])
 def test_heads_name_past_key_values_and_attend_to_a_prefix(model_class):
     """PEFT's prefix tuning gives `past_key_values` to a head whose forward names it, and otherwise to the trunk,
     feeding the classifier the trunk's second output (BERT's pooler output, which ours lacks): every head names it."""
@@ -374,7 +378,8 @@ def test_return_dict_false_gives_tuples(family):
 
 HEAD_CLASSES = [
     (family, cls) for family, classes in (
-        ("decoder", (hst.ScratchDecoderForCausalLM, hst.ScratchDecoderForSequenceClassification)),
+        ("decoder", (hst.ScratchDecoderForCausalLM, hst.ScratchDecoderForSequenceClassification,
+                     hst.ScratchDecoderForTokenClassification, hst.ScratchDecoderForQuestionAnswering)),
         ("encoder", (hst.ScratchEncoderForMaskedLM, hst.ScratchEncoderForSequenceClassification,
                      hst.ScratchEncoderForTokenClassification, hst.ScratchEncoderForQuestionAnswering)),
         ("seq2seq", (hst.ScratchSeq2SeqModel, hst.ScratchSeq2SeqForConditionalGeneration)),

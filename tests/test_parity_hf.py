@@ -25,14 +25,22 @@ from transformers import (
     BertForTokenClassification,
     Cache,
     DynamicCache,
+    GPT2ForQuestionAnswering,
     GPT2ForSequenceClassification,
+    GPT2ForTokenClassification,
     GPT2Model,
+    LlamaForQuestionAnswering,
     LlamaForSequenceClassification,
+    LlamaForTokenClassification,
     MistralConfig,
     MistralForCausalLM,
+    MistralForQuestionAnswering,
     MistralForSequenceClassification,
+    MistralForTokenClassification,
     Qwen2Config,
+    Qwen2ForQuestionAnswering,
     Qwen2ForSequenceClassification,
+    Qwen2ForTokenClassification,
 )
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
@@ -651,6 +659,69 @@ def test_decoder_classifiers_convert_both_ways(native_class):
     assert back.config.problem_type == "single_label_classification"
     for key, tensor in native.state_dict().items():
         assert torch.equal(back.state_dict()[key], tensor), key
+
+
+DECODER_TOKEN_HEADS = {  # native head: its config, from the language model's of tiny_native, and its family's head
+    GPT2ForTokenClassification: lambda: gpt2(classifier_dropout=0.3).config,
+    LlamaForTokenClassification: lambda: llama(attention_bias=True).config,
+    MistralForTokenClassification: lambda: MistralConfig(**llama().config.to_dict() | dict(sliding_window=4)),
+    Qwen2ForTokenClassification: lambda: Qwen2Config(**llama().config.to_dict()),
+    GPT2ForQuestionAnswering: lambda: gpt2().config,
+    LlamaForQuestionAnswering: lambda: llama().config,
+    MistralForQuestionAnswering: lambda: MistralConfig(**llama().config.to_dict() | dict(sliding_window=4)),
+    Qwen2ForQuestionAnswering: lambda: Qwen2Config(**llama().config.to_dict()),
+}
+
+
+@pytest.mark.parametrize("native_class", DECODER_TOKEN_HEADS, ids=lambda native_class: native_class.__name__)
+def test_decoder_token_classifiers_and_question_answerers_convert_both_ways(native_class, tmp_path):
+    """GPT-2's, Llama's, Mistral's and Qwen2's token classifiers and question answerers become ours with the same
+    outputs over a padded batch, the same loss and gradients (the labels, and the classifier's dropout rate, kept:
+    GPT-2's default, 0.1, written out); `to_hf` gives the native class back (Qwen2's as Llama's, which computes it)
+    with the same tensors (and zero biases where Llama's has one for attention only, or Qwen2's for q, k and v), Llama's
+    question answerer's trunk under its own name (`transformer`), and the saved folder loads with the plain Auto
+    class."""
+    config = DECODER_TOKEN_HEADS[native_class]()
+    answers = "QuestionAnswering" in native_class.__name__
+    if not answers:
+        config.update(dict(id2label=LABELS, label2id={label: i for i, label in LABELS.items()}))
+    native = native_class(config).eval()
+    ours = from_hf(native)
+    expected_ours = hst.ScratchDecoderForQuestionAnswering if answers else hst.ScratchDecoderForTokenClassification
+    assert type(ours) is expected_ours
+    ids = _ids(batch=3)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0  # right-padded
+    labels = dict(start_positions=torch.tensor([1, 4, 9]), end_positions=torch.tensor([3, 4, 9])) if answers else {
+        "labels": torch.randint(0, 3, ids.shape).masked_fill(mask == 0, -100)}
+    expected, actual = native(input_ids=ids, attention_mask=mask, **labels), ours(input_ids=ids, attention_mask=mask,
+                                                                                    **labels)
+    for name in ("start_logits", "end_logits") if answers else ("logits",):
+        torch.testing.assert_close(actual[name], expected[name], atol=ATOL, rtol=0)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
+    expected.loss.backward()
+    actual.loss.backward()
+    native_head = "qa_outputs" if answers else "classifier" if native_class is GPT2ForTokenClassification else "score"
+    torch.testing.assert_close(ours.get_parameter(f"{'qa_outputs' if answers else 'classifier'}.weight").grad,
+                               native.get_parameter(f"{native_head}.weight").grad, atol=ATOL, rtol=0)
+    if not answers:
+        assert ours.config.id2label == LABELS
+        assert ours.config.classifier_dropout == (0.3 if native_class is GPT2ForTokenClassification else 0.1)
+    back = to_hf(ours)
+    assert type(back).__name__ == native_class.__name__.replace("Qwen2", "Llama")
+    for key, tensor in native.state_dict().items():
+        assert torch.equal(back.state_dict()[key], tensor), key
+    if not answers:
+        assert back.config.id2label == LABELS
+        assert back.config.classifier_dropout == ours.config.classifier_dropout
+    back.save_pretrained(tmp_path)
+    auto_class = AutoModelForQuestionAnswering if answers else AutoModelForTokenClassification
+    reloaded = auto_class.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is type(back) and native.state_dict().keys() <= reloaded.state_dict().keys()
+    with torch.no_grad():
+        again = reloaded(input_ids=ids, attention_mask=mask)
+    for name in ("start_logits", "end_logits") if answers else ("logits",):
+        torch.testing.assert_close(again[name], expected[name], atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
