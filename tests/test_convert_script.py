@@ -21,7 +21,7 @@ from huggingface_hub import ModelCard
 from load_without_package import run_without_package
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_lm
-from tiny_native import ATOL, VOCAB, bert, gpt2, marian
+from tiny_native import ATOL, VOCAB, bert, gpt2, llama, marian
 from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import (
     AutoModelForCausalLM,
@@ -41,8 +41,10 @@ from transformers import (
     GPT2Config,
     GPT2DoubleHeadsModel,
     GPT2ForSequenceClassification,
+    GPT2ForTokenClassification,
     LlamaConfig,
     LlamaForCausalLM,
+    LlamaForQuestionAnswering,
     TorchAoConfig,
 )
 
@@ -221,6 +223,45 @@ def test_a_gpt2_classifier_without_a_padding_id_converts_to_ours_and_back(tmp_pa
         assert torch.equal(reloaded.state_dict()[key], tensor), key
     assert ModelCard.load(back / "README.md").data.pipeline_tag == "text-classification"
     completed = run_without_package(tmp_path, "--run", _card_example(scratch, tmp_path / "scratch.py"))
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("native_class, auto_class, our_class, task", [
+    (GPT2ForTokenClassification, AutoModelForTokenClassification, hst.ScratchDecoderForTokenClassification,
+     "token-classification"),
+    (LlamaForQuestionAnswering, AutoModelForQuestionAnswering, hst.ScratchDecoderForQuestionAnswering,
+     "question-answering"),
+], ids=["gpt2-tagger", "llama-question-answerer"])
+def test_decoder_token_heads_convert_to_ours_and_back_with_cards_whose_examples_run(native_class, auto_class,
+                                                                                   our_class, task, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """GPT-2's token classifier and Llama's question answerer (its trunk under `transformer`) become ours and back,
+    with their labels and very tensors; both cards' examples run where the package is missing."""
+    tokenizer = byte_level_bpe()
+    labels = {} if task == "question-answering" else {"id2label": {0: "O", 1: "B-ANIMAL"},
+                                                       "label2id": {"O": 0, "B-ANIMAL": 1}}
+    make_config = (lambda **values: GPT2Config(**gpt2(**values).config.to_dict())) if native_class is (
+        GPT2ForTokenClassification) else (lambda **values: LlamaConfig(**llama(**values).config.to_dict()))
+    native = native_class(make_config(vocab_size=len(tokenizer), **labels)).eval()
+    source, scratch, back = tmp_path / "native", tmp_path / "scratch", tmp_path / "back"
+    native.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    convert_here(monkeypatch, source, scratch)
+    assert "parity check passed" in capsys.readouterr().out
+    ours = auto_class.from_pretrained(scratch).eval()
+    assert type(ours) is our_class and ours.config.id2label == native.config.id2label
+    inputs = {name: tensor for name, tensor in _inputs("decoder").items() if name != "token_type_ids"}
+    for actual, expected in zip(_head_outputs(ours, inputs), _head_outputs(native, inputs), strict=True):
+        torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+    convert_here(monkeypatch, scratch, back)
+    assert f"-> {native_class.__name__}" in capsys.readouterr().out
+    reloaded = auto_class.from_pretrained(back)
+    assert type(reloaded) is native_class and reloaded.config.id2label == native.config.id2label
+    for key, tensor in native.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], tensor), key
+    assert ModelCard.load(back / "README.md").data.pipeline_tag == task
+    completed = run_without_package(tmp_path, "--run", *(_card_example(folder, tmp_path / f"{folder.name}.py")
+                                                         for folder in (scratch, back)))
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
 
 
@@ -541,10 +582,11 @@ def _folder_without_config(path: Path) -> Path:
 
 @pytest.mark.parametrize("make_source, options, expected", [
     (_unsupported_folder, [], ["model_type='opt'", "OPTForCausalLM",
-                               "supported: gpt2 (GPT2LMHeadModel or GPT2ForSequenceClassification)",
-                               "llama (LlamaForCausalLM or LlamaForSequenceClassification)",
+                               "supported: gpt2 (GPT2LMHeadModel or GPT2ForSequenceClassification or "
+                               "GPT2ForTokenClassification or GPT2ForQuestionAnswering)",
+                               "llama (LlamaForCausalLM or LlamaForSequenceClassification or ",
                                "scratch_decoder (ScratchDecoderForCausalLM or "
-                               "ScratchDecoderForSequenceClassification)"]),
+                               "ScratchDecoderForSequenceClassification or "]),
     (lambda path: path / "missing", [], ["does not exist", "local folders only, never the Hub", "hf download"]),
     (lambda path: gpt2().save_pretrained(path) or path / "config.json", [], [  # it said the file does not exist
         "config.json is a file: give the folder that `save_pretrained` wrote"]),

@@ -277,6 +277,34 @@ def test_finetune_text_classification_from_our_causal_lm_scores_texts_independen
         assert [entry["score"] for entry in one] == pytest.approx([entry["score"] for entry in together], abs=1e-5)
 
 
+def test_finetune_tags_words_and_answers_questions_with_our_causal_lm(causal_lm_run, tmp_path):
+    """The decoder's token classifier and question answerer, as GPT-2's: each token read after the tokens before it.
+    The tagger's folder pads on the right, so a sentence's tags are the same alone and in a batch of longer ones; the
+    question answerer is scored by SQuAD's exact match and F1."""
+    tagged = [{"tokens": s.split(), "tags": ["B-ANIMAL" if w in ("dog", "horse") else "O" for w in s.split()]}
+              for s in words(40, 4)]
+    run_script("finetune.py", "--model", causal_lm_run[0] / "model", "--task", "token-classification",
+               "--train-file", write_json_lines(tmp_path / "tags.json", tagged), "--label-column", "tags",
+               "--max-steps", 2, "--batch-size", 8, "--output-dir", tmp_path / "ner", cwd=tmp_path)
+    tagger = pipeline("token-classification", model=str(tmp_path / "ner/model"))
+    assert isinstance(tagger.model, hf_scratch_transformer.ScratchDecoderForTokenClassification)
+    assert tagger.tokenizer.padding_side == "right"
+    texts = ["a dog", "the red horse walks down the big street", "the woman sees"]
+    for one, together in zip([tagger(text) for text in texts], tagger(texts, batch_size=3), strict=True):
+        assert [entry["entity"] for entry in one] == [entry["entity"] for entry in together]
+        assert [entry["score"] for entry in one] == pytest.approx([entry["score"] for entry in together], abs=1e-5)
+    results = json.loads((tmp_path / "ner/model/eval_results.json").read_text())
+    assert set(results) == {"loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1"}
+    run_script("finetune.py", "--model", causal_lm_run[0] / "model", "--task", "question-answering", "--train-file",
+               write_json_lines(tmp_path / "squad.json", squad_rows(40, seed=8)), "--max-length", 24, "--max-steps", 2,
+               "--batch-size", 8, "--output-dir", tmp_path / "qa", cwd=tmp_path)
+    answerer = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "qa/model")
+    assert isinstance(answerer, hf_scratch_transformer.ScratchDecoderForQuestionAnswering)
+    results = json.loads((tmp_path / "qa/model/eval_results.json").read_text())
+    assert set(results) == {"loss", "exact_match", "f1"} and 0 <= results["exact_match"] <= results["f1"] <= 100
+    assert ModelCard.load(tmp_path / "qa/model/README.md").data.pipeline_tag == "question-answering"
+
+
 @pytest.mark.parametrize("native_class", [BertForMaskedLM, BertForTokenClassification])
 def test_finetune_token_classification_from_a_converted_native_bert(native_class, tmp_path):
     _native_bert_folder(tmp_path / "bert", native_class)
@@ -728,9 +756,9 @@ def test_finetune_trains_classes_from_a_regression_model(tmp_path):
 
 
 @pytest.mark.parametrize("model_class, task", [
-    (hf_scratch_transformer.ScratchDecoderForCausalLM, "token-classification"),
+    (hf_scratch_transformer.ScratchSeq2SeqForConditionalGeneration, "token-classification"),
     (hf_scratch_transformer.ScratchSeq2SeqForConditionalGeneration, "text-classification"),
-    (hf_scratch_transformer.ScratchDecoderForCausalLM, "question-answering"),
+    (hf_scratch_transformer.ScratchSeq2SeqForConditionalGeneration, "question-answering"),
     (hf_scratch_transformer.ScratchDecoderForCausalLM, "multiple-choice"),
 ])
 def test_finetune_refuses_a_model_without_the_tasks_head(model_class, task, tmp_path):

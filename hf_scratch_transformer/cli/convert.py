@@ -14,7 +14,9 @@ scratch_encoder, scratch_seq2seq) becomes the native folder through `to_hf`: GPT
 Marian, whichever computes exactly the same function (knobs that none does are named, and nothing is written).
 Sequence classifiers convert both ways too (`GPT2ForSequenceClassification`, `LlamaForSequenceClassification`,
 `MistralForSequenceClassification` and `Qwen2ForSequenceClassification` <-> `ScratchDecoderForSequenceClassification`,
-`BertForSequenceClassification` <-> `ScratchEncoderForSequenceClassification` with `classifier_pooler`), and BERT's
+their token classifiers and question answerers alike <-> `ScratchDecoderForTokenClassification` and
+`ScratchDecoderForQuestionAnswering`, `BertForSequenceClassification` <-> `ScratchEncoderForSequenceClassification`
+with `classifier_pooler`), and BERT's
 other task heads (`BertForTokenClassification` <-> `ScratchEncoderForTokenClassification`, `BertForQuestionAnswering`
 <-> `ScratchEncoderForQuestionAnswering`, `BertForMultipleChoice` <-> `ScratchEncoderForMultipleChoice`), as
 `hf-scratch finetune` saves them.
@@ -64,11 +66,11 @@ SCRATCH_CLASSES = {
 # model_type -> the task heads that convert too, loaded where config.json's `architectures` names one, each with the
 # task of its card
 HEAD_CLASSES = {
-    "gpt2": {"GPT2ForSequenceClassification": "text-classification"},
-    "llama": {"LlamaForSequenceClassification": "text-classification"},
-    "mistral": {"MistralForSequenceClassification": "text-classification"},
-    "qwen2": {"Qwen2ForSequenceClassification": "text-classification"},
-    "scratch_decoder": {"ScratchDecoderForSequenceClassification": "text-classification"},
+    **{model_type: {f"{prefix}ForSequenceClassification": "text-classification",
+                    f"{prefix}ForTokenClassification": "token-classification",
+                    f"{prefix}ForQuestionAnswering": "question-answering"}
+       for model_type, prefix in (("gpt2", "GPT2"), ("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"),
+                                  ("scratch_decoder", "ScratchDecoder"))},
     "bert": {"BertForSequenceClassification": "text-classification",
              "BertForTokenClassification": "token-classification",
              "BertForQuestionAnswering": "question-answering",

@@ -11,8 +11,8 @@ choice, reporting accuracy (as run_swag does):
     hf-scratch finetune --model outputs/masked-lm/model --task question-answering --dataset squad
     hf-scratch finetune --model outputs/masked-lm/model --task multiple-choice --train-file train.jsonl
 
-The model is one of ours (any family with the task's head: decoder or encoder for text classification, encoder
-for the others), or a saved native GPT-2 / Llama / Mistral / Qwen2 / BERT folder, converted first with
+The model is one of ours (any family with the task's head: decoder or encoder, encoder alone for multiple choice),
+or a saved native GPT-2 / Llama / Mistral / Qwen2 / BERT folder, converted first with
 `hf_scratch_transformer.conversion.from_hf`. Data: local CSV / JSON files or a `datasets` name; question answering
 reads SQuAD's columns (question, context, and answers as {"text": [...], "answer_start": [...]}, empty lists for a
 question the context does not answer, as SQuAD 2.0); multiple choice reads a question (any first text), a list of
@@ -99,8 +99,10 @@ HEAD_SUFFIXES = {"text-classification": "ForSequenceClassification", "token-clas
                  "question-answering": "ForQuestionAnswering", "multiple-choice": "ForMultipleChoice"}
 MODELS_WITH_HEAD = {"text-classification": "a decoder or an encoder of ours, or a native GPT-2, Llama, Mistral, Qwen2 "
                                            "or BERT",
-                    "token-classification": "an encoder of ours, or a native BERT",
-                    "question-answering": "an encoder of ours, or a native BERT",
+                    "token-classification": "a decoder or an encoder of ours, or a native GPT-2, Llama, Mistral, Qwen2 "
+                                            "or BERT",
+                    "question-answering": "a decoder or an encoder of ours, or a native GPT-2, Llama, Mistral, Qwen2 "
+                                          "or BERT",
                     "multiple-choice": "an encoder of ours, or a native BERT"}
 QUESTION_ANSWERING, MULTIPLE_CHOICE = "question-answering", "multiple-choice"
 UNCLASSED = (QUESTION_ANSWERING, MULTIPLE_CHOICE)  # tasks whose labels are positions, not classes
