@@ -438,54 +438,15 @@ class _Llama(_Family):
         return {}
 
 
-class _DecoderClassifier:
-    """A decoder family's sequence classifier (mixed in before the family): its trunk under `score`, a linear layer
-    without bias read at each row's last token other than padding, found by `input_ids` on both sides (from
-    `inputs_embeds` the native classes read the last position, with a warning; ours the last one the attention mask
-    keeps), with its labels and `problem_type`."""
+class _DecoderHead:
+    """A decoder family's task head (mixed in before the family): the trunk and one linear layer, `head` here and
+    `native_head` in the native class, with the config values the head reads (`_values` from the native config,
+    `_native_values` from ours). The native classes keep the trunk under their `base_model_prefix`, which for
+    Llama's question answerer is `transformer` (its old name), not the `model` of Llama's other classes: followed both
+    ways (`native_weights`)."""
 
-    ours = ScratchDecoderForSequenceClassification
-    native_classes: dict[str, type[PreTrainedModel]]  # the native config's model_type -> the classifier class
-
-    def our_config(self, native):
-        config = super().our_config(native)
-        config.update(self._labels(native.config))
-        return config
-
-    def native_model(self, config):
-        native_config = self.native_config(config)
-        native_config.update(self._labels(config))
-        return self.native_classes[native_config.model_type](native_config)
-
-    def weights(self, config) -> list[Entry]:
-        return self.trunk_weights(config) + _same("score", "score", bias=False)
-
-    @staticmethod
-    def _labels(config) -> dict:
-        return _sequence_classifier_labels(config)
-
-
-def _sequence_classifier_labels(config) -> dict:
-    """The label fields of a sequence classifier's config (ours or the native one's), which decide its loss too."""
-    return {"id2label": config.id2label, "label2id": config.label2id, "problem_type": config.problem_type}
-
-
-def _native_classifier_dropout(config) -> float:
-    """The dropout rate GPT-2's, Llama's, Mistral's and Qwen2's token classifiers apply before their classifier."""
-    for field in ("classifier_dropout", "hidden_dropout"):
-        if getattr(config, field, None) is not None:
-            return getattr(config, field)
-    return 0.1
-
-
-class _DecoderTokenHead:
-    """A decoder family's head over every token's hidden state (mixed in before the family): the trunk and one
-    linear layer with bias, `head` here and `native_head` in the native class. The native classes keep the trunk
-    under their `base_model_prefix`, which for Llama's question answerer is `transformer` (its old name), not the
-    `model` of Llama's other classes: renamed on the way."""
-
-    head = ""
-    native_head = ""
+    head = native_head = ""
+    head_bias = True
     native_classes: dict[str, type[PreTrainedModel]]  # the native config's model_type -> the head's class
 
     def our_config(self, native):
@@ -499,7 +460,7 @@ class _DecoderTokenHead:
         return self.native_classes[native_config.model_type](native_config)
 
     def weights(self, config) -> list[Entry]:
-        return self.trunk_weights(config) + _same(self.head, self.native_head)
+        return self.trunk_weights(config) + _same(self.head, self.native_head, bias=self.head_bias)
 
     def native_weights(self, config, native) -> list[Entry]:
         def renamed(key: str) -> str:
@@ -520,7 +481,31 @@ class _DecoderTokenHead:
         return {}
 
 
-class _DecoderTokenClassifier(_DecoderTokenHead):
+def _sequence_classifier_labels(config) -> dict:
+    """The label fields of a sequence classifier's config (ours or the native one's), which decide its loss too."""
+    return {"id2label": config.id2label, "label2id": config.label2id, "problem_type": config.problem_type}
+
+
+class _DecoderClassifier(_DecoderHead):
+    """The sequence classifier: `score`, without bias, read at each row's last token other than padding, found by
+    `input_ids` on both sides (from `inputs_embeds` the native classes read the last position, with a warning; ours
+    the last one the attention mask keeps), with its labels and `problem_type`."""
+
+    ours = ScratchDecoderForSequenceClassification
+    head = native_head = "score"
+    head_bias = False
+    _values = _native_values = staticmethod(_sequence_classifier_labels)
+
+
+def _native_classifier_dropout(config) -> float:
+    """The dropout rate GPT-2's, Llama's, Mistral's and Qwen2's token classifiers apply before their classifier."""
+    for field in ("classifier_dropout", "hidden_dropout"):
+        if getattr(config, field, None) is not None:
+            return getattr(config, field)
+    return 0.1
+
+
+class _DecoderTokenClassifier(_DecoderHead):
     """The token classifier: its labels and the dropout rate before it (the native classes' default, 0.1, written
     out both ways)."""
 
@@ -544,7 +529,7 @@ class _DecoderTokenClassifier(_DecoderTokenHead):
         return {"id2label": config.id2label, "label2id": config.label2id, "classifier_dropout": rate}
 
 
-class _DecoderQuestionAnswerer(_DecoderTokenHead):
+class _DecoderQuestionAnswerer(_DecoderHead):
     """The question answerer: `qa_outputs`, two outputs (the start and end logits) on both sides."""
 
     ours = ScratchDecoderForQuestionAnswering

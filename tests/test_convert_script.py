@@ -173,27 +173,37 @@ def test_berts_task_heads_convert_to_ours_and_back_with_cards_whose_examples_run
         source, scratch, back = (tmp_path / f"{task}-{name}" for name in ("native", "scratch", "back"))
         head = {} if task in UNLABELLED else dict(id2label=labels, label2id={v: k for k, v in labels.items()})
         native = native_class(BertConfig(**bert(vocab_size=len(tokenizer)).config.to_dict() | head)).eval()
-        native.save_pretrained(source)
-        tokenizer.save_pretrained(source)
-        convert_here(monkeypatch, source, scratch)
-        assert "parity check passed" in capsys.readouterr().out
-        ours = auto_class.from_pretrained(scratch).eval()
-        assert type(ours) is our_class and ours.config.id2label == native.config.id2label
         inputs = _inputs("encoder")
         if task == "multiple-choice":  # the two rows as the choices of one: (1, 2, length)
             inputs = {name: tensor[None] for name, tensor in inputs.items()}
-        for actual, expected in zip(_head_outputs(ours, inputs), _head_outputs(native, inputs), strict=True):
-            torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
-        convert_here(monkeypatch, scratch, back)
-        assert f"-> {native_class.__name__}" in capsys.readouterr().out
-        reloaded = auto_class.from_pretrained(back)
-        assert type(reloaded) is native_class and reloaded.config.id2label == native.config.id2label
-        for key, tensor in native.state_dict().items():
-            assert torch.equal(reloaded.state_dict()[key], tensor), key
-        assert ModelCard.load(back / "README.md").data.pipeline_tag == task
-        examples += [_card_example(folder, tmp_path / f"{folder.name}.py") for folder in (scratch, back)]
+        examples += _convert_head_both_ways(native, tokenizer, inputs, auto_class, our_class, task, tmp_path,
+                                            monkeypatch, capsys)
     completed = run_without_package(tmp_path, "--run", *examples)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+
+
+def _convert_head_both_ways(native, tokenizer, inputs: dict, auto_class, our_class, task: str, tmp_path: Path,
+                            monkeypatch, capsys) -> list[Path]:
+    """`native` (a task head) saved with `tokenizer`, converted to ours (the same outputs on `inputs` and labels once
+    loaded with `auto_class`) and back (the native class with its very tensors and a card of `task`); returns the
+    scripts of both cards' examples."""
+    source, scratch, back = (tmp_path / f"{task}-{name}" for name in ("native", "scratch", "back"))
+    native.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    convert_here(monkeypatch, source, scratch)
+    assert "parity check passed" in capsys.readouterr().out
+    ours = auto_class.from_pretrained(scratch).eval()
+    assert type(ours) is our_class and ours.config.id2label == native.config.id2label
+    for actual, expected in zip(_head_outputs(ours, inputs), _head_outputs(native, inputs), strict=True):
+        torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+    convert_here(monkeypatch, scratch, back)
+    assert f"-> {type(native).__name__}" in capsys.readouterr().out
+    reloaded = auto_class.from_pretrained(back)
+    assert type(reloaded) is type(native) and reloaded.config.id2label == native.config.id2label
+    for key, tensor in native.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], tensor), key
+    assert ModelCard.load(back / "README.md").data.pipeline_tag == task
+    return [_card_example(folder, tmp_path / f"{folder.name}.py") for folder in (scratch, back)]
 
 
 def test_a_gpt2_classifier_without_a_padding_id_converts_to_ours_and_back(tmp_path, monkeypatch, capsys):
@@ -243,25 +253,9 @@ def test_decoder_token_heads_convert_to_ours_and_back_with_cards_whose_examples_
     make_config = (lambda **values: GPT2Config(**gpt2(**values).config.to_dict())) if native_class is (
         GPT2ForTokenClassification) else (lambda **values: LlamaConfig(**llama(**values).config.to_dict()))
     native = native_class(make_config(vocab_size=len(tokenizer), **labels)).eval()
-    source, scratch, back = tmp_path / "native", tmp_path / "scratch", tmp_path / "back"
-    native.save_pretrained(source)
-    tokenizer.save_pretrained(source)
-    convert_here(monkeypatch, source, scratch)
-    assert "parity check passed" in capsys.readouterr().out
-    ours = auto_class.from_pretrained(scratch).eval()
-    assert type(ours) is our_class and ours.config.id2label == native.config.id2label
-    inputs = {name: tensor for name, tensor in _inputs("decoder").items() if name != "token_type_ids"}
-    for actual, expected in zip(_head_outputs(ours, inputs), _head_outputs(native, inputs), strict=True):
-        torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
-    convert_here(monkeypatch, scratch, back)
-    assert f"-> {native_class.__name__}" in capsys.readouterr().out
-    reloaded = auto_class.from_pretrained(back)
-    assert type(reloaded) is native_class and reloaded.config.id2label == native.config.id2label
-    for key, tensor in native.state_dict().items():
-        assert torch.equal(reloaded.state_dict()[key], tensor), key
-    assert ModelCard.load(back / "README.md").data.pipeline_tag == task
-    completed = run_without_package(tmp_path, "--run", *(_card_example(folder, tmp_path / f"{folder.name}.py")
-                                                         for folder in (scratch, back)))
+    examples = _convert_head_both_ways(native, tokenizer, _inputs("decoder"), auto_class, our_class, task, tmp_path,
+                                       monkeypatch, capsys)
+    completed = run_without_package(tmp_path, "--run", *examples)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
 
 
