@@ -12,7 +12,13 @@ from safetensors.torch import load_file
 from tiny_models import lm_inputs, tiny_lm
 from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama, marian
 from tiny_tokenizers import byte_level_bpe
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    GPT2ForTokenClassification,
+    LlamaForTokenClassification,
+)
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.conversion import from_hf
@@ -102,6 +108,46 @@ def test_lora_for_question_answering_trains_the_head_as_on_bert():
     native_head = native.base_model.model.qa_outputs.modules_to_save.default
     torch.testing.assert_close(trained["base_model.model.qa_outputs.modules_to_save.default.weight"].grad,
                                native_head.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("native_class, make_config, native_targets, head", [
+    (GPT2ForTokenClassification, lambda: gpt2().config, ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"], "classifier"),
+    (LlamaForTokenClassification, lambda: llama().config, ["o_proj", "down_proj"], "score"),
+], ids=["gpt2", "llama"])
+def test_lora_for_token_classification_trains_a_decoders_head_as_on_the_native_model(native_class, make_config,
+                                                                                    native_targets, head):
+    """PEFT's token-classification task trains LoRA and a copy of the head it knows by name (`classifier` or
+    `score`, `modules_to_save`): on the same weights ours gives GPT-2's and Llama's logits, loss and gradients."""
+    config = make_config()
+    config.num_labels = 3
+    native = native_class(config).eval()
+    ours = from_hf(native)
+    gpt2_like = native_class is GPT2ForTokenClassification
+    our_targets = ["qkv_proj", "o_proj", "up_proj", "down_proj"] if gpt2_like else ["o_proj", "down_proj"]
+    native = _lora(native, TaskType.TOKEN_CLS, native_targets, fan_in_fan_out=gpt2_like)
+    ours = _lora(ours, TaskType.TOKEN_CLS, our_targets)
+    pairs = list(zip(_lora_layers(native), _lora_layers(ours), strict=True))
+    with torch.no_grad():
+        for native_layer, our_layer in pairs:
+            for name in ("lora_A", "lora_B"):
+                getattr(our_layer, name).default.weight.copy_(getattr(native_layer, name).default.weight)
+    ids = _inputs(native)["input_ids"]
+    inputs = {"input_ids": ids, "labels": torch.randint(0, 3, ids.shape, generator=torch.Generator().manual_seed(1))}
+    expected, actual = native(**inputs), ours(**inputs)
+    for name in ("logits", "loss"):
+        torch.testing.assert_close(actual[name], expected[name], atol=ATOL, rtol=0)
+    expected.loss.backward()
+    actual.loss.backward()
+    trained = {name: parameter for name, parameter in ours.named_parameters() if parameter.requires_grad}
+    assert {name for name in trained if ".lora_" not in name} == {
+        "base_model.model.classifier.modules_to_save.default.weight",
+        "base_model.model.classifier.modules_to_save.default.bias"}
+    native_head = getattr(native.base_model.model, head).modules_to_save.default
+    torch.testing.assert_close(trained["base_model.model.classifier.modules_to_save.default.weight"].grad,
+                               native_head.weight.grad, atol=1e-5, rtol=1e-4)
+    for native_layer, our_layer in pairs:
+        torch.testing.assert_close(our_layer.lora_B.default.weight.grad, native_layer.lora_B.default.weight.grad,
+                                   atol=1e-5, rtol=1e-4)
 
 
 AUTO_LM = {"decoder": (AutoModelForCausalLM, TaskType.CAUSAL_LM), "encoder": (AutoModelForMaskedLM, None),
