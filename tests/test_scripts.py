@@ -34,6 +34,7 @@ from transformers import (
     BertForTokenClassification,
     GPT2Config,
     GPT2ForSequenceClassification,
+    GPT2ForTokenClassification,
     pipeline,
 )
 
@@ -517,16 +518,17 @@ def test_finetune_question_answering_from_a_converted_native_bert(monkeypatch, t
 
 @pytest.mark.parametrize("native_class", [BertForSequenceClassification, BertForTokenClassification,
                                           BertForQuestionAnswering, BertForMultipleChoice,
-                                          GPT2ForSequenceClassification])
-def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monkeypatch, tmp_path, capsys):
+                                          GPT2ForSequenceClassification, GPT2ForTokenClassification])
+def test_finetune_keeps_the_head_of_a_native_model_of_the_task(native_class, monkeypatch, tmp_path, capsys):
     """A native classifier of the data's classes (the sequence classifier with its pooler), question answerer or
     multiple-choice head (with its pooler) is converted with its head (which `from_hf` converts) and trains on from
     it, its classes in its order, as one of ours does; it was left out and drawn anew. Of other classes, the head is
     new, as for ours (BERT's pooler kept)."""
-    gpt2 = native_class is GPT2ForSequenceClassification
+    gpt2 = native_class in (GPT2ForSequenceClassification, GPT2ForTokenClassification)
     tokenizer = byte_level_bpe() if gpt2 else wordpiece()
     task = {BertForTokenClassification: "token-classification", BertForQuestionAnswering: "question-answering",
-            BertForMultipleChoice: "multiple-choice"}.get(native_class, "text-classification")
+            BertForMultipleChoice: "multiple-choice", GPT2ForTokenClassification: "token-classification",
+            }.get(native_class, "text-classification")
     classes = {} if task in ("question-answering", "multiple-choice") else {"id2label": {0: "other", 1: "animal"},
                                                        "label2id": {"other": 0, "animal": 1}}
     torch.manual_seed(0)
@@ -550,10 +552,11 @@ def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monk
     trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data, "--output-dir",
                                   tmp_path / "out")
     pooled = task in ("text-classification", "multiple-choice")
-    heads = {"score": "score"} if gpt2 else {"qa_outputs": "qa_outputs"} if task == "question-answering" else {
-        "classifier": "classifier", **({"pooler.dense": "bert.pooler.dense"} if pooled else {})}
+    score = native_class is GPT2ForSequenceClassification
+    heads = {"score": "score"} if score else {"qa_outputs": "qa_outputs"} if task == "question-answering" else {
+        "classifier": "classifier", **({"pooler.dense": "bert.pooler.dense"} if pooled and not gpt2 else {})}
     for ours, theirs in heads.items():  # the native model's own layers
-        for kind in ("weight",) if gpt2 else ("weight", "bias"):  # GPT-2's `score` has no bias
+        for kind in ("weight",) if score else ("weight", "bias"):  # GPT-2's `score` has no bias
             torch.testing.assert_close(trainer.model.get_parameter(f"{ours}.{kind}"),
                                        native.get_parameter(f"{theirs}.{kind}"), rtol=0, atol=0)
     assert trainer.model.config.id2label == native.config.id2label
@@ -565,7 +568,7 @@ def test_finetune_keeps_the_head_of_a_native_bert_of_the_task(native_class, monk
         native.save_pretrained(tmp_path / "bert")
         trainer = trainer_at_training(monkeypatch, "--model", tmp_path / "bert", "--task", task, *data,
                                       "--output-dir", tmp_path / "out2")
-        head = "score" if gpt2 else "classifier"
+        head = "score" if score else "classifier"
         assert not torch.allclose(trainer.model.get_parameter(f"{head}.weight"), native.get_parameter(f"{head}.weight"))
         assert "trains a new head" in capsys.readouterr().out
         if task == "text-classification" and not gpt2:  # BERT's pooler kept: its pretrained model's (`BertModel`'s)
