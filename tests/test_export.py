@@ -1,16 +1,27 @@
 """`torch.export` as transformers exports native models, side by side with GPT-2, BERT and Marian carrying the same
 weights (`from_hf`): the forward of each family with a dynamic batch and length (`transformers.exporters`'
-`DynamoExporter`), the decoder through `integrations.executorch`'s static-cache wrappers and `generate()`'s prefill and
-decode steps over a static cache, and the encoder-decoder through `Seq2SeqLMExportableModule`. ONNX:
-tests/test_onnx_export.py."""
+`DynamoExporter`), every task head against BERT's, GPT-2's and Llama's, the decoder through
+`integrations.executorch`'s static-cache wrappers and `generate()`'s prefill and decode steps over a static cache, and
+the encoder-decoder through `Seq2SeqLMExportableModule`. ONNX: tests/test_onnx_export.py."""
 
 import copy
 
 import pytest
 import torch
 from tiny_models import tiny_lm
-from tiny_native import ATOL, VOCAB, bert, gpt2, marian
-from transformers import GenerationConfig
+from tiny_native import ATOL, VOCAB, bert, gpt2, llama, marian
+from transformers import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    GenerationConfig,
+    GPT2ForQuestionAnswering,
+    GPT2ForSequenceClassification,
+    GPT2ForTokenClassification,
+    LlamaForQuestionAnswering,
+    LlamaForTokenClassification,
+)
 from transformers.exporters import DynamoConfig, DynamoExporter
 from transformers.exporters.utils import decompose_for_generation
 from transformers.integrations.executorch import (
@@ -58,6 +69,40 @@ def test_forward_exports_with_a_dynamic_batch_and_length_as_the_native_model(fam
             torch.testing.assert_close(ours(**inputs).logits, expected, atol=ATOL, rtol=0)
         torch.testing.assert_close(exported["ours"](**inputs).logits, expected, atol=ATOL, rtol=0)
         torch.testing.assert_close(exported["native"](**inputs).logits, expected, atol=ATOL, rtol=0)
+
+
+TASK_HEADS = {  # native task head: the config of its language model (tiny_native)
+    BertForSequenceClassification: bert, BertForTokenClassification: bert, BertForQuestionAnswering: bert,
+    BertForMultipleChoice: bert, GPT2ForSequenceClassification: gpt2, GPT2ForTokenClassification: gpt2,
+    GPT2ForQuestionAnswering: gpt2, LlamaForTokenClassification: llama, LlamaForQuestionAnswering: llama,
+}
+
+
+@pytest.mark.parametrize("native_class", TASK_HEADS, ids=lambda native_class: native_class.__name__)
+def test_every_task_head_exports_with_a_dynamic_batch_and_length(native_class):
+    """Ours converted from each native task head: the exported program gives the native head's outputs at the traced
+    shape and another, right-padded rows (the decoder classifier finds each row's last real token), and the multiple
+    choice head's choices in place of the batch."""
+    config = TASK_HEADS[native_class]().config
+    config.num_labels = 2 if native_class.__name__.endswith("QuestionAnswering") else 3
+    native = native_class(config).eval()
+    ours = from_hf(native)
+
+    def inputs(batch, length):
+        ids = _ids(batch, length)
+        ids[-1, -2:] = config.pad_token_id or 0
+        mask = (torch.arange(length) < torch.tensor([[length]] * (batch - 1) + [[length - 2]])).long()
+        if native_class is BertForMultipleChoice:  # the rows as the choices of one
+            return {"input_ids": ids[None], "attention_mask": mask[None]}
+        return {"input_ids": ids, "attention_mask": mask}
+
+    program = DynamoExporter().export(ours, inputs(2, 7), DynamoConfig(dynamic=True)).program.module()
+    for batch, length in ((2, 7), (3, 11)):
+        with torch.no_grad():
+            expected, actual = native(**inputs(batch, length)), program(**inputs(batch, length))
+        for name in ("logits", "start_logits", "end_logits"):
+            if name in expected:
+                torch.testing.assert_close(actual[name], expected[name], atol=ATOL, rtol=0)
 
 
 def _static_cache(model, batch_size=1, max_cache_len=24):
