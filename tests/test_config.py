@@ -64,6 +64,7 @@ def test_invalid_common_knob_names_the_field(family, overrides, field):
         # a bool is an int to Python: `True` reached `nn.Embedding` and failed there with a TypeError
         ("encoder", dict(type_vocab_size=True), "type_vocab_size"),
         ("encoder", dict(classifier_dropout=2.0), "classifier_dropout"),
+        ("decoder", dict(classifier_dropout=-0.5), "classifier_dropout"),
         ("encoder", dict(sliding_window=4), "sliding_window"),  # was kept, and did nothing
         ("seq2seq", dict(encoder_layers=0), "encoder_layers"),
         ("seq2seq", dict(encoder_vocab_size=50), "share_embeddings"),

@@ -201,15 +201,18 @@ def test_encoder_sequence_classifier_reads_the_first_token_so_right_padding_chan
 
 
 @pytest.mark.parametrize("model_class", [hst.ScratchEncoderForSequenceClassification,
-                                         hst.ScratchEncoderForTokenClassification])
+                                         hst.ScratchEncoderForTokenClassification,
+                                         hst.ScratchDecoderForTokenClassification])
 def test_the_classifier_drops_out_at_classifier_dropout_in_training_mode_only(model_class):
-    """`classifier_dropout`, not `dropout`, is the rate of the classifier's input (BERT's): with every other rate 0,
-    training mode changes the logits, and eval mode gives those of the same weights with a rate of 0."""
+    """`classifier_dropout`, not `dropout`, is the rate of the classifier's input (BERT's, GPT-2's token
+    classifier's): with every other rate 0, training mode changes the logits, and eval mode gives those of the same
+    weights with a rate of 0."""
     ids = torch.randint(3, VOCAB, (2, 6))
+    family = "decoder" if "Decoder" in model_class.__name__ else "encoder"
     models = {}
     for rate in (0.5, 0.0):
         torch.manual_seed(0)
-        models[rate] = model_class(tiny_config("encoder", num_labels=3, dropout=0.0, classifier_dropout=rate))
+        models[rate] = model_class(tiny_config(family, num_labels=3, dropout=0.0, classifier_dropout=rate))
     with torch.no_grad():
         trained = models[0.5].train()(input_ids=ids).logits
         evaluated, without = (models[rate].eval()(input_ids=ids).logits for rate in (0.5, 0.0))
