@@ -5,8 +5,10 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -1029,6 +1031,17 @@ def test_a_local_dataset_named_from_another_folder_is_the_same_data(monkeypatch,
     settings = [data_settings(SimpleNamespace(task="causal-lm", train_files=None, dataset=dataset))
                 for dataset in ("data.csv", str(tmp_path / "data.csv"), "user/corpus")]
     assert settings == [{"dataset": str(tmp_path / "data.csv")}] * 2 + [{"dataset": "user/corpus"}]
+
+
+def test_every_column_option_of_the_commands_is_recorded_with_the_data_a_run_reads():
+    """A run resumed with another column (`--choices-column` was left out of the record) is told its data changed."""
+    from hf_scratch_transformer.cli.run_data import DATA_OPTIONS
+
+    cli = Path(__file__).resolve().parent.parent / "hf_scratch_transformer/cli"
+    sources = "".join(path.read_text() for path in cli.glob("*.py"))
+    options = {name.replace("-", "_") for name in re.findall(r'add_argument\(\s*"--([\w-]+-column)"', sources)}
+    assert {"choices_column", "question_column", "text_column"} <= options
+    assert options <= set(DATA_OPTIONS)
 
 
 def test_pairs_left_out_of_a_dataset_for_a_blank_side_are_reported(tmp_path):

@@ -111,7 +111,8 @@ def on_the_hub(dataset: str | None) -> bool:
 DATA_FILE_OPTIONS = ("train_files", "validation_files", "source_files", "target_files", "validation_source",
                      "validation_target", "train_file", "validation_file")
 DATA_OPTIONS = (*DATA_FILE_OPTIONS, "dataset", "dataset_config", "text_column", "source_column", "target_column",
-                "tokens_column", "label_column", "question_column", "context_column", "answers_column")
+                "tokens_column", "label_column", "question_column", "context_column", "answers_column",
+                "choices_column")
 
 
 def data_settings(args) -> dict:
