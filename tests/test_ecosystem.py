@@ -1,5 +1,6 @@
 """Libraries built on transformers, used on our families as on the native models: PEFT (LoRA, prefix tuning), TRL
-(supervised fine-tuning; the dropout switch of its preference trainers) and lm-evaluation-harness. Where a native
+(supervised fine-tuning; the dropout switch of its preference trainers), lm-evaluation-harness and
+sentence-transformers. Where a native
 model has the same computation, the same weights with the same adapter give the same outputs and gradients as
 there."""
 
@@ -7,11 +8,12 @@ import json
 
 import pytest
 import torch
+from load_without_package import output_of, run_without_package
 from peft import LoraConfig, PeftModel, PrefixTuningConfig, TaskType, get_peft_model
 from safetensors.torch import load_file
 from tiny_models import lm_inputs, tiny_lm
 from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama, marian
-from tiny_tokenizers import byte_level_bpe
+from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -312,3 +314,56 @@ def _floats(responses) -> torch.Tensor:
     if isinstance(responses, (list, tuple)):
         return torch.cat([_floats(item) for item in responses]) if responses else torch.empty(0)
     return torch.tensor([float(responses)], dtype=torch.float64)
+
+
+SENTENCES = ["a dog runs in the street", "the man sees a big red house", "a horse"]
+
+
+def test_sentence_transformers_embeds_and_trains_ours_as_bert(tmp_path):
+    """`SentenceTransformer(FOLDER)` (a saved masked LM: the trunk, mean pooling) embeds as it embeds the BERT of the
+    same weights; `SentenceTransformerTrainer` with an in-batch contrastive loss trains it to the same losses and
+    embeddings; the saved sentence model loads with `trust_remote_code=True` where the package is missing."""
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    tokenizer = wordpiece()
+    torch.manual_seed(0)
+    native = bert(vocab_size=len(tokenizer), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    for name, model in (("native", native), ("ours", from_hf(native))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    pairs = Dataset.from_dict({"anchor": ["a dog runs", "the man walks", "a big horse", "the red house", "a woman sees",
+                                          "the small street"],
+                               "positive": ["the dog runs far", "a man walks home", "the horse is big",
+                                            "a house is red", "the woman sees a dog", "a street is small"]})
+    losses, embeddings = {}, {}
+    for name in ("native", "ours"):
+        model = SentenceTransformer(str(tmp_path / name), device="cpu")
+        embeddings[f"{name}-before"] = model.encode(SENTENCES, convert_to_tensor=True)
+        arguments = SentenceTransformerTrainingArguments(
+            output_dir=str(tmp_path / f"run-{name}"), max_steps=3, per_device_train_batch_size=3, learning_rate=1e-3,
+            seed=0, report_to=[], logging_steps=1, save_strategy="no", use_cpu=True)
+        trainer = SentenceTransformerTrainer(model=model, args=arguments, train_dataset=pairs,
+                                             loss=MultipleNegativesRankingLoss(model))
+        trainer.train()
+        losses[name] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        embeddings[name] = model.encode(SENTENCES, convert_to_tensor=True)
+        model.save(str(tmp_path / f"sentences-{name}"))
+    torch.testing.assert_close(embeddings["ours-before"], embeddings["native-before"], atol=ATOL, rtol=0)
+    assert len(losses["ours"]) == 3 and losses["ours"] == pytest.approx(losses["native"], abs=1e-5)
+    torch.testing.assert_close(embeddings["ours"], embeddings["native"], atol=ATOL, rtol=0)
+    assert not torch.allclose(embeddings["ours"], embeddings["ours-before"], atol=1e-3)  # it trained
+    script = tmp_path / "embed.py"
+    script.write_text(
+        "import torch\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        f"model = SentenceTransformer({str(tmp_path / 'sentences-ours')!r}, trust_remote_code=True, device='cpu')\n"
+        f"torch.save(model.encode({SENTENCES!r}, convert_to_tensor=True), {str(tmp_path / 'embedded.pt')!r})\n")
+    completed = run_without_package(tmp_path, "--run", script)
+    assert "Traceback" not in output_of(completed, script), output_of(completed, script)[-3000:]
+    torch.testing.assert_close(torch.load(tmp_path / "embedded.pt"), embeddings["ours"], atol=ATOL, rtol=0)
