@@ -1,11 +1,11 @@
 """Native `transformers` models <-> Scratch models with the same outputs, in both directions.
 
 - `from_hf(model)` converts a native `GPT2LMHeadModel`, `LlamaForCausalLM` (and `MistralForCausalLM`,
-  `Qwen2ForCausalLM`), `BertForMaskedLM` or `MarianMTModel` into the matching Scratch model, and the sequence
-  classifiers of GPT-2, Llama, Mistral, Qwen2 and BERT, BERT's token classifier, question-answering and
-  multiple-choice heads too.
+  `Qwen2ForCausalLM`), `BertForMaskedLM` or `MarianMTModel` into the matching Scratch model, and the sequence and
+  token classifiers and question answerers of GPT-2, Llama, Mistral, Qwen2 and BERT, and BERT's multiple-choice head
+  too.
 - `to_hf(model)` is its inverse: `ScratchDecoderForCausalLM` -> `GPT2LMHeadModel` or `LlamaForCausalLM`
-  (`MistralForCausalLM` with a sliding window), and its sequence classifier to theirs; `ScratchEncoderForMaskedLM`
+  (`MistralForCausalLM` with a sliding window), and its task heads to theirs; `ScratchEncoderForMaskedLM`
   -> `BertForMaskedLM` (and the sequence classifier and multiple-choice head with `classifier_pooler`, the token
   classifier and question-answering heads to BERT's), `ScratchSeq2SeqForConditionalGeneration` -> `MarianMTModel`.
   A model with knobs that no native class computes exactly gets one `ValueError` naming every such knob and the
