@@ -367,3 +367,43 @@ def test_sentence_transformers_embeds_and_trains_ours_as_bert(tmp_path):
     completed = run_without_package(tmp_path, "--run", script)
     assert "Traceback" not in output_of(completed, script), output_of(completed, script)[-3000:]
     torch.testing.assert_close(torch.load(tmp_path / "embedded.pt"), embeddings["ours"], atol=ATOL, rtol=0)
+
+
+def test_sentence_transformers_cross_encoder_scores_and_trains_ours_as_berts_classifier(tmp_path):
+    """`CrossEncoder(FOLDER)` on a one-label sequence classifier (ours converted from BERT's, with its pooler) scores
+    pairs, and `CrossEncoderTrainer` with a binary cross-entropy trains it, to BERT's scores and losses."""
+    from datasets import Dataset
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tokenizer = wordpiece()
+    torch.manual_seed(0)
+    native = BertForSequenceClassification(BertConfig(**bert(
+        vocab_size=len(tokenizer), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).config.to_dict()
+        | {"num_labels": 1}))
+    for name, model in (("native", native), ("ours", from_hf(native))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    texts = ["a dog runs", "the red house", "a horse runs", "the street", "the man runs", "a big house"]
+    data = Dataset.from_dict({"query": ["what runs ?"] * 6, "text": texts, "label": [1.0, 0.0] * 3})
+    pairs = [("what runs ?", text) for text in texts[:2]]
+    scores, losses = {}, {}
+    for name in ("native", "ours"):
+        model = CrossEncoder(str(tmp_path / name), device="cpu")
+        assert type(model.model).__name__ == ("BertForSequenceClassification" if name == "native"
+                                              else "ScratchEncoderForSequenceClassification")
+        scores[f"{name}-before"] = model.predict(pairs, convert_to_tensor=True)
+        arguments = CrossEncoderTrainingArguments(
+            output_dir=str(tmp_path / f"run-{name}"), max_steps=3, per_device_train_batch_size=2, learning_rate=1e-3,
+            seed=0, report_to=[], logging_steps=1, save_strategy="no", use_cpu=True)
+        trainer = CrossEncoderTrainer(model=model, args=arguments, train_dataset=data,
+                                      loss=BinaryCrossEntropyLoss(model))
+        trainer.train()
+        losses[name] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        scores[name] = model.predict(pairs, convert_to_tensor=True)
+    torch.testing.assert_close(scores["ours-before"], scores["native-before"], atol=1e-5, rtol=0)
+    assert len(losses["ours"]) == 3 and losses["ours"] == pytest.approx(losses["native"], abs=1e-5)
+    torch.testing.assert_close(scores["ours"], scores["native"], atol=1e-5, rtol=0)
+    assert not torch.allclose(scores["ours"], scores["ours-before"], atol=1e-4)  # it trained
