@@ -1,6 +1,6 @@
 """What the training and fine-tuning commands evaluate: the validation loss weighted by token (not by batch), and
-the metrics each task reports (perplexity, masked-LM accuracy, BLEU/chrF, accuracy and macro-F1, entity F1, the
-accuracy of multiple choice). No model file imports this module.
+the metrics each task reports (perplexity, masked-LM accuracy, BLEU/chrF, accuracy and macro-F1, entity F1, a
+regressor's MSE and correlations, the accuracy of multiple choice). No model file imports this module.
 """
 
 import math
@@ -47,6 +47,13 @@ def summed_span_losses(start_logits: torch.Tensor, end_logits: torch.Tensor, sta
     return summed_token_losses(logits, labels.masked_fill(labels == length, -100), shift=False)
 
 
+def summed_squared_errors(predictions: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A regressor's scores (batch, 1) and labels (batch,) -> (batch, 2) as `summed_token_losses`: each row's squared
+    error and a count of one, whose sum over the count is the mean squared error transformers' regression loss is."""
+    errors = (predictions.reshape(labels.shape).double() - labels.to(predictions.device).double()) ** 2
+    return torch.stack([errors, torch.ones_like(errors)], dim=-1)
+
+
 class TokenWeightedEvaluationLoss:
     """`Trainer` mixin: the evaluation loss is the mean cross-entropy over every labelled token of the evaluation
     set, the loss the training steps minimise and the Accelerate loop reports. Trainer's is the mean of each batch's
@@ -70,7 +77,9 @@ class TokenWeightedEvaluationLoss:
             labels = kwargs.get("labels")
             if labels is None:
                 labels = self._labels_of_the_loss
-            if labels is not None:
+            if labels is not None and labels.is_floating_point():  # a regressor's scores
+                recorded.append(summed_squared_errors(outputs.logits.detach(), labels))
+            elif labels is not None:
                 recorded.append(summed_token_losses(outputs.logits.detach(), labels, shift))
             elif kwargs.get("start_positions") is not None and kwargs.get("end_positions") is not None:
                 recorded.append(summed_span_losses(outputs.start_logits.detach(), outputs.end_logits.detach(),
@@ -162,6 +171,35 @@ def classification_metrics(eval_prediction) -> dict:
     averages every class found in the labels or the predictions, as scikit-learn's does: a class only ever
     predicted (wrongly) counts, with F1 0."""
     return _accuracy_and_macro_f1(*_predicted_ids(eval_prediction))
+
+
+def regression_metrics(eval_prediction) -> dict:
+    """A regressor's mean squared error and Pearson's and Spearman's correlations of its scores with the labels, as
+    run_glue reports them for STS-B (Spearman's: Pearson's of the ranks, ties ranked by their mean, as SciPy's)."""
+    scores = np.asarray(eval_prediction.predictions, dtype=np.float64).reshape(-1)
+    labels = np.asarray(eval_prediction.label_ids, dtype=np.float64).reshape(-1)
+    return {"mse": float(np.mean((scores - labels) ** 2)), "pearson": _pearson(scores, labels),
+            "spearman": _pearson(_ranks(scores), _ranks(labels))}
+
+
+def _pearson(first: np.ndarray, second: np.ndarray) -> float:
+    """Pearson's correlation; NaN where either side is constant (no correlation to measure), as SciPy gives it."""
+    if np.ptp(first) == 0 or np.ptp(second) == 0:  # not by the spread below: a constant's mean is rounded
+        return float("nan")
+    first, second = first - first.mean(), second - second.mean()
+    spread = math.sqrt(float(np.sum(first**2) * np.sum(second**2)))
+    return float(np.sum(first * second) / spread) if spread else float("nan")
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Each value's rank from 1, tied values sharing their mean rank."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
 
 
 def choice_accuracy(eval_prediction) -> dict:

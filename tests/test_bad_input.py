@@ -1093,6 +1093,21 @@ def test_finetune_refuses_options_it_would_leave_out(hf_scratch, tmp_path, task,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("task, rows, message", [
+    ("token-classification", '{"tokens": ["a"], "label": [1.5]}\n',
+     "--regression: goes with --task text-classification (a score per text), not --task token-classification"),
+    ("text-classification", '{"text": "a dog", "label": 0.5}\n{"text": "a man", "label": "high"}\n'
+                            '{"text": "a horse", "label": null}\n{"text": "a cat", "label": true}\n',
+     "--regression needs a number in the label column 'label'; none in rows 2, 3, 4"),
+], ids=["another-task", "labels-that-are-not-numbers"])
+def test_finetune_regression_refuses_what_it_cannot_score(hf_scratch, tmp_path, task, rows, message):
+    (tmp_path / "train.json").write_text(rows)
+    stderr = hf_scratch("finetune", "--model", config_only(tmp_path / "model"), "--task", task, "--regression",
+                        "--train-file", tmp_path / "train.json", "--output-dir", tmp_path / "out")
+    assert message in stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "validation,message",
     [("text,label\na cat,animal\na tree,plant\n", "labels ['plant'] do not occur in the training data"),

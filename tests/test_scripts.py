@@ -662,6 +662,53 @@ def _animal_rows(count: int, seed: int) -> list[str]:
     return [f"{s},{'animal' if 'dog' in s or 'horse' in s else 'other'}" for s in words(count, seed)]
 
 
+def test_finetune_regression_scores_texts_as_run_glue_scores_sts_b(tmp_path):
+    """--regression: one output trained on a score per text (the mean squared error), reported as run_glue reports
+    STS-B (MSE, Pearson's and Spearman's correlations) and as the saved model's own scores over the validation texts
+    give them; its card names them."""
+    def rows(count, seed):
+        return [{"text": text, "label": sum(word in ("dog", "horse") for word in text.split()) / 5 + 0.1}
+                for text in words(count, seed)]
+
+    validation = rows(12, 7)
+    run_script("finetune.py", "--model", _tiny_folder(tmp_path / "mlm"), "--task", "text-classification",
+               "--regression", "--train-file", write_json_lines(tmp_path / "train.json", rows(40, 6)),
+               "--validation-file", write_json_lines(tmp_path / "dev.json", validation), "--max-steps", 3,
+               "--batch-size", 8, "--output-dir", tmp_path / "sts", cwd=tmp_path)
+    results = json.loads((tmp_path / "sts/model/eval_results.json").read_text())
+    assert set(results) == {"loss", "mse", "pearson", "spearman"}
+    assert results["loss"] == pytest.approx(results["mse"], rel=1e-5)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sts/model").eval()
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "sts/model")
+    with torch.no_grad():
+        scores = model(**tokenizer([row["text"] for row in validation], padding=True, return_tensors="pt")).logits[:, 0]
+    labels = torch.tensor([row["label"] for row in validation])
+    assert results["mse"] == pytest.approx(((scores - labels) ** 2).mean().item(), rel=1e-4)
+    assert results["pearson"] == pytest.approx(torch.corrcoef(torch.stack([scores, labels]))[0, 1].item(), abs=1e-4)
+    card = ModelCard.load(tmp_path / "sts/model/README.md")
+    assert {result.metric_name for result in card.data.eval_results} == {
+        "Eval loss", "Mean squared error", "Pearson correlation", "Spearman correlation"}
+
+
+def test_finetune_regression_goes_on_with_a_regressors_head_and_draws_a_classifiers_anew(monkeypatch, tmp_path, capsys):
+    rows = [{"text": text, "label": len(text) / 10} for text in words(20, 2)]
+    train = write_json_lines(tmp_path / "train.json", rows)
+    regressor = _tiny_folder(tmp_path / "regressor", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
+                             num_labels=1, problem_type="regression")
+    saved = hf_scratch_transformer.ScratchEncoderForSequenceClassification.from_pretrained(regressor).classifier.weight
+    trainer = trainer_at_training(monkeypatch, "--model", regressor, "--task", "text-classification", "--regression",
+                                  "--train-file", train, "--output-dir", tmp_path / "out")
+    torch.testing.assert_close(trainer.model.classifier.weight, saved, rtol=0, atol=0)
+    assert "trains a new head" not in capsys.readouterr().out
+    classifier = _tiny_folder(tmp_path / "classifier", hf_scratch_transformer.ScratchEncoderForSequenceClassification,
+                              id2label={0: "a", 1: "b"}, label2id={"a": 0, "b": 1})
+    trainer = trainer_at_training(monkeypatch, "--model", classifier, "--task", "text-classification", "--regression",
+                                  "--train-file", train, "--output-dir", tmp_path / "out2")
+    assert trainer.model.classifier.weight.shape[0] == 1 and trainer.model.config.problem_type == "regression"
+    assert "trains a new head" in capsys.readouterr().out
+
+
 def test_finetune_gives_integer_labels_their_own_ids(tmp_path):
     """Sorted as text, labels 0..10 took the ids 0, 1, 3, 4, ... 10, 2: class 2 was the head's row 3."""
     rows = ["text,label"] + [f"{s},{i % 11}" for i, s in enumerate(words(44, 5))]

@@ -1033,6 +1033,27 @@ def test_a_local_dataset_named_from_another_folder_is_the_same_data(monkeypatch,
     assert settings == [{"dataset": str(tmp_path / "data.csv")}] * 2 + [{"dataset": "user/corpus"}]
 
 
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5, 4.0]), st.integers(-300, 300).map(lambda i: i / 100)),
+                min_size=3, max_size=30))
+@settings(deadline=None)  # the first case imports SciPy
+def test_regression_metrics_are_scipys_correlations_with_ties(pairs):
+    """Pearson's and Spearman's correlations as SciPy computes them (ties ranked by their mean); NaN for constant
+    labels or scores, as SciPy gives them."""
+    from scipy import stats
+    from transformers import EvalPrediction
+
+    from hf_scratch_transformer.evaluation import regression_metrics
+
+    labels, scores = (np.array(column) for column in zip(*pairs, strict=True))
+    metrics = regression_metrics(EvalPrediction(predictions=scores[:, None], label_ids=labels))
+    assert metrics["mse"] == pytest.approx(np.mean((scores - labels) ** 2))
+    if np.ptp(labels) == 0 or np.ptp(scores) == 0:
+        assert np.isnan(metrics["pearson"]) and np.isnan(metrics["spearman"])
+        return
+    assert metrics["pearson"] == pytest.approx(stats.pearsonr(scores, labels).statistic, abs=1e-9)
+    assert metrics["spearman"] == pytest.approx(stats.spearmanr(scores, labels).statistic, abs=1e-9)
+
+
 def test_every_column_option_of_the_commands_is_recorded_with_the_data_a_run_reads():
     """A run resumed with another column (`--choices-column` was left out of the record) is told its data changed."""
     from hf_scratch_transformer.cli.run_data import DATA_OPTIONS

@@ -1,4 +1,5 @@
-"""Fine-tune a saved model for text or token classification with `Trainer`, reporting accuracy and macro-F1 (and,
+"""Fine-tune a saved model for text or token classification with `Trainer`, reporting accuracy and macro-F1 (a score
+per text with --regression: the MSE and Pearson's and Spearman's correlations, as run_glue reports STS-B; and,
 for entity tags such as B-PER / I-PER / O, entity-level precision, recall and F1 as seqeval and run_ner compute them),
 for extractive question answering, reporting SQuAD's exact match and F1 (as run_qa computes them), or for multiple
 choice, reporting accuracy (as run_swag does):
@@ -168,6 +169,9 @@ parser.add_argument("--max-steps", type=step_budget, default=-1, help="overrides
 parser.add_argument("--batch-size", type=positive_int, default=16, help="default 16")
 parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="default 5e-5")
 parser.add_argument("--seed", type=random_seed, default=42, help="default 42")
+parser.add_argument("--regression", action="store_true",
+                    help="text-classification of a score per text (one output, mean squared error), as run_glue "
+                         "fine-tunes STS-B: reports the MSE and Pearson's and Spearman's correlations")
 parser.add_argument("--classifier-pooler", action="store_true",
                     help="text-classification and multiple-choice of an encoder: read [CLS] through BERT's pooler (a "
                          "dense layer and tanh, new where the model has none) before the classifier, so that the "
@@ -309,7 +313,8 @@ def check_labels(where: str, data) -> set[str]:
         fail(parser, f"{where}: the label column {args.label_column!r} has no value in {rows(sorted(set(missing)))}")
     if fractional:
         fail(parser, f"{where}: fractional labels in {args.label_column!r} (scores for regression?) in "
-                     f"{rows(sorted(set(fractional)))}: classification needs class names or integer ids")
+                     f"{rows(sorted(set(fractional)))}: classification needs class names or integer ids; "
+                     "--regression fine-tunes a score per text")
     if malformed:
         fail(parser, f"{where}: labels in {args.label_column!r} that are neither class names nor integer ids "
                      f"in {rows(sorted(set(malformed)))}")
@@ -334,6 +339,8 @@ if given := [option for task_columns in COLUMNS.values() for option in task_colu
              if option not in COLUMNS[args.task] and option_value(option)]:
     read = ", ".join(option for option in COLUMNS[args.task] if option != "--label-column")
     parser.error(f"{given[0]}: not an input of --task {args.task} (its input column{'s' * (',' in read)}: {read})")
+if args.regression and args.task != "text-classification":
+    parser.error(f"--regression: goes with --task text-classification (a score per text), not --task {args.task}")
 if args.doc_stride and args.task != QUESTION_ANSWERING:
     parser.error(f"--doc-stride: goes with --task {QUESTION_ANSWERING} (its windows over long contexts)")
 columns = {option: option_value(option) or default for option, default in COLUMNS[args.task].items()}  # the names
@@ -423,6 +430,14 @@ def check_questions_fit() -> None:
                          "than --doc-stride (the tokens windows share): raise --max-length, or lower --doc-stride")
 
 
+def check_scores(where: str, data) -> None:
+    """An error naming the rows of regression data whose label is not a number (missing, NaN, text, a list)."""
+    if not_numbers := [index for index, value in enumerate(data[args.label_column])
+                       if isinstance(value, bool) or not isinstance(value, int | float) or value != value]:
+        fail(parser, f"{where}: --regression needs a number in the label column {args.label_column!r}; none in "
+                     f"{rows(not_numbers)}")
+
+
 def class_names_of(raw) -> tuple[list[str], list[str] | None]:
     """The classes of the labels in `raw`'s splits, in the order of their ids, and the names of a `datasets`
     ClassLabel column (None for other labels); an error naming the rows whose labels cannot be trained on."""
@@ -463,7 +478,9 @@ for name in raw:
         check_choice_rows(where[name], raw[name], multiple_choice.choice_count(raw["train"][choices_column]))
     else:
         check_label_shapes(where[name], raw[name])
-names, class_names = class_names_of(raw) if args.task not in UNCLASSED else (None, None)
+    if args.regression:
+        check_scores(where[name], raw[name])
+names, class_names = class_names_of(raw) if args.task not in UNCLASSED and not args.regression else (None, None)
 # SQuAD 2.0's rule: the model may answer none where its training data has questions without an answer
 may_answer_none = args.task == QUESTION_ANSWERING and question_answering.has_no_answer(raw["train"][answers_column])
 # What the card's figures were measured on: its "Dataset" column names the training data, whatever was evaluated
@@ -479,10 +496,15 @@ earlier_heads = [name for name in config.architectures or [] if name.endswith(tu
 # A model of this task fine-tuned further (a classifier: on the classes it knows) keeps its head and their order: each
 # row of its head stays the class it was trained for (in the data's order, the names of its rows would be swapped).
 # Any other head is drawn anew (below): with as many classes, a classifier's rows for "a" and "b" served "c" and "d".
+# A regressor (one output) goes on as one; a classifier's head is drawn anew for regression, and a regressor's for
+# classes.
+regressor = config.num_labels == 1 and config.problem_type == "regression"
 same_head = (any(name.endswith(HEAD_SUFFIXES[args.task]) for name in earlier_heads)
-             and (names is None or set(config.label2id) == set(names)))
+             and (regressor if args.regression else names is None or set(config.label2id) == set(names)))
 if args.task in UNCLASSED:  # a start and an end logit per token, or a score per choice: transformers' default labels
     head = dict(num_labels=2, id2label={i: f"LABEL_{i}" for i in range(2)}, problem_type=None)
+elif args.regression:  # one score per text: transformers' labels of one output, the mean squared error
+    head = dict(num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0}, problem_type="regression")
 else:
     if same_head:
         names = sorted(names, key=config.label2id.get)
@@ -577,7 +599,7 @@ say(f"model: {type(model).__name__}, {model.num_parameters() / 1e6:.2f}M paramet
 def encode_labels(batch):
     if args.task == "text-classification":
         encoded = tokenizer(batch["inputs"], truncation=True, max_length=args.max_length)
-        encoded["labels"] = [label_id(value) for value in batch["targets"]]
+        encoded["labels"] = [float(value) if args.regression else label_id(value) for value in batch["targets"]]
         return encoded
     # Each word after the first with the space before it in the text, which the pipeline reads: a byte-level BPE
     # tokenizer takes a word alone without it ('dog' where the text gives 'Ġdog'), so the model would learn other
@@ -615,6 +637,8 @@ if args.task == QUESTION_ANSWERING:  # each window's row and context offsets: re
         windows, list(raw["validation"][context_column]), list(raw["validation"][answers_column]), may_answer_none)
 elif args.task == MULTIPLE_CHOICE:
     compute_metrics = evaluation.choice_accuracy
+elif args.regression:
+    compute_metrics = evaluation.regression_metrics
 elif args.task == "text-classification":
     compute_metrics = evaluation.classification_metrics
 else:
@@ -651,7 +675,8 @@ if refusal := mixed_precision.slow_bf16_refusal(trainer.args.mixed_precision, tr
 refuse_lone_processes(parser, trainer)
 remove_the_earlier_run(parser, output_dir, args.overwrite_output_dir, is_rank_zero())
 train_until_stopped(parser, trainer, resumed, preemption)
-reported = ("loss", "accuracy", "exact_match", "f1", "entity_precision", "entity_recall", "entity_f1")  # entity_*: IOB
+reported = ("loss", "accuracy", "exact_match", "f1", "entity_precision", "entity_recall", "entity_f1",  # entity_*: IOB
+            "mse", "pearson", "spearman")
 results = {key.removeprefix("eval_"): value for key, value in trainer.evaluate().items()
            if key.removeprefix("eval_") in reported}
 say("evaluation: " + ", ".join(f"{key} {value:.4f}" for key, value in results.items()))
