@@ -652,6 +652,23 @@ def test_finetune_multiple_choice_under_two_processes_scores_as_one_process(clas
     assert two == pytest.approx(one, abs=1e-5)
 
 
+def test_finetune_regression_under_two_processes_scores_as_one_process(classification_run):
+    """A score per text, evaluated by two processes in batches of 2, the last padded with a repeated text: the MSE,
+    correlations and loss are those of one process with the combined batch."""
+    folder, _ = classification_run
+    rows = [{"text": text, "label": text.count("dog") + text.count("horse") / 2} for text in tiny_texts.words(30, 5)]
+    finetune = [ROOT / "scripts/finetune.py", "--model", folder / "mlm", "--task", "text-classification",
+                "--regression", "--train-file", write_json_lines(folder / "scores.json", rows[:23]),
+                "--validation-file", write_json_lines(folder / "scores_validation.json", rows[23:]), "--max-steps", 3]
+    launcher, env = two_cpu_processes("torchrun")
+    run(*finetune, "--batch-size", 2, "--output-dir", folder / "sts-ddp", launcher=launcher, env=env, cwd=folder)
+    run(*finetune, "--batch-size", 4, "--output-dir", folder / "sts-one", cwd=folder, env={"OMP_NUM_THREADS": "1"})
+    two, one = (json.loads((folder / run_dir / "model/eval_results.json").read_text())
+                for run_dir in ("sts-ddp", "sts-one"))
+    assert set(two) == {"loss", "mse", "pearson", "spearman"} == set(one)
+    assert two == pytest.approx(one, abs=1e-5) and two["loss"] == pytest.approx(two["mse"], rel=1e-5)
+
+
 def test_finetune_under_an_fsdp_launch_shards_and_saves_every_weight(classification_run):
     """Accelerate ran finetune's FSDP launch on CPU processes as DDP without a word (whole checkpoints), and
     Trainer's `save_model` writes no weights under the sharded state dict: its trainers shard and save as train's.
