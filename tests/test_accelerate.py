@@ -613,6 +613,16 @@ def test_finetune_question_answering_under_two_processes_scores_every_window_onc
     assert results["loss"] == pytest.approx(outputs.loss.item(), abs=1e-5)
 
 
+def _results_in_two_processes_and_in_one(folder: Path, finetune: list, name: str) -> tuple[dict, dict]:
+    """The eval_results.json of `finetune` run by two processes of batch 2 and by one of batch 4 (the same combined
+    batch), in FOLDER/NAME-ddp and FOLDER/NAME-one."""
+    launcher, env = two_cpu_processes("torchrun")
+    run(*finetune, "--batch-size", 2, "--output-dir", folder / f"{name}-ddp", launcher=launcher, env=env, cwd=folder)
+    run(*finetune, "--batch-size", 4, "--output-dir", folder / f"{name}-one", cwd=folder, env={"OMP_NUM_THREADS": "1"})
+    return tuple(json.loads((folder / f"{name}-{run_dir}" / "model/eval_results.json").read_text())
+                 for run_dir in ("ddp", "one"))
+
+
 def test_finetune_token_classification_under_two_processes_scores_as_one_process(classification_run):
     """Entity tags, sentences of different lengths evaluated by two processes in batches of 2 (the last padded with a
     repeated sentence, the predictions padded to the longest across processes): the word accuracy, macro-F1, entity
@@ -625,11 +635,7 @@ def test_finetune_token_classification_under_two_processes_scores_as_one_process
                 write_json_lines(folder / "tags_validation.json", tagged[23:]), "--label-column", "tags",
                 "--max-steps", 3]
     assert len(tagged[23:]) % 4 == 3  # two processes of batch 2: the second pads its last batch
-    launcher, env = two_cpu_processes("torchrun")
-    run(*finetune, "--batch-size", 2, "--output-dir", folder / "ner-ddp", launcher=launcher, env=env, cwd=folder)
-    run(*finetune, "--batch-size", 4, "--output-dir", folder / "ner-one", cwd=folder, env={"OMP_NUM_THREADS": "1"})
-    two, one = (json.loads((folder / run_dir / "model/eval_results.json").read_text())
-                for run_dir in ("ner-ddp", "ner-one"))
+    two, one = _results_in_two_processes_and_in_one(folder, finetune, "ner")
     assert set(two) == {"loss", "accuracy", "f1", "entity_precision", "entity_recall", "entity_f1"} == set(one)
     assert two == pytest.approx(one, abs=1e-5)
 
@@ -643,11 +649,7 @@ def test_finetune_multiple_choice_under_two_processes_scores_as_one_process(clas
                 write_json_lines(folder / "choices.json", rows[:23]), "--validation-file",
                 write_json_lines(folder / "choices_validation.json", rows[23:]), "--max-steps", 3]
     assert len(rows[23:]) % 4 == 3  # two processes of batch 2: the second pads its last batch
-    launcher, env = two_cpu_processes("torchrun")
-    run(*finetune, "--batch-size", 2, "--output-dir", folder / "mc-ddp", launcher=launcher, env=env, cwd=folder)
-    run(*finetune, "--batch-size", 4, "--output-dir", folder / "mc-one", cwd=folder, env={"OMP_NUM_THREADS": "1"})
-    two, one = (json.loads((folder / run_dir / "model/eval_results.json").read_text())
-                for run_dir in ("mc-ddp", "mc-one"))
+    two, one = _results_in_two_processes_and_in_one(folder, finetune, "mc")
     assert set(two) == {"loss", "accuracy"} == set(one)
     assert two == pytest.approx(one, abs=1e-5)
 
@@ -660,11 +662,7 @@ def test_finetune_regression_under_two_processes_scores_as_one_process(classific
     finetune = [ROOT / "scripts/finetune.py", "--model", folder / "mlm", "--task", "text-classification",
                 "--regression", "--train-file", write_json_lines(folder / "scores.json", rows[:23]),
                 "--validation-file", write_json_lines(folder / "scores_validation.json", rows[23:]), "--max-steps", 3]
-    launcher, env = two_cpu_processes("torchrun")
-    run(*finetune, "--batch-size", 2, "--output-dir", folder / "sts-ddp", launcher=launcher, env=env, cwd=folder)
-    run(*finetune, "--batch-size", 4, "--output-dir", folder / "sts-one", cwd=folder, env={"OMP_NUM_THREADS": "1"})
-    two, one = (json.loads((folder / run_dir / "model/eval_results.json").read_text())
-                for run_dir in ("sts-ddp", "sts-one"))
+    two, one = _results_in_two_processes_and_in_one(folder, finetune, "sts")
     assert set(two) == {"loss", "mse", "pearson", "spearman"} == set(one)
     assert two == pytest.approx(one, abs=1e-5) and two["loss"] == pytest.approx(two["mse"], rel=1e-5)
 
