@@ -103,13 +103,33 @@ class ScratchDecoderForCausalLM(ScratchDecoderPreTrainedModel, ScratchGeneration
         )
 
 
-class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
-    """Classifies a sequence from the hidden state of its last real (non-padding) token, as GPT-2 does."""
+class _ScratchDecoderWithHead(ScratchDecoderPreTrainedModel):
+    """The causal trunk under a task head that a subclass adds (then calls `post_init`). `past_key_values` given are
+    attended to before the input (a prefix, as PEFT's prefix tuning passes one)."""
 
     def __init__(self, config: ScratchDecoderConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = ScratchDecoderModel(config)
+
+    def _decode(self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache, **kwargs):
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            return_dict=True,  # read by name, whatever `config.return_dict` says (as BERT does)
+            **kwargs,
+        )
+
+
+class ScratchDecoderForSequenceClassification(_ScratchDecoderWithHead):
+    """Classifies a sequence from the hidden state of its last real (non-padding) token, as GPT-2 does."""
+
+    def __init__(self, config: ScratchDecoderConfig):
+        super().__init__(config)
         self.score = ScratchLinear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
@@ -128,16 +148,8 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
     ) -> SequenceClassifierOutputWithPast:
         if labels is not None and use_cache is None:
             use_cache = False  # a loss needs no cache, as in `ScratchDecoderForCausalLM`
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=resolve_cache(cache, past_key_values, self),
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            return_dict=True,  # read by name below, whatever `config.return_dict` says (as BERT does)
-            **kwargs,
-        )
+        outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
+                               inputs_embeds, use_cache, **kwargs)
         logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
         batch_size = logits.shape[0]
         last = self._last_token_index(input_ids, attention_mask, batch_size, logits.shape[1])
@@ -174,35 +186,13 @@ class ScratchDecoderForSequenceClassification(ScratchDecoderPreTrainedModel):
         return (positions * real).argmax(-1)
 
 
-class _ScratchDecoderTokenHead(ScratchDecoderPreTrainedModel):
-    """The causal trunk under a head over every token's hidden state (a subclass adds it, then calls `post_init`). Its
-    output has no place for a cache, so none is made unless `use_cache=True` asks; `past_key_values` given are
-    attended to before the input (a prefix, as PEFT's prefix tuning passes one)."""
-
-    def __init__(self, config: ScratchDecoderConfig):
-        super().__init__(config)
-        self.model = ScratchDecoderModel(config)
-
-    def _decode(self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache, **kwargs):
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=bool(use_cache),
-            return_dict=True,  # read by name, whatever `config.return_dict` says
-            **kwargs,
-        )
-
-
-class ScratchDecoderForTokenClassification(_ScratchDecoderTokenHead):
+class ScratchDecoderForTokenClassification(_ScratchDecoderWithHead):
     """Labels every token from its hidden state through dropout (`classifier_dropout`) and a linear layer, as
-    `GPT2ForTokenClassification` and `LlamaForTokenClassification`: logits (B, T, num_labels)."""
+    `GPT2ForTokenClassification` and `LlamaForTokenClassification`: logits (B, T, num_labels). Its output has no place
+    for a cache, so none is made unless `use_cache=True` asks (as for the question answerer)."""
 
     def __init__(self, config: ScratchDecoderConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
         self.classifier_dropout = nn.Dropout(
             config.classifier_dropout if config.classifier_dropout is not None else config.dropout
         )
@@ -225,11 +215,11 @@ class ScratchDecoderForTokenClassification(_ScratchDecoderTokenHead):
         """`labels` (B, T): each token's class, -100 for none."""
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
         outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
-                               inputs_embeds, use_cache, **kwargs)
+                               inputs_embeds, bool(use_cache), **kwargs)
         return classify_tokens(self, outputs, labels, **kwargs)
 
 
-class ScratchDecoderForQuestionAnswering(_ScratchDecoderTokenHead):
+class ScratchDecoderForQuestionAnswering(_ScratchDecoderWithHead):
     """Extractive question answering: the answer's start and end logits (B, T) each, from one linear layer over every
     token's hidden state, as `GPT2ForQuestionAnswering` and `LlamaForQuestionAnswering`."""
 
@@ -255,7 +245,7 @@ class ScratchDecoderForQuestionAnswering(_ScratchDecoderTokenHead):
         """`start_positions`, `end_positions` (B,): the token index of each answer's first and last token."""
         check_answer_positions(start_positions, end_positions)
         outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
-                               inputs_embeds, use_cache, **kwargs)
+                               inputs_embeds, bool(use_cache), **kwargs)
         return answer_spans(self, outputs, start_positions, end_positions, **kwargs)
 
 
