@@ -135,11 +135,14 @@ def build_self_attention_mask(
             config, inputs_embeds, attention_mask, past_key_values, position_ids, allow_is_causal_skip=skip_allowed
         )
     else:
+        # Given positions that restart mark packed sequences here too, from transformers 5.25 on (as in BERT's
+        # encoder; 5.23-5.24 take the argument and let every token see every other, as their BERT does).
         mask = create_bidirectional_mask(
             config=config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             allow_is_bidirectional_skip=skip_allowed,
+            position_ids=position_ids,
         )
     if alibi is None:
         return mask

@@ -7,8 +7,10 @@ import functools
 
 import pytest
 import torch
+import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama, marian
 from transformers import (
     AutoModelForCausalLM,
@@ -24,6 +26,7 @@ from transformers import (
     BertForSequenceClassification,
     BertForTokenClassification,
     Cache,
+    DataCollatorWithFlattening,
     DynamicCache,
     GPT2ForQuestionAnswering,
     GPT2ForSequenceClassification,
@@ -92,6 +95,41 @@ def test_bert_logits_match(overrides):
     mask = torch.ones_like(ids)
     mask[1, -4:] = 0
     _assert_logits_match(native, ours, input_ids=ids, token_type_ids=token_type_ids, attention_mask=mask)
+
+
+def _packed_texts(lengths=(3, 5, 4)) -> tuple[list[torch.Tensor], dict]:
+    """Texts of the given lengths, and the one row `DataCollatorWithFlattening` packs them into, its positions
+    restarting at each text: input_ids, position_ids (1, sum of lengths)."""
+    texts = [_ids(1, length, seed)[0] for seed, length in enumerate(lengths)]
+    packed = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": text.tolist()} for text in texts])
+    return texts, {"input_ids": packed["input_ids"], "position_ids": packed["position_ids"]}
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_packed_texts_give_berts_logits(attn_implementation):
+    """A row of packed texts (no attention mask, positions restarting) reads as BERT reads it, with the installed
+    transformers: each text on its own from 5.25 on."""
+    native = bert(attn_implementation=attn_implementation)
+    _, packed = _packed_texts()
+    _assert_logits_match(native, from_hf(native), **packed)
+
+
+@pytest.mark.skipif(Version(transformers.__version__) < Version("5.25"),
+                    reason="masking_utils finds packed texts in a bidirectional mask from transformers 5.25 on")
+@pytest.mark.parametrize("position_embedding_type", ["learned", "rope", "alibi"])
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_packed_texts_are_encoded_each_as_if_alone(attn_implementation, position_embedding_type):
+    """The encoder keeps attention within each packed text, as `DataCollatorWithFlattening` means it to."""
+    config = hst.ScratchEncoderConfig(vocab_size=VOCAB, hidden_size=32, num_attention_heads=4, intermediate_size=37,
+                                      num_hidden_layers=2, max_position_embeddings=64,
+                                      position_embedding_type=position_embedding_type)
+    model = hst.ScratchEncoderForMaskedLM._from_config(config, attn_implementation=attn_implementation).eval()
+    texts, packed = _packed_texts()
+    with torch.no_grad():
+        together = model(**packed).logits[0].split([len(text) for text in texts])
+        alone = [model(input_ids=text[None]).logits[0] for text in texts]
+    for text_together, text_alone in zip(together, alone, strict=True):
+        torch.testing.assert_close(text_together, text_alone, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(scale_embedding=False, activation_function="gelu"),
