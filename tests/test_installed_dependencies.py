@@ -37,7 +37,7 @@ def test_the_environment_of_the_suite_is_in_range():
 @pytest.mark.parametrize(("name", "version", "wanted"), [
     ("tokenizers", "0.23.2", "tokenizers>=0.23.3"),  # loses the overflow of truncated texts
     ("accelerate", "1.14.0", "accelerate>=1.15"),  # a resumed run departs from the uninterrupted one
-    ("transformers", "5.25.0", "transformers<5.25,>=5.23"),  # a minor release the suite has not passed with
+    ("transformers", "5.26.0", "transformers<5.26,>=5.25"),  # a minor release the suite has not passed with
 ])
 def test_a_release_out_of_range_stops_the_import_with_the_fix(monkeypatch, name, version, wanted):
     installed_instead(monkeypatch, name, version)
@@ -64,9 +64,9 @@ def test_a_release_transformers_refuses_is_named_with_transformers_range(monkeyp
 
 
 def test_a_pre_release_of_the_next_minor_is_out_of_range(monkeypatch):
-    """As pip reads `<5.25`: a 5.25 pre-release (transformers' main branch) is not admitted."""
-    installed_instead(monkeypatch, "transformers", "5.25.0.dev0")
-    with pytest.raises(ImportError, match=r"^transformers<5\.25,>=5\.23 is required, but transformers 5\.25\.0\.dev0"):
+    """As pip reads `<5.26`: a 5.26 pre-release (transformers' main branch) is not admitted."""
+    installed_instead(monkeypatch, "transformers", "5.26.0.dev0")
+    with pytest.raises(ImportError, match=r"^transformers<5\.26,>=5\.25 is required, but transformers 5\.26\.0\.dev0"):
         check_installed_dependencies()
 
 
@@ -119,7 +119,7 @@ def test_the_check_comes_before_an_import_that_a_release_out_of_range_breaks(tmp
                       "import hf_scratch_transformer\n")
     result = run_python([sys.executable, script], cwd=tmp_path, timeout=300)
     assert result.returncode != 0
-    assert "ImportError: transformers<5.25,>=5.23 is required, but" in result.stderr, result.stderr[-2000:]
+    assert "ImportError: transformers<5.26,>=5.25 is required, but" in result.stderr, result.stderr[-2000:]
     assert "merge_with_config_defaults" not in result.stderr
 
 

@@ -23,7 +23,6 @@ from forked_python import forked_command, run_python
 from tiny_models import tiny_config
 from tiny_tokenizers import byte_level_bpe
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-from transformers.cli.serving import utils as serving_utils
 
 from hf_scratch_transformer import ScratchDecoderForCausalLM, ScratchSeq2SeqForConditionalGeneration
 from hf_scratch_transformer.conversion import to_hf
@@ -198,23 +197,27 @@ def test_plain_completions_equal_generate(server, folder, expected):
 
 
 def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_does(server, folder):
-    """A request's own `generation_config` may give its length as `max_length` (prompt included) or give none
-    (`generate()`: 20 new tokens). Continuous batching reads a count only: on this RoPE model (no positions to end
-    the answer) it ignored both, and the answer took the first request's count; without it `finish_reason` said
-    "stop" for the answers that the length ended. `/v1/responses` said status "completed" for an answer ended by
-    `max_output_tokens`, where OpenAI's API says "incomplete" with the reason (streamed: a last
-    `response.incomplete` event), and so does its message item (it said "completed", in the response and in the
-    stream's `response.output_item.done`); an answer that stopped at EOS before its limit stays "completed"."""
+    """A request's own `generation_config` may give its length as `max_length` (prompt included): transformers' default
+    count of new tokens (1024) went with it to `generate()`, where a count wins over a length, and continuous batching
+    reads a count only. Without a length the answer runs to the end of the text (EOS) or of the model's 128 positions,
+    `finish_reason` "stop" where EOS ended it. `/v1/responses` said status "completed" for an answer ended by
+    `max_output_tokens`, where OpenAI's API says "incomplete" with the reason (streamed: a last `response.incomplete`
+    event), and so does its message item (it said "completed", in the response and in the stream's
+    `response.output_item.done`); an answer that stopped at EOS before its limit stays "completed"."""
     model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     question = QUESTIONS[1]
     prompt = tokenizer(question, return_tensors="pt")
     length = prompt["input_ids"].shape[1]
-    greedy = model.generate(**prompt, max_new_tokens=20, do_sample=False)[0, length:]
-    for settings, new_tokens in [({"max_length": length + 7}, 7), ({}, 20)]:
-        given = {"generation_config": json.dumps({**settings, "do_sample": False})}
-        answer = server.completions.create(model=str(folder), prompt=question, extra_body=given)
-        assert answer.choices[0].text == tokenizer.decode(greedy[:new_tokens], skip_special_tokens=True)
-        assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == new_tokens
+    greedy = model.generate(**prompt, max_new_tokens=128 - length, do_sample=False)[0, length:]
+    given = {"generation_config": json.dumps({"max_length": length + 7, "do_sample": False})}
+    answer = server.completions.create(model=str(folder), prompt=question, extra_body=given)
+    assert answer.choices[0].text == tokenizer.decode(greedy[:7], skip_special_tokens=True)
+    assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 7
+    given = {"generation_config": json.dumps({"do_sample": False})}
+    answer = server.completions.create(model=str(folder), prompt=question, extra_body=given)
+    assert answer.choices[0].text == tokenizer.decode(greedy, skip_special_tokens=True)
+    ended_by_eos = greedy[-1].item() == tokenizer.eos_token_id
+    assert answer.choices[0].finish_reason == ("stop" if ended_by_eos else "length")
 
     answer = server.responses.create(model=str(folder), input=question, max_output_tokens=5, stream=False)
     assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
@@ -236,10 +239,10 @@ def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_
     assert _message_statuses(last.response) == ["completed"] == _streamed_message_statuses(events)
 
 
-def test_a_requests_count_of_new_tokens_wins_over_the_folders_and_the_folders_over_generates_default(tmp_path):
+def test_a_requests_count_of_new_tokens_wins_over_the_folders(tmp_path):
     """A folder whose generation_config.json sets `max_new_tokens` (as `generate()` reads it): a request's
-    `max_tokens` is its own count, as `generate(max_new_tokens=...)` takes it over the folder's, and a request whose
-    own `generation_config` gives no count gets the folder's, not `generate()`'s 20."""
+    `max_tokens` is its own count, as `generate(max_new_tokens=...)` takes it over the folder's, and a request that
+    gives no count gets at least transformers serve's 1024 (5.25), here to the end of the model's 128 positions."""
     folder = saved_decoder(tmp_path / "counted", max_position_embeddings=128, position_embedding_type="rope")
     generation_config = GenerationConfig.from_pretrained(folder)
     generation_config.max_new_tokens = 6
@@ -249,7 +252,7 @@ def test_a_requests_count_of_new_tokens_wins_over_the_folders_and_the_folders_ov
         assert answer.usage.completion_tokens == 3 and answer.choices[0].finish_reason == "length"
         given = {"generation_config": json.dumps({"do_sample": False})}
         answer = client.completions.create(model=str(folder), prompt=QUESTIONS[0], extra_body=given)
-        assert answer.usage.completion_tokens == 6 and answer.choices[0].finish_reason == "length"
+        assert answer.usage.total_tokens == 128 and answer.choices[0].finish_reason == "length"
 
 
 def _message_statuses(response) -> list[str]:
@@ -310,7 +313,7 @@ def test_compile_compiles_decoding_on_the_cpu_with_the_answers_of_generate(folde
         assert len(tokenizer(long_prompt)["input_ids"]) > 128
         with pytest.raises(openai.BadRequestError) as refusal:
             client.completions.create(model=str(folder), prompt=long_prompt, max_tokens=2)
-        assert "reads at most 128 positions" in refusal.value.response.json()["detail"]
+        assert "takes at most 128, prompt and answer" in refusal.value.response.json()["detail"]
         assert _chat(client, str(folder), question, stream=False) == expected["chat"][question]
     assert any(inductor_cache.rglob("*.py")), "nothing was compiled"
     assert "Traceback" not in log.read_text()
@@ -365,15 +368,15 @@ def text_of(tokenizer, length: int) -> str:
 @pytest.mark.parametrize("native", [False, True], ids=["scratch", "native-gpt2"])
 @pytest.mark.parametrize("options", [[], ["--continuous-batching", "--cb-num-blocks", "16"]], ids=["generate", "cb"])
 def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_answered_400(options, native, tmp_path):
-    """A model of 32 learned positions: a request without `max_tokens` asks for 1024 new tokens, and one that
-    reached the last position failed part-way (a bare 500, streamed an error event; under continuous batching the
-    worker stopped for good), and so did one whose own `generation_config` gave a `max_length` past them under
-    continuous batching (without: `finish_reason` "stop"), or gave no length at all (a bare 500; batching then ran to
-    the last position where `generate()` gives 20 new tokens). The answer now ends where the positions do, as
-    `generate()` with the room left, with `finish_reason` "length", on every route; a prompt that leaves no room is a
-    400, and the server answers on. The same model exported to GPT-2 (`hf-scratch convert`), whose positions are its
-    `wpe` table, had no check at all: each such request failed with an IndexError (a bare 500), and under continuous
-    batching the first one stopped the worker for good (503 "CB worker is dead")."""
+    """A model of 32 learned positions: a request without `max_tokens` asks for 1024 new tokens, and one that reached
+    the last position failed part-way (a bare 500, streamed an error event; under continuous batching the worker stopped
+    for good), and so did one whose own `generation_config` gave a `max_length` past them under continuous batching
+    (without: `finish_reason` "stop"), or gave no length at all (a bare 500). The answer now ends where the positions
+    do, as `generate()` with the room left, with `finish_reason` "length", on every route; a prompt that leaves no room
+    is a 400 (transformers' own check from 5.25 on), and the server answers on. The same model exported to GPT-2
+    (`hf-scratch convert`), whose positions are its `wpe` table, had no check at all: each such request failed with an
+    IndexError (a bare 500), and under continuous batching the first one stopped the worker for good (503 "CB worker is
+    dead")."""
     folder = saved_decoder(tmp_path / "learned", max_position_embeddings=32, position_embedding_type="learned")
     if native:
         folder = exported_to_native(folder, tmp_path / "gpt2")
@@ -405,10 +408,10 @@ def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_ans
         given = {"generation_config": json.dumps({"max_length": 100, "do_sample": False})}
         answer = client.completions.create(model=str(folder), prompt=longer, extra_body=given)
         assert answer.choices[0].text == longer_filled and answer.choices[0].finish_reason == "length"
-        given = {"generation_config": json.dumps({"do_sample": False})}  # generate()'s 20 new tokens, batching too
+        given = {"generation_config": json.dumps({"do_sample": False})}  # transformers' 1024 new tokens
         answer = client.completions.create(model=str(folder), prompt=question, extra_body=given)
-        assert answer.choices[0].text == tokenizer.decode(filled[:20], skip_special_tokens=True)
-        assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 20
+        assert answer.choices[0].text == tokenizer.decode(filled, skip_special_tokens=True)
+        assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == room
         assert _chat(client, str(folder), question, stream=True, max_tokens=None) == chat_filled
         answer = client.responses.create(model=str(folder), input=question, stream=False)
         assert answer.output_text == chat_filled and answer.usage.total_tokens == 32
@@ -417,7 +420,7 @@ def test_answers_end_where_the_models_positions_do_and_a_prompt_past_them_is_ans
         for prompt, stream in itertools.product((" ".join(QUESTIONS * 4), text_of(tokenizer, 32)), (False, True)):
             with pytest.raises(openai.BadRequestError) as refusal:
                 client.completions.create(model=str(folder), prompt=prompt, max_tokens=2, stream=stream)
-            assert "this model reads at most 32 positions" in refusal.value.response.json()["detail"]
+            assert "takes at most 32, prompt and answer" in refusal.value.response.json()["detail"]
         answer = client.completions.create(model=str(folder), prompt=question, max_tokens=4, temperature=0)
         assert answer.choices[0].text == tokenizer.decode(filled[:4], skip_special_tokens=True)
     assert "Traceback" not in log.read_text()
@@ -436,7 +439,7 @@ def test_answers_end_where_the_paged_cache_does_and_a_prompt_past_it_is_answered
     room = 32 + 1 - prompt["input_ids"].shape[1]
     new_tokens = model.generate(**prompt, max_new_tokens=room, do_sample=False)[0, -room:]
     filled = tokenizer.decode(new_tokens, skip_special_tokens=True)
-    long_prompt = " ".join(QUESTIONS * 4)
+    long_prompt = text_of(tokenizer, 60)  # within the model's 128 positions, past the cache's 32 tokens
     log = tmp_path / "server.log"
     options = ["--continuous-batching", "--cb-num-blocks", "2", "--cb-block-size", "16"]
     with _running(folder, options, log) as client:
@@ -578,8 +581,7 @@ def test_a_model_that_is_neither_a_folder_nor_a_hub_id_is_refused_at_start(tmp_p
 def test_a_request_for_a_model_that_cannot_load_is_answered_400_naming_it(folder, expected, tmp_path):
     """A server started without a folder loads what each request names: a missing folder, one without a tokenizer
     or a file got a bare 500 (the reason in the server's log only); each is refused with a 400 naming it, as at
-    start. A folder named with '@' is a path, not a revision (transformers 5.24; 5.23 read it as one, and the
-    command refuses it there)."""
+    start. A folder named with '@' is a path, not a revision."""
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare/config.json").write_text((folder / "config.json").read_text())
     (tmp_path / "run@2").symlink_to(folder, target_is_directory=True)
@@ -591,8 +593,7 @@ def test_a_request_for_a_model_that_cannot_load_is_answered_400_naming_it(folder
             with pytest.raises(openai.BadRequestError) as refusal:
                 client.completions.create(model=str(model), prompt="Hi", max_tokens=2)
             assert reason in refusal.value.response.json()["detail"]
-        if hasattr(serving_utils, "split_revision"):  # transformers 5.24
-            question = QUESTIONS[0]
-            answer = client.completions.create(model=str(tmp_path / "run@2"), prompt=question, max_tokens=NEW_TOKENS,
-                                               temperature=0)
-            assert answer.choices[0].text == expected["plain"][question]
+        question = QUESTIONS[0]
+        answer = client.completions.create(model=str(tmp_path / "run@2"), prompt=question, max_tokens=NEW_TOKENS,
+                                           temperature=0)
+        assert answer.choices[0].text == expected["plain"][question]
