@@ -196,6 +196,24 @@ def test_plain_completions_equal_generate(server, folder, expected):
         assert response.choices[0].text == expected["plain"][question]
 
 
+def test_several_api_servers_answer_and_refuse_as_one(folder, expected, tmp_path):
+    """`--api-server-count 2` (transformers 5.25): two API-server processes, spawned, share the model's process. Each
+    has the Scratch class and the checks of each request (it imports them as it unpickles our loader): the answers
+    are greedy `generate()`'s, chat and plain, and a request a model cannot answer is a 400 naming the problem."""
+    log = tmp_path / "server.log"
+    with _running(folder, ["--api-server-count", "2"], log) as client:
+        for question in QUESTIONS[:2]:
+            assert _chat(client, str(folder), question, stream=True) == expected["chat"][question]
+            answer = client.completions.create(model=str(folder), prompt=question, max_tokens=NEW_TOKENS,
+                                               temperature=0)
+            assert answer.choices[0].text == expected["plain"][question]
+            with pytest.raises(openai.BadRequestError) as refusal:
+                client.completions.create(model=str(folder), prompt=question, max_tokens=0)
+            reason = refusal.value.response.json()["detail"]  # ours, before the request reaches the model
+            assert reason.startswith("invalid generation settings") and "`max_new_tokens` must be greater" in reason
+    assert "Traceback" not in log.read_text()
+
+
 def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_does(server, folder):
     """A request's own `generation_config` may give its length as `max_length` (prompt included): transformers' default
     count of new tokens (1024) went with it to `generate()`, where a count wins over a length, and continuous batching
