@@ -260,17 +260,21 @@ def test_a_requests_length_is_honoured_and_an_answer_it_ends_reported_as_openai_
 def test_a_requests_count_of_new_tokens_wins_over_the_folders(tmp_path):
     """A folder whose generation_config.json sets `max_new_tokens` (as `generate()` reads it): a request's
     `max_tokens` is its own count, as `generate(max_new_tokens=...)` takes it over the folder's, and a request that
-    gives no count gets at least transformers serve's 1024 (5.25), here to the end of the model's 128 positions."""
+    gives no count gets at least transformers serve's 1024 (5.25), here to the end of the context: the server's
+    `--max-model-len` 64, within the model's 128 positions. A prompt that fills it is transformers' 400."""
     folder = saved_decoder(tmp_path / "counted", max_position_embeddings=128, position_embedding_type="rope")
     generation_config = GenerationConfig.from_pretrained(folder)
     generation_config.max_new_tokens = 6
     generation_config.save_pretrained(folder)
-    with _running(folder, [], tmp_path / "server.log") as client:
+    with _running(folder, ["--max-model-len", "64"], tmp_path / "server.log") as client:
         answer = client.completions.create(model=str(folder), prompt=QUESTIONS[0], max_tokens=3, temperature=0)
         assert answer.usage.completion_tokens == 3 and answer.choices[0].finish_reason == "length"
         given = {"generation_config": json.dumps({"do_sample": False})}
         answer = client.completions.create(model=str(folder), prompt=QUESTIONS[0], extra_body=given)
-        assert answer.usage.total_tokens == 128 and answer.choices[0].finish_reason == "length"
+        assert answer.usage.total_tokens == 64 and answer.choices[0].finish_reason == "length"
+        with pytest.raises(openai.BadRequestError) as refusal:
+            client.completions.create(model=str(folder), prompt=" ".join(QUESTIONS * 4), max_tokens=2)
+        assert "takes at most 64, prompt and answer" in refusal.value.response.json()["detail"]
 
 
 def _message_statuses(response) -> list[str]:
