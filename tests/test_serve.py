@@ -615,6 +615,9 @@ def test_a_request_for_a_model_that_cannot_load_is_answered_400_naming_it(folder
             with pytest.raises(openai.BadRequestError) as refusal:
                 client.completions.create(model=str(model), prompt="Hi", max_tokens=2)
             assert reason in refusal.value.response.json()["detail"]
+        with pytest.raises(openai.UnprocessableEntityError) as refusal:  # the request's own fault comes first
+            client.completions.create(model=str(tmp_path / "missing"), prompt="Hi", extra_body={"no_such_field": 1})
+        assert "no_such_field" in refusal.value.response.json()["detail"]
         question = QUESTIONS[0]
         answer = client.completions.create(model=str(tmp_path / "run@2"), prompt=question, max_tokens=NEW_TOKENS,
                                            temperature=0)

@@ -192,6 +192,7 @@ def knowing_the_paged_cache(handle):
 
     @functools.wraps(handle)
     async def handle_knowing(self, body, request_id):
+        self._validate_request(body)  # as `handle` does first: a request's unexpected fields are its 422
         engine = self.model_manager.get_engine(body.get("model"))
         if engine.use_cb and "paged_cache_capacity" not in vars(engine):
             engine.paged_cache_capacity = await engine._send_request("paged_cache_capacity", args=())
