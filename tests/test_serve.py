@@ -526,7 +526,9 @@ def test_a_prompt_holding_a_token_past_the_models_vocabulary_is_answered_400(opt
 
 def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_it(tmp_path):
     """A server started without a folder loads what each request names: a seq2seq folder was refused in the server's
-    log only, and the client got a bare 500 'Internal Server Error'. It gets a 400 that names the class."""
+    log only, and the client got a bare 500 'Internal Server Error'. It gets a 400 that names the class; asked to
+    load it ahead (`/load_model`, transformers 5.25's stream of loading events), the server's answer is an error event
+    that names it."""
     tokenizer = byte_level_bpe(family="seq2seq")
     config = tiny_config("seq2seq", vocab_size=len(tokenizer), decoder_start_token_id=tokenizer.bos_token_id)
     ScratchSeq2SeqForConditionalGeneration(config).save_pretrained(tmp_path / "seq2seq")
@@ -534,9 +536,16 @@ def test_a_request_for_a_folder_that_is_not_a_causal_lm_is_answered_400_naming_i
     with _running(None, [], tmp_path / "server.log") as client:
         with pytest.raises(openai.BadRequestError) as refusal:
             client.completions.create(model=str(tmp_path / "seq2seq"), prompt="Hi", max_tokens=2)
+        load = urllib.request.Request(str(client.base_url).removesuffix("/v1/") + "/load_model", method="POST",
+                                      data=json.dumps({"model": str(tmp_path / "seq2seq")}).encode(),
+                                      headers={"Content-Type": "application/json"})
+        with LOOPBACK.open(load, timeout=REQUEST_TIMEOUT) as stream:
+            events = [json.loads(line.removeprefix(b"data: ")) for line in stream.read().splitlines() if line]
     assert refusal.value.status_code == 400
     reason = refusal.value.response.json()["detail"]
     assert "ScratchSeq2SeqForConditionalGeneration" in reason and "causal" in reason
+    assert [event["status"] for event in events] == ["error"]
+    assert "ScratchSeq2SeqForConditionalGeneration" in events[0]["message"]
 
 
 # `hf-scratch serve ARGS...` where transformers[serving] is not installed: its packages cannot be imported.
