@@ -1,6 +1,7 @@
 """Saved folders as Hub users meet them: loaded with `trust_remote_code=True` where the package is not installed,
 and driven through `transformers.pipeline`, with tokenizers trained here on local text."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tiny_models import tiny_config
 from tiny_native import bert, gpt2, llama
 from tiny_tokenizers import byte_level_bpe, wordpiece
 from transformers import AutoTokenizer, BertConfig, BertForTokenClassification, pipeline, set_seed
+from transformers.decision import DecisionConfig
 
 import hf_scratch_transformer as hst
 from hf_scratch_transformer.conversion import from_hf
@@ -198,6 +200,38 @@ def test_text_generation_pipeline_answers_as_the_native_model(tokenizers, tmp_pa
             set_seed(0)
             answers.append(generator(inputs, **options))
         _same_answers(*answers)
+
+
+DECISION_REQUEST = {
+    "state": "I was charged twice for my order and want a refund.",
+    "questions": {
+        "refund": {"type": "noul", "instructions": "Is a refund requested?"},
+        "mood": {"type": "choice", "instructions": "The mood?", "criteria": {"angry": "upset", "calm": "fine"}},
+        "urgency": {"type": "score", "instructions": "How urgent is it?", "criteria": ["low", "medium", "high"]},
+    },
+}
+
+
+@pytest.mark.parametrize("make_native, positions", [(gpt2, "n_positions"), (llama, "max_position_embeddings")],
+                         ids=["gpt2", "llama"])
+def test_decision_pipeline_answers_as_the_native_model(tokenizers, tmp_path, make_native, positions):
+    """transformers 5.25's `pipeline("decision")` (System One's typed questions, which `/v1/systemone` answers with)
+    scores each option by the next-token logit of its label, through the tokenizer's chat template: a saved folder of
+    ours, its decision settings beside it (`decision.json`: labels that are single tokens of this vocabulary), gives
+    the native model's answers and probabilities, for yes/no, choice and score questions."""
+    tokenizer = copy.deepcopy(tokenizers["decoder"])
+    tokenizer.chat_template = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+                               "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    torch.manual_seed(0)
+    native = make_native(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, **{positions: 512},
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    models = {"native": native, "ours": from_hf(native)}
+    for name in models:
+        DecisionConfig(labels={"noul": ["Y", "N"]}).save_pretrained(tmp_path / name)
+    theirs, ours = _pipelines("decision", models, tokenizer, tmp_path)
+    answers = theirs(DECISION_REQUEST)
+    assert answers.keys() == DECISION_REQUEST["questions"].keys()
+    _same_answers(answers, ours(DECISION_REQUEST))
 
 
 def test_fill_mask_and_token_classification_pipelines_answer_as_bert(tokenizers, tmp_path):
