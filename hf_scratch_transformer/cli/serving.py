@@ -118,8 +118,8 @@ class CompilingModelLoader(ScratchModelLoader):
     transformers compiles the decoding step over it on accelerators only: on a CPU the flag gave eager decoding over
     the static cache, slower than without it. A model loaded on the CPU gets a `compile_config` that allows compiling
     there (`cpu_compile_config`): 200-token completions 1.57x faster once the first requests had compiled it (AVX2 AMD
-    EPYC; docs/serving.md). A class, not a flag of the instance, so that the model's process, which imports it, has
-    it too."""
+    EPYC; docs/serving.md). A class of its own: `Serve` builds the loader itself, from the class `use_loader` puts
+    in place, with transformers' arguments only."""
 
     compile_on_cpu = True
 
