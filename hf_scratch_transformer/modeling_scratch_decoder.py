@@ -112,12 +112,14 @@ class _ScratchDecoderWithHead(ScratchDecoderPreTrainedModel):
         self.num_labels = config.num_labels
         self.model = ScratchDecoderModel(config)
 
-    def _decode(self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache, **kwargs):
+    def _decode(self, input_ids, attention_mask, position_ids, cache, past_key_values, inputs_embeds, use_cache,
+                **kwargs):
+        """The trunk's output; the cache comes as `cache` or under its earlier name, `past_key_values`."""
         return self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=past_key_values,
+            cache=resolve_cache(cache, past_key_values, self),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             return_dict=True,  # read by name, whatever `config.return_dict` says (as BERT does)
@@ -148,7 +150,7 @@ class ScratchDecoderForSequenceClassification(_ScratchDecoderWithHead):
     ) -> SequenceClassifierOutputWithPast:
         if labels is not None and use_cache is None:
             use_cache = False  # a loss needs no cache, as in `ScratchDecoderForCausalLM`
-        outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
+        outputs = self._decode(input_ids, attention_mask, position_ids, cache, past_key_values,
                                inputs_embeds, use_cache, **kwargs)
         logits = self.score(outputs.last_hidden_state)  # (B, T, num_labels)
         batch_size = logits.shape[0]
@@ -214,7 +216,7 @@ class ScratchDecoderForTokenClassification(_ScratchDecoderWithHead):
     ) -> TokenClassifierOutput:
         """`labels` (B, T): each token's class, -100 for none."""
         check_labels_shape(labels, input_ids if input_ids is not None else inputs_embeds)
-        outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
+        outputs = self._decode(input_ids, attention_mask, position_ids, cache, past_key_values,
                                inputs_embeds, bool(use_cache), **kwargs)
         return classify_tokens(self, outputs, labels, **kwargs)
 
@@ -244,7 +246,7 @@ class ScratchDecoderForQuestionAnswering(_ScratchDecoderWithHead):
     ) -> QuestionAnsweringModelOutput:
         """`start_positions`, `end_positions` (B,): the token index of each answer's first and last token."""
         check_answer_positions(start_positions, end_positions)
-        outputs = self._decode(input_ids, attention_mask, position_ids, resolve_cache(cache, past_key_values, self),
+        outputs = self._decode(input_ids, attention_mask, position_ids, cache, past_key_values,
                                inputs_embeds, bool(use_cache), **kwargs)
         return answer_spans(self, outputs, start_positions, end_positions, **kwargs)
 

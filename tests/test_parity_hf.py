@@ -7,10 +7,8 @@ import functools
 
 import pytest
 import torch
-import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from packaging.version import Version
 from tiny_native import ATOL, VOCAB, bert, bert_question_answering, gpt2, llama, marian
 from transformers import (
     AutoModelForCausalLM,
@@ -114,8 +112,6 @@ def test_packed_texts_give_berts_logits(attn_implementation):
     _assert_logits_match(native, from_hf(native), **packed)
 
 
-@pytest.mark.skipif(Version(transformers.__version__) < Version("5.25"),
-                    reason="masking_utils finds packed texts in a bidirectional mask from transformers 5.25 on")
 @pytest.mark.parametrize("position_embedding_type", ["learned", "rope", "alibi"])
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_packed_texts_are_encoded_each_as_if_alone(attn_implementation, position_embedding_type):
